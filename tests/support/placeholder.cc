@@ -1,0 +1,1 @@
+// placeholder; delete once the folder has real sources
