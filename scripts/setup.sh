@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(
   # toolchain
-  build-essential cmake ninja-build pkg-config git ca-certificates
+  build-essential cmake ninja-build pkg-config git ca-certificates clang libclang-rt-14-dev
   # libraries
   libboost-dev libboost-system-dev libboost-program-options-dev
   libtorrent-rasterbar-dev libssl-dev nlohmann-json3-dev libspdlog-dev libfmt-dev

@@ -1,0 +1,53 @@
+#include "agent/config.h"
+
+namespace shoal::agent {
+
+void AddAgentFlags(CLI::App& app, AgentConfig& c) {
+  app.add_option("--listen", c.listen, "Registry shim address host:port (port 0 picks one)")
+      ->envname("SHOAL_LISTEN")
+      ->capture_default_str();
+  app.add_option("--port-file", c.port_file, "Write the bound shim port to this file")
+      ->envname("SHOAL_PORT_FILE");
+  app.add_option("--cache-dir", c.cache_dir, "Blob cache directory (put it on the local SSD)")
+      ->envname("SHOAL_CACHE_DIR")
+      ->capture_default_str();
+  app.add_option("--upstream", c.upstreams,
+                 "Upstream endpoint of a registry, REGISTRY=URL (repeatable), e.g. "
+                 "docker.io=https://registry-1.docker.io")
+      ->envname("SHOAL_UPSTREAMS")
+      ->delimiter(',');
+  app.add_option("--default-registry", c.default_registry,
+                 "Registry for names without a registry prefix or ?ns=")
+      ->envname("SHOAL_DEFAULT_REGISTRY")
+      ->capture_default_str();
+  app.add_flag("--strict-upstreams", c.strict_upstreams,
+               "Refuse registries that are not in the --upstream map (default: https://HOST)")
+      ->envname("SHOAL_STRICT_UPSTREAMS");
+  app.add_option("--credentials", c.credentials_file,
+                 "docker config.json with upstream credentials per registry")
+      ->envname("SHOAL_CREDENTIALS");
+  app.add_option("--ca-file", c.ca_file, "Extra CA certificates (PEM) for upstream TLS")
+      ->envname("SHOAL_CA_FILE");
+  app.add_option("--tag-ttl", c.tag_ttl_s, "Seconds a tag resolution is cached")
+      ->envname("SHOAL_TAG_TTL")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
+  app.add_option("--range-streams", c.range_streams, "Parallel Range requests per upstream blob")
+      ->envname("SHOAL_RANGE_STREAMS")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--part-size-mib", c.part_size_mib, "MiB per upstream Range request")
+      ->envname("SHOAL_PART_SIZE_MIB")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--log-format", c.log_format, "json or text")
+      ->envname("SHOAL_LOG_FORMAT")
+      ->check(CLI::IsMember({"json", "text"}))
+      ->capture_default_str();
+  app.add_option("--log-level", c.log_level, "trace, debug, info, warn or error")
+      ->envname("SHOAL_LOG_LEVEL")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->capture_default_str();
+}
+
+}  // namespace shoal::agent

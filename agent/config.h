@@ -1,0 +1,33 @@
+#pragma once
+// The agent's configuration: every flag has an environment-variable equivalent (SHOAL_*).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "lib/core/error.h"
+
+namespace shoal::agent {
+
+struct AgentConfig {
+  std::string listen = "127.0.0.1:5000";       // registry shim address (host:port; port 0 = any)
+  std::string port_file;                       // if set, the bound port is written here
+  std::string cache_dir = "/var/lib/shoal";    // blob cache root (the instance SSD)
+  std::vector<std::string> upstreams;          // "registry=url", e.g. docker.io=https://...
+  std::string default_registry = "docker.io";  // for names without a registry
+  bool strict_upstreams = false;               // refuse registries not in upstreams
+  std::string credentials_file;                // docker config.json with per-registry auth
+  std::string ca_file;                         // extra CA bundle for upstream TLS
+  int tag_ttl_s = 30;
+  int range_streams = 4;
+  uint64_t part_size_mib = 16;
+  std::string log_format = "json";
+  std::string log_level = "info";
+};
+
+// Registers every flag (with its SHOAL_* environment variable) on app, writing into config.
+void AddAgentFlags(CLI::App& app, AgentConfig& config);
+
+}  // namespace shoal::agent

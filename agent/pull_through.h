@@ -1,0 +1,83 @@
+#pragma once
+// The agent's implementation of the shim's Backend: a caching pull-through mirror. Cached blobs
+// and manifests are served from the BlobStore; misses are fetched from the upstream registry
+// once (concurrent requests for one blob share one BlobFetch) and cached after verification.
+
+#include <utility>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include "agent/blob_fetch.h"
+#include "lib/store/blob_store.h"
+#include "lib/upstream/registry_client.h"
+#include "registry-shim/backend.h"
+
+namespace shoal::agent {
+
+struct PullThroughOptions {
+  // Upstream endpoint per registry host ("docker.io" -> https://registry-1.docker.io).
+  std::map<std::string, upstream::RegistryEndpoint> upstreams;
+  // When a registry has no entry: true -> https://<registry>, false -> an error.
+  bool allow_unmapped_registries = true;
+  // How long a tag -> digest resolution is trusted before asking upstream again.
+  std::chrono::seconds tag_ttl{30};
+  FetchOptions fetch;
+};
+
+// Network-thread only (see docs/architecture.md, threading model).
+class PullThrough : public shim::Backend {
+ public:
+  // All references must outlive this object.
+  PullThrough(boost::asio::io_context& ioc, boost::asio::thread_pool& pool,
+              store::BlobStore& store, upstream::RegistryClient& client,
+              PullThroughOptions options, prometheus::Registry& metrics);
+
+  boost::asio::awaitable<Result<shim::ManifestResult>> GetManifest(
+      const shim::RepoRef& repo, const std::string& reference,
+      const std::vector<std::string>& accept) override;
+  boost::asio::awaitable<Result<std::shared_ptr<shim::BlobReader>>> OpenBlob(
+      const shim::RepoRef& repo, const Digest& digest) override;
+
+  // The upstream endpoint for a registry host. Errors: kNotFound for an unmapped registry when
+  // unmapped registries are not allowed.
+  Result<upstream::RegistryEndpoint> EndpointFor(const std::string& registry) const;
+  // Blobs currently being fetched.
+  size_t inflight() const { return inflight_.size(); }
+
+ private:
+  struct TagEntry {
+    Digest digest;
+    std::chrono::steady_clock::time_point fetched;
+  };
+  boost::asio::awaitable<Result<shim::ManifestResult>> FetchManifest(
+      const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep, const std::string& reference);
+
+  boost::asio::io_context& ioc_;
+  boost::asio::thread_pool& pool_;
+  store::BlobStore& store_;
+  upstream::RegistryClient& client_;
+  PullThroughOptions options_;
+  std::unordered_map<Digest, std::shared_ptr<BlobFetch>> inflight_;
+  std::map<std::string, TagEntry> tags_;  // "registry/repo:tag"
+
+  prometheus::Counter& cache_hits_;
+  prometheus::Counter& cache_misses_;
+  prometheus::Counter& upstream_bytes_;
+  prometheus::Family<prometheus::Counter>& fetches_;
+  prometheus::Counter& manifest_upstream_;
+  prometheus::Counter& manifest_cache_;
+  prometheus::Counter& manifest_stale_;
+  prometheus::Gauge& inflight_gauge_;
+};
+
+}  // namespace shoal::agent

@@ -1,0 +1,435 @@
+#include "lib/http/client.h"
+
+#include <utility>
+
+#include <deque>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
+#include <openssl/ssl.h>
+#include <spdlog/spdlog.h>
+
+namespace shoal::http {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kBodyBufferSize = 256 * 1024;
+constexpr uint32_t kHeaderLimit = 64 * 1024;
+
+// One keep-alive connection: a plain or TLS stream plus the read buffer that belongs to it.
+struct Connection {
+  std::string key;  // scheme://host:port
+  std::unique_ptr<beast::tcp_stream> plain;
+  std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> secure;
+  beast::flat_buffer buffer;
+  Clock::time_point idle_since;
+
+  beast::tcp_stream& Lowest() { return secure ? beast::get_lowest_layer(*secure) : *plain; }
+};
+
+bool IsIpLiteral(const std::string& host) {
+  beast::error_code ec;
+  net::ip::make_address(host, ec);
+  return !ec;
+}
+
+bool IsHeaderSafe(std::string_view v) {
+  for (char c : v) {
+    if (c == '\r' || c == '\n' || c == '\0') return false;
+  }
+  return true;
+}
+
+// Transport failures are worth retrying (kUnavailable); a peer that speaks broken HTTP or fails
+// TLS verification is not (kProtocol).
+Error IoError(const beast::error_code& ec, std::string_view what, const Url& url) {
+  ErrorCode code = ErrorCode::kUnavailable;
+  const auto& http_category = bhttp::make_error_code(bhttp::error::bad_target).category();
+  if (ec.category() == http_category && ec != bhttp::error::end_of_stream &&
+      ec != bhttp::error::partial_message) {
+    code = ErrorCode::kProtocol;
+  }
+  std::string reason = ec.message();
+  if (ec == beast::error::timeout) reason = "timed out";
+  if (ec == bhttp::error::partial_message) reason = "connection closed before the body ended";
+  if (ec == bhttp::error::end_of_stream) reason = "connection closed before a response";
+  return MakeError(code, std::string(what) + " " + url.Redacted() + ": " + reason);
+}
+
+bool IsStaleConnectionError(const beast::error_code& ec) {
+  return ec == bhttp::error::end_of_stream || ec == net::error::eof ||
+         ec == net::error::connection_reset || ec == net::error::broken_pipe ||
+         ec == net::ssl::error::stream_truncated;
+}
+
+template <class Stream>
+net::awaitable<beast::error_code> WriteRequest(Stream& stream,
+                                               bhttp::request<bhttp::string_body>& req) {
+  beast::error_code ec;
+  co_await bhttp::async_write(stream, req, net::redirect_error(net::use_awaitable, ec));
+  co_return ec;
+}
+
+template <class Stream, class Parser>
+net::awaitable<beast::error_code> ReadHeader(Stream& stream, beast::flat_buffer& buffer,
+                                             Parser& parser) {
+  beast::error_code ec;
+  co_await bhttp::async_read_header(stream, buffer, parser,
+                                    net::redirect_error(net::use_awaitable, ec));
+  co_return ec;
+}
+
+template <class Stream, class Parser>
+net::awaitable<beast::error_code> ReadSomeBody(Stream& stream, beast::flat_buffer& buffer,
+                                               Parser& parser) {
+  beast::error_code ec;
+  co_await bhttp::async_read_some(stream, buffer, parser,
+                                  net::redirect_error(net::use_awaitable, ec));
+  co_return ec;
+}
+
+}  // namespace
+
+// Idle keep-alive connections by scheme://host:port.
+class ConnectionPool {
+ public:
+  ConnectionPool(size_t max_per_host, std::chrono::milliseconds max_age)
+      : max_per_host_(max_per_host), max_age_(max_age) {}
+
+  // The most recently used idle connection for `key` that is young enough, or null.
+  std::unique_ptr<Connection> Take(const std::string& key) {
+    std::vector<std::unique_ptr<Connection>> expired;  // closed outside the lock
+    std::unique_ptr<Connection> found;
+    {
+      std::lock_guard lock(mu_);
+      auto it = idle_.find(key);
+      if (it == idle_.end()) return nullptr;
+      auto& list = it->second;
+      auto now = Clock::now();
+      while (!list.empty()) {
+        std::unique_ptr<Connection> c = std::move(list.back());
+        list.pop_back();
+        if (now - c->idle_since < max_age_) {
+          found = std::move(c);
+          break;
+        }
+        expired.push_back(std::move(c));
+      }
+      if (list.empty()) idle_.erase(it);
+    }
+    return found;
+  }
+
+  // Keeps `conn` for reuse, or closes it when the host already has enough idle connections.
+  void Put(std::unique_ptr<Connection> conn) {
+    if (max_per_host_ == 0) return;
+    std::unique_ptr<Connection> dropped;
+    std::lock_guard lock(mu_);
+    auto& list = idle_[conn->key];
+    list.push_back(std::move(conn));
+    if (list.size() > max_per_host_) {
+      dropped = std::move(list.front());
+      list.pop_front();
+    }
+  }
+
+ private:
+  const size_t max_per_host_;
+  const std::chrono::milliseconds max_age_;
+  std::mutex mu_;
+  std::map<std::string, std::deque<std::unique_ptr<Connection>>> idle_;  // guarded by mu_
+};
+
+namespace detail {
+
+struct ResponseState {
+  std::unique_ptr<Connection> conn;
+  std::shared_ptr<ConnectionPool> pool;
+  std::unique_ptr<bhttp::response_parser<bhttp::buffer_body>> parser;
+  std::unique_ptr<char[]> body_buffer;  // allocated on the first body read
+  std::chrono::milliseconds idle_timeout{0};
+  bool failed = false;  // a read failed: the connection's state is unknown, never reuse it
+};
+
+}  // namespace detail
+
+Response::Response(std::unique_ptr<detail::ResponseState> state, Url url)
+    : state_(std::move(state)), url_(std::move(url)) {}
+
+Response::~Response() {
+  if (!state_ || !state_->conn) return;
+  auto& s = *state_;
+  if (!s.failed && s.pool && s.parser->is_done() && s.parser->get().keep_alive() &&
+      s.conn->buffer.size() == 0) {
+    s.conn->idle_since = Clock::now();
+    s.pool->Put(std::move(s.conn));
+  }
+}
+
+unsigned Response::status() const { return state_->parser->get().result_int(); }
+
+const bhttp::fields& Response::headers() const { return state_->parser->get().base(); }
+
+std::string_view Response::header(bhttp::field name) const {
+  const auto& fields = headers();
+  auto it = fields.find(name);
+  if (it == fields.end()) return {};
+  return it->value();
+}
+
+std::string_view Response::header(std::string_view name) const {
+  const auto& fields = headers();
+  auto it = fields.find(name);
+  if (it == fields.end()) return {};
+  return it->value();
+}
+
+std::optional<uint64_t> Response::content_length() const {
+  std::string_view v = header(bhttp::field::content_length);
+  if (v.empty() || v.size() > 19) return std::nullopt;
+  uint64_t n = 0;
+  for (char c : v) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return n;
+}
+
+bool Response::done() const { return state_->parser->is_done(); }
+
+net::awaitable<Result<std::string_view>> Response::ReadSome() {
+  auto& s = *state_;
+  if (s.failed) {
+    co_return MakeError(ErrorCode::kUnavailable,
+                        "reading from " + url_.Redacted() + " after an earlier failure");
+  }
+  if (s.parser->is_done()) co_return std::string_view();
+  if (!s.body_buffer) s.body_buffer = std::make_unique<char[]>(kBodyBufferSize);
+  auto& body = s.parser->get().body();
+  body.data = s.body_buffer.get();
+  body.size = kBodyBufferSize;
+  // Fill the buffer, re-arming the idle timeout before every socket read.
+  while (body.size > 0 && !s.parser->is_done()) {
+    s.conn->Lowest().expires_after(s.idle_timeout);
+    beast::error_code ec;
+    if (s.conn->secure) {
+      ec = co_await ReadSomeBody(*s.conn->secure, s.conn->buffer, *s.parser);
+    } else {
+      ec = co_await ReadSomeBody(*s.conn->plain, s.conn->buffer, *s.parser);
+    }
+    if (ec == bhttp::error::need_buffer) break;
+    if (ec) {
+      s.failed = true;
+      co_return IoError(ec, "reading the body of", url_);
+    }
+  }
+  size_t n = kBodyBufferSize - body.size;
+  body.data = nullptr;
+  body.size = 0;
+  co_return std::string_view(s.body_buffer.get(), n);
+}
+
+net::awaitable<Result<std::string>> Response::ReadAll(size_t max_bytes) {
+  auto too_big = [&] {
+    return MakeError(ErrorCode::kProtocol, "body of " + url_.Redacted() + " exceeds " +
+                                               std::to_string(max_bytes) + " bytes");
+  };
+  auto length = content_length();
+  if (length && *length > max_bytes && !done()) {
+    state_->failed = true;
+    co_return too_big();
+  }
+  std::string out;
+  if (length) out.reserve(*length);
+  while (true) {
+    auto piece = co_await ReadSome();
+    if (!piece) co_return piece.error();
+    if (piece.value().empty()) break;
+    if (out.size() + piece.value().size() > max_bytes) {
+      state_->failed = true;
+      co_return too_big();
+    }
+    out.append(piece.value());
+  }
+  co_return out;
+}
+
+net::awaitable<void> Response::Drain(size_t max_bytes) {
+  auto length = content_length();
+  if (done() || (length && *length > max_bytes)) co_return;
+  size_t total = 0;
+  while (total <= max_bytes) {
+    auto piece = co_await ReadSome();
+    if (!piece || piece.value().empty()) co_return;
+    total += piece.value().size();
+  }
+  state_->failed = true;
+}
+
+struct Client::Impl {
+  net::any_io_executor executor;
+  ClientConfig config;
+  net::ssl::context ssl_ctx{net::ssl::context::tls_client};
+  std::string ssl_error;  // set when the TLS setup failed; every https request reports it
+  std::shared_ptr<ConnectionPool> pool;
+
+  net::awaitable<Result<std::unique_ptr<Connection>>> Connect(const Url& url);
+};
+
+Client::Client(net::any_io_executor executor, ClientConfig config)
+    : impl_(std::make_shared<Impl>()) {
+  impl_->executor = std::move(executor);
+  impl_->config = std::move(config);
+  impl_->pool = std::make_shared<ConnectionPool>(impl_->config.max_idle_per_host,
+                                                 impl_->config.max_idle_age);
+  auto& ctx = impl_->ssl_ctx;
+  SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_2_VERSION);
+  beast::error_code ec;
+  ctx.set_default_verify_paths(ec);
+  if (ec) spdlog::warn("http: cannot load the system CA paths: {}", ec.message());
+  if (!impl_->config.ca_file.empty()) {
+    ctx.load_verify_file(impl_->config.ca_file, ec);
+    if (ec) {
+      impl_->ssl_error = "cannot load CA file " + impl_->config.ca_file + ": " + ec.message();
+      spdlog::error("http: {}", impl_->ssl_error);
+    }
+  }
+  ctx.set_verify_mode(net::ssl::verify_peer);
+}
+
+Client::~Client() = default;
+
+net::awaitable<Result<std::unique_ptr<Connection>>> Client::Impl::Connect(const Url& url) {
+  auto strand = net::make_strand(executor);
+  tcp::resolver resolver(strand);
+  beast::error_code ec;
+  auto flags = IsIpLiteral(url.host) ? tcp::resolver::numeric_host : tcp::resolver::flags();
+  auto endpoints = co_await resolver.async_resolve(url.host, std::to_string(url.port), flags,
+                                                   net::redirect_error(net::use_awaitable, ec));
+  if (ec) {
+    co_return MakeError(ErrorCode::kUnavailable,
+                        "cannot resolve " + url.host + " for " + url.Redacted() + ": " +
+                            ec.message());
+  }
+  auto conn = std::make_unique<Connection>();
+  if (url.scheme == "https") {
+    conn->secure = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(strand, ssl_ctx);
+  } else {
+    conn->plain = std::make_unique<beast::tcp_stream>(strand);
+  }
+  auto& lowest = conn->Lowest();
+  lowest.expires_after(config.connect_timeout);
+  co_await lowest.async_connect(endpoints, net::redirect_error(net::use_awaitable, ec));
+  if (ec) co_return IoError(ec, "cannot connect to", url);
+  if (conn->secure) {
+    SSL* ssl = conn->secure->native_handle();
+    if (!IsIpLiteral(url.host) &&
+        !SSL_set_tlsext_host_name(ssl, const_cast<char*>(url.host.c_str()))) {
+      co_return MakeError(ErrorCode::kInternal, "cannot set TLS SNI for " + url.host);
+    }
+    conn->secure->set_verify_mode(net::ssl::verify_peer);
+    conn->secure->set_verify_callback(net::ssl::host_name_verification(url.host));
+    co_await conn->secure->async_handshake(net::ssl::stream_base::client,
+                                           net::redirect_error(net::use_awaitable, ec));
+    if (ec) {
+      bool tls_refused = ec.category() == net::error::get_ssl_category();
+      co_return MakeError(tls_refused ? ErrorCode::kProtocol : ErrorCode::kUnavailable,
+                          "TLS handshake with " + url.HostPort() + " failed: " + ec.message());
+    }
+  }
+  lowest.expires_never();
+  co_return conn;
+}
+
+net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& request) {
+  std::shared_ptr<Impl> impl = impl_;  // the Client may be destroyed while this runs
+  const Url& url = request.url;
+  if (url.scheme != "http" && url.scheme != "https") {
+    co_return MakeError(ErrorCode::kInvalidArgument, "unsupported URL " + url.Redacted());
+  }
+  if (url.scheme == "https" && !impl->ssl_error.empty()) {
+    co_return MakeError(ErrorCode::kInvalidArgument, impl->ssl_error);
+  }
+  if (!IsHeaderSafe(url.target)) {
+    co_return MakeError(ErrorCode::kInvalidArgument, "URL " + url.Redacted() + " has CR/LF");
+  }
+  bhttp::request<bhttp::string_body> req{request.method, url.target, 11};
+  for (const auto& f : request.headers) {
+    if (!IsHeaderSafe(f.value())) {
+      co_return MakeError(ErrorCode::kInvalidArgument,
+                          "header " + std::string(f.name_string()) + " for " + url.Redacted() +
+                              " has CR/LF");
+    }
+    req.insert(f.name_string(), f.value());
+  }
+  req.set(bhttp::field::host, url.HostPort());
+  if (!request.body.empty()) {
+    req.body() = request.body;
+    req.prepare_payload();
+  }
+  const std::string key = url.scheme + "://" + url.HostPort();
+  const bool idempotent =
+      request.method == bhttp::verb::get || request.method == bhttp::verb::head;
+
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::unique_ptr<Connection> conn;
+    if (attempt == 0) conn = impl->pool->Take(key);
+    const bool reused = conn != nullptr;
+    if (!conn) {
+      auto connected = co_await impl->Connect(url);
+      if (!connected) co_return connected.error();
+      conn = std::move(connected).value();
+      conn->key = key;
+    }
+    conn->Lowest().expires_after(impl->config.idle_timeout);
+    beast::error_code ec;
+    if (conn->secure) {
+      ec = co_await WriteRequest(*conn->secure, req);
+    } else {
+      ec = co_await WriteRequest(*conn->plain, req);
+    }
+    if (ec) {
+      if (reused && idempotent) continue;
+      co_return IoError(ec, "cannot send the request to", url);
+    }
+    auto parser = std::make_unique<bhttp::response_parser<bhttp::buffer_body>>();
+    parser->body_limit(boost::none);  // callers cap bodies themselves; blobs are large
+    parser->header_limit(kHeaderLimit);
+    if (request.method == bhttp::verb::head) parser->skip(true);
+    conn->Lowest().expires_after(impl->config.idle_timeout);
+    if (conn->secure) {
+      ec = co_await ReadHeader(*conn->secure, conn->buffer, *parser);
+    } else {
+      ec = co_await ReadHeader(*conn->plain, conn->buffer, *parser);
+    }
+    if (ec) {
+      if (reused && idempotent && IsStaleConnectionError(ec)) continue;
+      co_return IoError(ec, "cannot read the response from", url);
+    }
+    auto state = std::make_unique<detail::ResponseState>();
+    state->conn = std::move(conn);
+    state->pool = impl->pool;
+    state->parser = std::move(parser);
+    state->idle_timeout = impl->config.idle_timeout;
+    co_return std::make_unique<Response>(std::move(state), url);
+  }
+  co_return MakeError(ErrorCode::kUnavailable, "no usable connection to " + url.Redacted());
+}
+
+}  // namespace shoal::http

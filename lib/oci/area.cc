@@ -1,1 +1,0 @@
-// placeholder so the area library is never empty

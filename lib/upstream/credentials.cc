@@ -1,0 +1,125 @@
+#include "lib/upstream/credentials.h"
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <openssl/evp.h>
+
+namespace shoal::upstream {
+namespace {
+
+std::string Base64Encode(std::string_view in) {
+  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(in.data()),
+                          static_cast<int>(in.size()));
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+std::optional<std::string> Base64Decode(std::string_view in) {
+  std::string text;
+  for (char c : in) {
+    if (c != '\n' && c != '\r' && c != ' ') text += c;
+  }
+  if (text.empty() || text.size() % 4 != 0) return std::nullopt;
+  std::string out(3 * (text.size() / 4), '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return std::nullopt;
+  // EVP_DecodeBlock counts the bytes that padding stands for; drop them.
+  size_t pad = 0;
+  if (text.back() == '=') ++pad;
+  if (text.size() >= 2 && text[text.size() - 2] == '=') ++pad;
+  out.resize(static_cast<size_t>(n) - pad);
+  return out;
+}
+
+}  // namespace
+
+std::string BasicAuthHeader(const BasicAuth& auth) {
+  return "Basic " + Base64Encode(auth.username + ":" + auth.password);
+}
+
+std::string Credentials::NormalizeRegistry(std::string_view registry) {
+  std::string_view r = registry;
+  size_t scheme = r.find("://");
+  if (scheme != std::string_view::npos) r.remove_prefix(scheme + 3);
+  r = r.substr(0, r.find('/'));
+  std::string key(r);
+  for (char& c : key) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  if (key == "index.docker.io" || key == "registry-1.docker.io" ||
+      key == "registry.hub.docker.com" || key == "hub.docker.com") {
+    key = "docker.io";
+  }
+  return key;
+}
+
+Result<Credentials> Credentials::LoadDockerConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return MakeError(ErrorCode::kIo, "cannot read docker config " + path);
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return MakeError(ErrorCode::kIo, "cannot read docker config " + path);
+  // Parse without exceptions; parse errors must not echo the file's content (secrets).
+  nlohmann::json doc = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "docker config " + path + " is not a JSON object");
+  }
+  Credentials creds;
+  auto auths = doc.find("auths");
+  if (auths == doc.end() || auths->is_null()) return creds;
+  if (!auths->is_object()) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "docker config " + path + ": \"auths\" is not an object");
+  }
+  for (const auto& [registry, entry] : auths->items()) {
+    auto bad = [&](std::string_view why) {
+      return MakeError(ErrorCode::kInvalidArgument, "docker config " + path + ": entry for " +
+                                                        registry + " " + std::string(why));
+    };
+    if (!entry.is_object()) return bad("is not an object");
+    BasicAuth auth;
+    auto field = [&](const char* name) -> std::optional<std::string> {
+      auto it = entry.find(name);
+      if (it == entry.end() || !it->is_string()) return std::nullopt;
+      return it->get<std::string>();
+    };
+    if (auto encoded = field("auth"); encoded && !encoded->empty()) {
+      auto decoded = Base64Decode(*encoded);
+      if (!decoded) return bad("has an \"auth\" value that is not base64");
+      size_t colon = decoded->find(':');
+      if (colon == std::string::npos) return bad("has an \"auth\" value without user:password");
+      auth.username = decoded->substr(0, colon);
+      auth.password = decoded->substr(colon + 1);
+    } else {
+      auto user = field("username");
+      auto pass = field("password");
+      if (!user || !pass || user->empty()) continue;  // helper-managed or token-only entry
+      auth.username = *user;
+      auth.password = *pass;
+    }
+    creds.Add(registry, std::move(auth));
+  }
+  return creds;
+}
+
+std::optional<BasicAuth> Credentials::For(std::string_view registry) const {
+  auto it = by_registry_.find(NormalizeRegistry(registry));
+  if (it == by_registry_.end()) return std::nullopt;
+  return it->second;
+}
+
+void Credentials::Add(std::string registry, BasicAuth auth) {
+  by_registry_[NormalizeRegistry(registry)] = std::move(auth);
+}
+
+}  // namespace shoal::upstream

@@ -1,0 +1,67 @@
+#pragma once
+// What the registry shim needs from the node: manifests and readable blobs. The agent implements
+// it (cache, upstream, and later the swarm); the shim only speaks HTTP.
+
+#include <utility>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include "lib/core/digest.h"
+#include "lib/core/error.h"
+
+namespace shoal::shim {
+
+// A repository on a given upstream registry, e.g. {"gcr.io", "proj/img"}.
+struct RepoRef {
+  std::string registry;
+  std::string repository;
+  std::string str() const { return registry + "/" + repository; }
+};
+
+// A manifest ready to serve: its exact bytes, media type and digest.
+struct ManifestResult {
+  std::string body;
+  std::string media_type;
+  Digest digest;
+};
+
+// A blob being served, complete in the cache or still arriving. Readers only see bytes that are
+// safe to send: an in-flight blob withholds its last byte until the whole blob has been hashed
+// and matched its digest, so a client never receives a complete body with wrong content.
+// Used from the agent's network thread only.
+class BlobReader {
+ public:
+  virtual ~BlobReader() = default;
+  // Total size in bytes (known before any byte is served).
+  virtual uint64_t size() const = 0;
+  // A file descriptor holding the blob's bytes at their offsets; valid while the reader lives.
+  virtual int fd() const = 0;
+  // Waits until bytes past offset are safe to send and returns end, with bytes [0, end) safe and
+  // end > offset (or end == size() once complete). Errors: the fetch failed (kDigestMismatch,
+  // kUnavailable, kIo, ...); the caller must then abort the response.
+  virtual boost::asio::awaitable<Result<uint64_t>> WaitReadable(uint64_t offset) = 0;
+  // Where the bytes come from, for metrics: "cache" or "upstream".
+  virtual std::string_view source() const = 0;
+};
+
+// Implemented by the agent. Called on the network thread.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Resolves a tag or digest to a manifest. accept is the client's list of media types (empty
+  // means any). Errors: kNotFound, kInvalidArgument, kUnavailable, kUnauthorized, ...
+  virtual boost::asio::awaitable<Result<ManifestResult>> GetManifest(
+      const RepoRef& repo, const std::string& reference, const std::vector<std::string>& accept) = 0;
+  // Opens a blob for reading, starting a fetch if it is not cached. Errors: kNotFound when the
+  // upstream does not have it, kUnavailable, kIo.
+  virtual boost::asio::awaitable<Result<std::shared_ptr<BlobReader>>> OpenBlob(
+      const RepoRef& repo, const Digest& digest) = 0;
+};
+
+}  // namespace shoal::shim

@@ -1,0 +1,32 @@
+#include "registry-shim/metrics.h"
+
+#include <string>
+
+namespace shoal::shim {
+
+Metrics Metrics::Create(prometheus::Registry& registry) {
+  auto& requests = prometheus::BuildCounter()
+                       .Name("shoal_shim_requests_total")
+                       .Help("Requests answered by the registry shim, by route and HTTP status")
+                       .Register(registry);
+  auto& bytes = prometheus::BuildCounter()
+                    .Name("shoal_shim_blob_bytes_total")
+                    .Help("Blob body bytes sent to clients, by where the blob came from")
+                    .Register(registry);
+  auto& aborted = prometheus::BuildCounter()
+                      .Name("shoal_shim_aborted_responses_total")
+                      .Help("Blob responses cut short because the fetch failed or the client left")
+                      .Register(registry);
+  return Metrics{requests, bytes.Add({{"source", "cache"}}), bytes.Add({{"source", "upstream"}}),
+                 aborted.Add({})};
+}
+
+void Metrics::CountRequest(std::string_view route, unsigned status) {
+  requests.Add({{"route", std::string(route)}, {"code", std::to_string(status)}}).Increment();
+}
+
+void Metrics::CountBlobBytes(std::string_view source, uint64_t bytes) {
+  (source == "cache" ? blob_bytes_cache : blob_bytes_upstream).Increment(static_cast<double>(bytes));
+}
+
+}  // namespace shoal::shim

@@ -1,0 +1,27 @@
+#pragma once
+// Prometheus counters of the registry shim, registered on the agent's registry.
+
+#include <string_view>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/registry.h>
+
+namespace shoal::shim {
+
+// References into a prometheus::Registry that outlives this struct. Thread-safe (atomics).
+struct Metrics {
+  prometheus::Family<prometheus::Counter>& requests;    // shoal_shim_requests_total{route,code}
+  prometheus::Counter& blob_bytes_cache;                // shoal_shim_blob_bytes_total{source=cache}
+  prometheus::Counter& blob_bytes_upstream;             // ...{source=upstream}
+  prometheus::Counter& aborted_responses;               // shoal_shim_aborted_responses_total
+
+  // Registers the families on registry.
+  static Metrics Create(prometheus::Registry& registry);
+  // Counts one answered request.
+  void CountRequest(std::string_view route, unsigned status);
+  // Counts body bytes sent for a blob read from source ("cache" or "upstream").
+  void CountBlobBytes(std::string_view source, uint64_t bytes);
+};
+
+}  // namespace shoal::shim

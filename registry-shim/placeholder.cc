@@ -1,1 +1,0 @@
-// placeholder; delete once the folder has real sources

@@ -1,0 +1,32 @@
+#pragma once
+// Pure request-target parsing for the shim: which endpoint, which repository on which registry.
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "lib/core/error.h"
+#include "registry-shim/backend.h"
+
+namespace shoal::shim {
+
+// One parsed request target.
+struct Route {
+  enum class Kind { kBase, kManifest, kBlob, kMetrics, kHealth, kPush, kNotFound };
+  Kind kind = Kind::kNotFound;
+  std::string name;                // raw repository name from the path (may carry a registry)
+  std::string reference;           // tag or digest (manifests), digest (blobs)
+  std::optional<std::string> ns;   // containerd's ?ns=<registry>, percent-decoded
+};
+
+// Parses an origin-form target such as "/v2/proj/img/blobs/sha256:..?ns=gcr.io". Never fails
+// on unknown paths (kind kNotFound); errors only for malformed encodings (kInvalidArgument).
+Result<Route> ParseRoute(std::string_view target);
+
+// Decides the upstream registry and repository for a name: ?ns= wins, then a registry-host
+// prefix in the name ("gcr.io/proj/img"), then default_registry. Docker Hub's one-component
+// names get "library/". Errors: kInvalidArgument (-> NAME_INVALID) naming the bad part.
+Result<RepoRef> ResolveRepo(std::string_view name, const std::optional<std::string>& ns,
+                            std::string_view default_registry);
+
+}  // namespace shoal::shim

@@ -1,0 +1,399 @@
+#include "registry-shim/server.h"
+
+#include <sys/sendfile.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <spdlog/spdlog.h>
+
+#include "lib/http/range.h"
+#include "lib/oci/manifest.h"
+#include "lib/oci/reference.h"
+#include "registry-shim/errors.h"
+#include "registry-shim/route.h"
+
+namespace shoal::shim {
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using asio::awaitable;
+using asio::use_awaitable;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+constexpr char kApiVersionHeader[] = "Docker-Distribution-API-Version";
+constexpr char kApiVersion[] = "registry/2.0";
+constexpr uint64_t kSendfileChunk = 4 << 20;
+
+using Request = http::request<http::empty_body>;
+using StringResponse = http::response<http::string_body>;
+
+StringResponse MakeResponse(const Request& req, http::status status, std::string body,
+                            std::string_view content_type) {
+  StringResponse res{status, req.version()};
+  res.set(http::field::server, "shoal-agent");
+  res.set(kApiVersionHeader, kApiVersion);
+  if (!content_type.empty()) res.set(http::field::content_type, content_type);
+  res.keep_alive(req.keep_alive());
+  res.body() = std::move(body);
+  res.prepare_payload();
+  return res;
+}
+
+StringResponse MakeError(const Request& req, const Error& err, std::string_view oci_code) {
+  ErrorReply reply = MakeErrorReply(err, oci_code);
+  StringResponse res = MakeResponse(req, static_cast<http::status>(reply.status),
+                                    req.method() == http::verb::head ? "" : reply.body,
+                                    "application/json");
+  if (reply.retry_after_s > 0) res.set(http::field::retry_after, std::to_string(reply.retry_after_s));
+  if (req.method() == http::verb::head) res.content_length(reply.body.size());
+  return res;
+}
+
+std::string_view RouteName(Route::Kind kind) {
+  switch (kind) {
+    case Route::Kind::kBase: return "base";
+    case Route::Kind::kManifest: return "manifest";
+    case Route::Kind::kBlob: return "blob";
+    case Route::Kind::kMetrics: return "metrics";
+    case Route::Kind::kHealth: return "health";
+    case Route::Kind::kPush: return "push";
+    case Route::Kind::kNotFound: return "other";
+  }
+  return "other";
+}
+
+// A connection being served; the handlers below are its steps.
+class Connection {
+ public:
+  Connection(tcp::socket socket, Backend& backend, Metrics& metrics, const ServerOptions& options,
+             const std::function<std::string()>& metrics_text)
+      : stream_(std::move(socket)),
+        backend_(backend),
+        metrics_(metrics),
+        options_(options),
+        metrics_text_(metrics_text) {}
+
+  awaitable<void> Run() {
+    beast::flat_buffer buffer;
+    for (;;) {
+      http::request_parser<http::empty_body> parser;
+      parser.header_limit(32 * 1024);
+      beast::error_code ec;
+      stream_.expires_after(options_.idle_timeout);
+      co_await http::async_read(stream_, buffer, parser, asio::redirect_error(use_awaitable, ec));
+      if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+          ec == beast::error::timeout || ec == asio::error::connection_reset) {
+        break;
+      }
+      if (ec) {
+        // Malformed HTTP: answer 400 once, then close.
+        Request dummy;
+        dummy.version(11);
+        dummy.keep_alive(false);
+        auto res = MakeError(
+            dummy, shoal::MakeError(ErrorCode::kInvalidArgument, "malformed HTTP request: " + ec.message()),
+            "UNSUPPORTED");
+        res.keep_alive(false);
+        co_await Write(std::move(res));
+        break;
+      }
+      Request req = parser.release();
+      stream_.expires_never();
+      bool keep = co_await Handle(req);
+      if (!keep || !req.keep_alive()) break;
+    }
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  }
+
+ private:
+  awaitable<bool> Write(StringResponse res) {
+    beast::error_code ec;
+    stream_.expires_after(options_.stall_timeout);
+    co_await http::async_write(stream_, res, asio::redirect_error(use_awaitable, ec));
+    stream_.expires_never();
+    co_return !ec;
+  }
+
+  awaitable<bool> Reply(Route::Kind kind, StringResponse res) {
+    metrics_.CountRequest(RouteName(kind), res.result_int());
+    co_return co_await Write(std::move(res));
+  }
+
+  awaitable<bool> Handle(const Request& req) {
+    auto route = ParseRoute(req.target());
+    if (!route) co_return co_await Reply(Route::Kind::kNotFound,
+                                         MakeError(req, route.error(), "NAME_INVALID"));
+    const Route& r = route.value();
+    bool read_only = req.method() == http::verb::get || req.method() == http::verb::head;
+    if (r.kind == Route::Kind::kPush || (!read_only && r.kind != Route::Kind::kNotFound)) {
+      co_return co_await Reply(r.kind,
+          MakeError(req,
+                    shoal::MakeError(ErrorCode::kUnsupported,
+                                     "shoal is a pull-only mirror; " +
+                                         std::string(req.method_string()) + " is not supported"),
+                    "UNSUPPORTED"));
+    }
+    switch (r.kind) {
+      case Route::Kind::kBase:
+        co_return co_await Reply(r.kind,
+                                 MakeResponse(req, http::status::ok, "{}", "application/json"));
+      case Route::Kind::kHealth:
+        co_return co_await Reply(r.kind, MakeResponse(req, http::status::ok, "ok\n", "text/plain"));
+      case Route::Kind::kMetrics:
+        co_return co_await Reply(r.kind,
+            MakeResponse(req, http::status::ok, metrics_text_ ? metrics_text_() : "",
+                         "text/plain; version=0.0.4"));
+      case Route::Kind::kManifest:
+        co_return co_await HandleManifest(req, r);
+      case Route::Kind::kBlob:
+        co_return co_await HandleBlob(req, r);
+      default:
+        co_return co_await Reply(r.kind,
+            MakeError(req,
+                      shoal::MakeError(ErrorCode::kNotFound,
+                                       "no such endpoint: " + std::string(req.target().substr(0, 200))),
+                      "NAME_UNKNOWN"));
+    }
+  }
+
+  awaitable<bool> HandleManifest(const Request& req, const Route& r) {
+    auto repo = ResolveRepo(r.name, r.ns, options_.default_registry);
+    if (!repo) co_return co_await Reply(r.kind, MakeError(req, repo.error(), "NAME_INVALID"));
+    auto ref = oci::ParseManifestRef(r.reference);
+    if (!ref) {
+      ref.error().code = ErrorCode::kInvalidArgument;
+      bool looks_digest = r.reference.find(':') != std::string::npos;
+      co_return co_await Reply(r.kind,
+                               MakeError(req, ref.error(),
+                                         looks_digest ? "DIGEST_INVALID" : "TAG_INVALID"));
+    }
+    std::string accept_header;
+    for (const auto& field : req) {
+      if (field.name() == http::field::accept) {
+        if (!accept_header.empty()) accept_header += ",";
+        accept_header += std::string(field.value());
+      }
+    }
+    auto accept = oci::ParseAccept(accept_header);
+    auto manifest = co_await backend_.GetManifest(repo.value(), r.reference, accept);
+    if (!manifest) {
+      co_return co_await Reply(r.kind, MakeError(req, manifest.error(), "MANIFEST_UNKNOWN"));
+    }
+    ManifestResult& m = manifest.value();
+    if (!oci::Accepts(accept, m.media_type)) {
+      co_return co_await Reply(r.kind,
+          MakeError(req,
+                    shoal::MakeError(ErrorCode::kNotFound,
+                                     "manifest " + repo.value().str() + ":" + r.reference + " is " +
+                                         m.media_type + ", which the client does not accept"),
+                    "MANIFEST_UNKNOWN"));
+    }
+    bool head = req.method() == http::verb::head;
+    size_t size = m.body.size();
+    StringResponse res = MakeResponse(req, http::status::ok, head ? "" : std::move(m.body), m.media_type);
+    res.set("Docker-Content-Digest", m.digest.str());
+    res.set(http::field::etag, "\"" + m.digest.str() + "\"");
+    if (head) res.content_length(size);
+    co_return co_await Reply(r.kind, std::move(res));
+  }
+
+  awaitable<bool> HandleBlob(const Request& req, const Route& r) {
+    auto repo = ResolveRepo(r.name, r.ns, options_.default_registry);
+    if (!repo) co_return co_await Reply(r.kind, MakeError(req, repo.error(), "NAME_INVALID"));
+    auto digest = Digest::Parse(r.reference);
+    if (!digest) {
+      // An unsupported algorithm is still an invalid digest for this endpoint: 400, not 405.
+      Error e = digest.error();
+      e.code = ErrorCode::kInvalidArgument;
+      co_return co_await Reply(r.kind, MakeError(req, e, "DIGEST_INVALID"));
+    }
+    auto opened = co_await backend_.OpenBlob(repo.value(), digest.value());
+    if (!opened) co_return co_await Reply(r.kind, MakeError(req, opened.error(), "BLOB_UNKNOWN"));
+    std::shared_ptr<BlobReader> reader = opened.value();
+    uint64_t size = reader->size();
+    uint64_t first = 0, last = size == 0 ? 0 : size - 1;
+    bool partial = false;
+    if (auto range_it = req.find(http::field::range); range_it != req.end()) {
+      auto range = ::shoal::http::ParseRange(range_it->value(), size);
+      if (!range && range.error().code == ErrorCode::kUnsupported) {
+        // Several ranges: RFC 9110 lets a server ignore Range, so send the whole blob.
+      } else if (!range) {
+        StringResponse res = MakeError(req, range.error(), "RANGE_INVALID");
+        if (range.error().code == ErrorCode::kRangeNotSatisfiable) {
+          res.set(http::field::content_range, "bytes */" + std::to_string(size));
+        }
+        co_return co_await Reply(r.kind, std::move(res));
+      } else {
+        first = range.value().first;
+        last = range.value().last;
+        partial = true;
+      }
+    }
+    uint64_t length = size == 0 ? 0 : last - first + 1;
+
+    http::response<http::empty_body> res{partial ? http::status::partial_content : http::status::ok,
+                                         req.version()};
+    res.set(http::field::server, "shoal-agent");
+    res.set(kApiVersionHeader, kApiVersion);
+    res.set(http::field::content_type, "application/octet-stream");
+    res.set(http::field::accept_ranges, "bytes");
+    res.set("Docker-Content-Digest", digest.value().str());
+    res.set(http::field::etag, "\"" + digest.value().str() + "\"");
+    if (partial) res.set(http::field::content_range, ::shoal::http::ContentRange(range_of(first, last), size));
+    res.content_length(length);
+    res.keep_alive(req.keep_alive());
+    metrics_.CountRequest(RouteName(r.kind), res.result_int());
+
+    beast::error_code ec;
+    http::response_serializer<http::empty_body> sr{res};
+    stream_.expires_after(options_.stall_timeout);
+    co_await http::async_write_header(stream_, sr, asio::redirect_error(use_awaitable, ec));
+    stream_.expires_never();
+    if (ec) co_return false;
+    if (req.method() == http::verb::head || length == 0) co_return true;
+    co_return co_await SendBody(*reader, first, first + length, digest.value());
+  }
+
+  static ::shoal::http::ByteRange range_of(uint64_t first, uint64_t last) {
+    ::shoal::http::ByteRange r;
+    r.first = first;
+    r.last = last;
+    return r;
+  }
+
+  // Streams [begin, end) of the blob with sendfile, waiting for in-flight bytes as needed. On a
+  // failed fetch the connection is closed mid-body, so the client sees a truncated response and
+  // never a complete one with wrong bytes.
+  awaitable<bool> SendBody(BlobReader& reader, uint64_t begin, uint64_t end, const Digest& digest) {
+    tcp::socket& sock = stream_.socket();
+    sock.non_blocking(true);
+    off_t offset = static_cast<off_t>(begin);
+    while (static_cast<uint64_t>(offset) < end) {
+      auto readable = co_await reader.WaitReadable(static_cast<uint64_t>(offset));
+      if (!readable) {
+        spdlog::error("aborting response for {}: {}", digest.str(), readable.error().ToString());
+        co_return Abort();
+      }
+      uint64_t avail = std::min<uint64_t>(readable.value(), end);
+      while (static_cast<uint64_t>(offset) < avail) {
+        size_t want = static_cast<size_t>(std::min<uint64_t>(avail - offset, kSendfileChunk));
+        ssize_t n = ::sendfile(sock.native_handle(), reader.fd(), &offset, want);
+        if (n > 0) {
+          metrics_.CountBlobBytes(reader.source(), static_cast<uint64_t>(n));
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          beast::error_code ec;
+          // The timer's handler may run after this frame moved on, so it shares its flag.
+          asio::steady_timer watchdog(sock.get_executor());
+          auto stalled = std::make_shared<bool>(false);
+          auto done = std::make_shared<bool>(false);
+          watchdog.expires_after(options_.stall_timeout);
+          watchdog.async_wait([stalled, done, &sock](beast::error_code tec) {
+            if (!tec && !*done) {
+              *stalled = true;
+              beast::error_code ignored;
+              sock.cancel(ignored);
+            }
+          });
+          co_await sock.async_wait(tcp::socket::wait_write, asio::redirect_error(use_awaitable, ec));
+          *done = true;
+          watchdog.cancel();
+          if (ec || *stalled) {
+            spdlog::warn("client stopped reading {} at offset {}", digest.str(), offset);
+            co_return Abort();
+          }
+          continue;
+        }
+        if (n == 0) {
+          spdlog::error("blob file for {} ended at {} before its size", digest.str(), offset);
+        } else if (errno != EPIPE && errno != ECONNRESET) {
+          spdlog::warn("sendfile for {} failed: {}", digest.str(), std::strerror(errno));
+        }
+        co_return Abort();
+      }
+    }
+    co_return true;
+  }
+
+  bool Abort() {
+    metrics_.aborted_responses.Increment();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.socket().close(ec);
+    return false;
+  }
+
+  beast::tcp_stream stream_;
+  Backend& backend_;
+  Metrics& metrics_;
+  const ServerOptions& options_;
+  const std::function<std::string()>& metrics_text_;
+};
+
+}  // namespace
+
+Server::Server(asio::io_context& ioc, Backend& backend, Metrics& metrics, ServerOptions options)
+    : ioc_(ioc), backend_(backend), metrics_(metrics), options_(std::move(options)), acceptor_(ioc) {}
+
+Result<uint16_t> Server::Listen(const std::string& address, uint16_t port) {
+  beast::error_code ec;
+  auto addr = asio::ip::make_address(address, ec);
+  if (ec) return shoal::MakeError(ErrorCode::kInvalidArgument, "listen address " + address + ": " + ec.message());
+  tcp::endpoint ep(addr, port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return shoal::MakeError(ErrorCode::kIo, "listen on " + address + ":" + std::to_string(port) +
+                                                ": " + ec.message());
+  }
+  return acceptor_.local_endpoint().port();
+}
+
+void Server::Start() { asio::co_spawn(ioc_, AcceptLoop(), asio::detached); }
+
+void Server::Stop() {
+  beast::error_code ec;
+  acceptor_.close(ec);
+}
+
+awaitable<void> Server::AcceptLoop() {
+  for (;;) {
+    beast::error_code ec;
+    tcp::socket socket = co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+    if (ec) {
+      spdlog::warn("accept failed: {}", ec.message());
+      continue;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    asio::co_spawn(ioc_, Session(std::move(socket)), asio::detached);
+  }
+}
+
+awaitable<void> Server::Session(tcp::socket socket) {
+  ++active_;
+  Connection conn(std::move(socket), backend_, metrics_, options_, metrics_text_);
+  try {
+    co_await conn.Run();
+  } catch (const std::exception& e) {
+    spdlog::error("connection failed: {}", e.what());
+  }
+  --active_;
+}
+
+}  // namespace shoal::shim

@@ -1,0 +1,64 @@
+#pragma once
+// The registry shim's HTTP server: the OCI Distribution pull API (GET/HEAD of /v2/, manifests
+// and blobs, with Range), plus /metrics and /healthz, on Boost.Beast with one coroutine per
+// connection. Blob bodies go out with sendfile(2) from the cache or from the in-flight file.
+
+#include <utility>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "lib/core/error.h"
+#include "registry-shim/backend.h"
+#include "registry-shim/metrics.h"
+
+namespace shoal::shim {
+
+struct ServerOptions {
+  // Registry for names without a registry prefix and without ?ns= (dockerd's registry-mirrors
+  // are for Docker Hub only).
+  std::string default_registry = "docker.io";
+  // A connection idle for this long between requests is closed.
+  std::chrono::seconds idle_timeout{120};
+  // A blob response that makes no progress for this long is aborted (client or fetch stalled).
+  std::chrono::seconds stall_timeout{300};
+};
+
+// Lives on one io_context; all methods must be called on that context's thread.
+class Server {
+ public:
+  // backend and metrics must outlive the server.
+  Server(boost::asio::io_context& ioc, Backend& backend, Metrics& metrics, ServerOptions options);
+
+  // Binds address:port (port 0 picks a free one) and returns the bound port. Errors: kIo.
+  Result<uint16_t> Listen(const std::string& address, uint16_t port);
+  // Starts accepting connections.
+  void Start();
+  // Stops accepting; open connections finish their current request.
+  void Stop();
+  // Connections currently open.
+  int active_connections() const { return active_; }
+  // Provides the /metrics body (Prometheus text format).
+  void SetMetricsHandler(std::function<std::string()> handler) { metrics_text_ = std::move(handler); }
+
+ private:
+  boost::asio::awaitable<void> AcceptLoop();
+  boost::asio::awaitable<void> Session(boost::asio::ip::tcp::socket socket);
+
+  boost::asio::io_context& ioc_;
+  Backend& backend_;
+  Metrics& metrics_;
+  ServerOptions options_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::function<std::string()> metrics_text_;
+  int active_ = 0;
+};
+
+}  // namespace shoal::shim

@@ -1,0 +1,301 @@
+// shoal-demo: a real docker-registry upstream (behind a counting proxy), a generated multi-layer
+// image with a >= 256 MiB layer, and two skopeo pulls through shoal-agent. Prints, per pull, the
+// time, the bytes the upstream served, the bytes the agent served from its cache, and whether
+// every pulled blob re-hashed to its digest. Exits non-zero on any failure.
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "tests/support/counting_proxy.h"
+#include "tests/support/http_client.h"
+#include "tests/support/image.h"
+#include "tests/support/process.h"
+#include "tests/support/registry.h"
+
+namespace shoal::testkit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string HumanBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 3) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+const char* CompressionName(Compression c) {
+  switch (c) {
+    case Compression::kNone:
+      return "tar";
+    case Compression::kGzip:
+      return "gzip";
+    case Compression::kZstd:
+      return "zstd";
+  }
+  return "?";
+}
+
+// Prints a step and its duration.
+class Step {
+ public:
+  explicit Step(const std::string& what) : start_(Clock::now()) {
+    std::printf("- %s ... ", what.c_str());
+    std::fflush(stdout);
+  }
+  void Done(const std::string& detail = "") {
+    std::printf("ok (%.2f s)%s%s\n", Seconds(Clock::now() - start_), detail.empty() ? "" : ": ",
+                detail.c_str());
+  }
+
+ private:
+  Clock::time_point start_;
+};
+
+int Fail(const std::string& what, const std::string& detail) {
+  std::printf("FAILED\n\nshoal-demo: %s\n%s\n", what.c_str(), detail.c_str());
+  return 1;
+}
+
+struct PullResult {
+  double seconds = 0;
+  uint64_t upstream_bytes = 0;  // counted at the proxy
+  double cache_bytes = 0;       // agent metric delta, source="cache"
+  double agent_upstream_bytes = 0;  // agent metric delta, source="upstream"
+  bool verified = false;
+  std::string error;
+};
+
+// The running agent: its process and the port it bound.
+struct AgentProc {
+  std::unique_ptr<Process> process;
+  std::string host_port;
+  std::string Url() const { return "http://" + host_port; }
+  std::string Metrics() const {
+    auto r = HttpGet(Url() + "/metrics", {}, std::chrono::seconds(10));
+    return r && r.value().status == 200 ? r.value().body : "";
+  }
+};
+
+Result<AgentProc> StartAgent(const std::string& binary, const TempDir& dir,
+                             const std::string& upstream_url) {
+  std::string port_file = dir.Sub("agent.port");
+  std::vector<std::string> argv = {binary,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--port-file",
+                                   port_file,
+                                   "--cache-dir",
+                                   dir.Sub("cache"),
+                                   "--upstream",
+                                   "docker.io=" + upstream_url,
+                                   "--log-format",
+                                   "text"};
+  auto proc = Process::Start(argv, dir.Sub("agent.log"));
+  if (!proc) return proc.error();
+  AgentProc agent;
+  agent.process = std::move(proc.value());
+  bool ready = WaitUntil(
+      [&] {
+        return !agent.process->Running() || !ReadFile(port_file).empty();
+      },
+      std::chrono::seconds(30));
+  std::string port = ReadFile(port_file);
+  while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
+  if (!ready || port.empty() || !agent.process->Running()) {
+    return MakeError(ErrorCode::kUnavailable,
+                     "shoal-agent did not start; log " + agent.process->log_path() + ":\n" +
+                         agent.process->LogTail());
+  }
+  agent.host_port = "127.0.0.1:" + port;
+  if (!WaitForHttp(agent.Url() + "/v2/", std::chrono::seconds(30))) {
+    return MakeError(ErrorCode::kUnavailable, "shoal-agent does not answer GET /v2/; log:\n" +
+                                                  agent.process->LogTail());
+  }
+  return agent;
+}
+
+PullResult Pull(const AgentProc& agent, CountingProxy& proxy, const BuiltImage& image,
+                const std::string& out_dir) {
+  PullResult r;
+  proxy.Reset();
+  std::string before = agent.Metrics();
+  auto start = Clock::now();
+  auto pulled = SkopeoCopyToLayout(agent.host_port + "/demo/app:1", out_dir, {}, "1");
+  r.seconds = Seconds(Clock::now() - start);
+  std::string after = agent.Metrics();
+  r.upstream_bytes = proxy.BlobBytes();
+  auto delta = [&](const char* source) {
+    return MetricSum(after, "shoal_shim_blob_bytes_total", {{"source", source}}) -
+           MetricSum(before, "shoal_shim_blob_bytes_total", {{"source", source}});
+  };
+  r.cache_bytes = delta("cache");
+  r.agent_upstream_bytes = delta("upstream");
+  if (!pulled) {
+    r.error = pulled.error().ToString();
+    return r;
+  }
+  // SkopeoCopyToLayout re-hashed every blob; also compare with what was pushed upstream.
+  const LayoutImage& got = pulled.value();
+  if (got.manifest_digest != image.manifest_digest || got.config_digest != image.config_digest ||
+      got.layer_digests != image.layer_digests) {
+    r.error = "pulled digests differ from upstream: manifest " + got.manifest_digest.str() +
+              " vs " + image.manifest_digest.str();
+    return r;
+  }
+  r.verified = true;
+  return r;
+}
+
+int Run(int argc, char** argv) {
+  CLI::App app{"shoal-demo: two pulls of a generated image through shoal-agent"};
+  std::string agent_bin = SHOAL_AGENT_BIN;
+  uint64_t big_mib = 256;
+  bool keep = false;
+  app.add_option("--agent", agent_bin, "shoal-agent binary")->capture_default_str();
+  app.add_option("--big-layer-mib", big_mib, "Size of the large file in the big layer (MiB)")
+      ->check(CLI::Range(1, 8192))
+      ->capture_default_str();
+  app.add_flag("--keep", keep, "Keep the temp dir (registry storage, cache, logs)");
+  CLI11_PARSE(app, argc, argv);
+  if (keep) setenv("SHOAL_KEEP_TMP", "1", 1);
+  spdlog::set_level(spdlog::level::warn);
+
+  std::printf("shoal demo: docker-registry -> counting proxy -> shoal-agent -> skopeo\n\n");
+  TempDir dir("shoal-demo");
+
+  Step s1("starting docker-registry (distribution) on 127.0.0.1");
+  auto registry = Registry::Start();
+  if (!registry) return Fail("docker-registry", registry.error().ToString());
+  auto proxy = CountingProxy::Start(registry.value()->HostPort());
+  if (!proxy) return Fail("counting proxy", proxy.error().ToString());
+  s1.Done(registry.value()->HostPort() + ", counting proxy " + proxy.value()->HostPort());
+
+  ImageSpec spec;
+  spec.layers = {
+      LayerSpec{.compression = Compression::kGzip, .small_files = 200, .seed = 1},
+      LayerSpec{.compression = Compression::kGzip,
+                .small_files = 20,
+                .big_files = {24ull << 20},
+                .seed = 2,
+                .with_whiteout = true},
+      LayerSpec{.compression = Compression::kZstd,
+                .small_files = 50,
+                .big_files = {16ull << 20},
+                .seed = 3},
+      LayerSpec{.compression = Compression::kGzip,
+                .small_files = 5,
+                .big_files = {big_mib << 20},
+                .seed = 4},
+  };
+  Step s2("building a " + std::to_string(spec.layers.size()) + "-layer OCI image");
+  auto image = BuildImage(spec, dir.Sub("layout"), "1");
+  if (!image) return Fail("image build", image.error().ToString());
+  const BuiltImage& img = image.value();
+  s2.Done(HumanBytes(static_cast<double>(img.total_blob_bytes)) + " of blobs");
+  for (size_t i = 0; i < img.layer_digests.size(); ++i) {
+    std::printf("    layer %zu  %-4s  %10s  %s\n", i + 1, CompressionName(spec.layers[i].compression),
+                HumanBytes(static_cast<double>(img.layer_sizes[i])).c_str(),
+                img.layer_digests[i].str().substr(0, 19).c_str());
+  }
+
+  Step s3("pushing it with skopeo as demo/app:1");
+  if (auto st = PushImage(*registry.value(), img.layout_dir, "1", "demo/app"); !st) {
+    return Fail("push", st.error().ToString());
+  }
+  s3.Done(img.manifest_digest.str().substr(0, 19));
+
+  Step s4("starting shoal-agent (upstream docker.io = the counting proxy)");
+  if (!std::filesystem::exists(agent_bin)) {
+    return Fail("shoal-agent", agent_bin + " does not exist; build the shoal-agent target");
+  }
+  auto agent = StartAgent(agent_bin, dir, proxy.value()->Url());
+  if (!agent) return Fail("shoal-agent", agent.error().ToString());
+  s4.Done(agent.value().host_port);
+
+  std::vector<PullResult> pulls;
+  for (int i = 1; i <= 2; ++i) {
+    Step step("pull " + std::to_string(i) + ": skopeo copy docker://" + agent.value().host_port +
+              "/demo/app:1 oci:...");
+    PullResult r = Pull(agent.value(), *proxy.value(), img, dir.Sub("pull" + std::to_string(i)));
+    if (!r.error.empty()) {
+      return Fail("pull " + std::to_string(i), r.error + "\n\nagent log tail:\n" +
+                                                   agent.value().process->LogTail());
+    }
+    step.Done();
+    pulls.push_back(r);
+  }
+
+  const double total = static_cast<double>(img.total_blob_bytes);
+  std::printf("\n%-6s %9s %11s %16s %16s %9s\n", "pull", "time", "MiB/s", "from upstream",
+              "from cache", "verified");
+  for (size_t i = 0; i < pulls.size(); ++i) {
+    const PullResult& r = pulls[i];
+    std::printf("%-6zu %7.2f s %11.0f %16s %16s %9s\n", i + 1, r.seconds,
+                total / (1 << 20) / r.seconds,
+                HumanBytes(static_cast<double>(r.upstream_bytes)).c_str(),
+                HumanBytes(r.cache_bytes).c_str(), r.verified ? "yes" : "NO");
+  }
+  std::printf("\nimage blobs: %s (config + %zu layers); upstream bytes are counted at the proxy,\n"
+              "cache bytes are the agent's shoal_shim_blob_bytes_total{source=\"cache\"} delta.\n",
+              HumanBytes(total).c_str(), img.layer_digests.size());
+
+  // What the demo claims: the first pull fetched each blob once, the second none at all.
+  std::vector<std::string> problems;
+  if (pulls[0].upstream_bytes != img.total_blob_bytes) {
+    problems.push_back("pull 1 took " + std::to_string(pulls[0].upstream_bytes) +
+                       " bytes from upstream, expected exactly " +
+                       std::to_string(img.total_blob_bytes));
+  }
+  if (pulls[1].upstream_bytes != 0) {
+    problems.push_back("pull 2 took " + std::to_string(pulls[1].upstream_bytes) +
+                       " bytes from upstream, expected 0");
+  }
+  if (static_cast<uint64_t>(pulls[1].cache_bytes) != img.total_blob_bytes) {
+    problems.push_back("pull 2 served " + std::to_string(pulls[1].cache_bytes) +
+                       " bytes from cache (agent metrics), expected " +
+                       std::to_string(img.total_blob_bytes));
+  }
+  if (!problems.empty()) {
+    std::printf("\nshoal-demo: FAILED\n");
+    for (const auto& p : problems) std::printf("  - %s\n", p.c_str());
+    std::printf("agent log: %s (rerun with --keep to keep it)\n",
+                agent.value().process->log_path().c_str());
+    return 1;
+  }
+  std::printf("\nshoal-demo: OK (second pull: 0 bytes from upstream, %.1fx faster)\n",
+              pulls[0].seconds / pulls[1].seconds);
+  int status = agent.value().process->Stop();
+  if (status != 0 && status != 128 + SIGTERM) {
+    std::printf("shoal-demo: note: shoal-agent exited with status %d on SIGTERM\n", status);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shoal::testkit
+
+int main(int argc, char** argv) {
+  try {
+    return shoal::testkit::Run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shoal-demo: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,532 @@
+// The upstream registry client against a real Debian docker-registry (htpasswd and token auth),
+// the test kit's fault-injecting proxy, and small hand-written servers for redirects, bodies cut
+// short and stalls.
+
+#include <doctest/doctest.h>
+
+#include <utility>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "lib/core/sha256.h"
+#include "lib/http/range.h"
+#include "lib/upstream/registry_client.h"
+#include "tests/support/counting_proxy.h"
+#include "tests/support/image.h"
+#include "tests/support/process.h"
+#include "tests/support/registry.h"
+#include "tests/support/sync_server.h"
+#include "tests/support/token_server.h"
+
+namespace shoal::upstream {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using testkit::SyncHttpServer;
+using std::chrono::milliseconds;
+
+constexpr const char* kAccept =
+    "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, "
+    "application/vnd.docker.distribution.manifest.v2+json, "
+    "application/vnd.docker.distribution.manifest.list.v2+json";
+
+template <class T>
+net::awaitable<void> StoreResult(net::awaitable<T> a, std::optional<T>* out) {
+  out->emplace(co_await std::move(a));
+}
+
+// Runs one client call to completion on `ioc` (the context the client was built on).
+template <class T>
+T Run(net::io_context& ioc, net::awaitable<T> a) {
+  std::optional<T> out;
+  net::co_spawn(ioc, StoreResult(std::move(a), &out), net::detached);
+  ioc.restart();
+  ioc.run();
+  REQUIRE(out.has_value());
+  return std::move(*out);
+}
+
+RegistryEndpoint Endpoint(const std::string& host_port) {
+  return RegistryEndpoint{host_port, http::Url::Parse("http://" + host_port).value()};
+}
+
+ClientOptions FastRetries() {
+  ClientOptions o;
+  o.initial_backoff = milliseconds(10);
+  o.max_backoff = milliseconds(2000);
+  o.idle_timeout = std::chrono::seconds(5);
+  o.connect_timeout = std::chrono::seconds(5);
+  return o;
+}
+
+// A sink collecting bytes into a string.
+BodySink Collect(std::string* out) {
+  return [out](const char* data, size_t size) -> Status {
+    out->append(data, size);
+    return Ok();
+  };
+}
+
+std::string BlobFile(const std::string& layout, const Digest& d) {
+  return testkit::ReadFile(layout + "/blobs/sha256/" + d.hex());
+}
+
+// A pushed single-layer image (one ~2.5 MiB gzip layer) in a registry.
+struct PushedImage {
+  std::unique_ptr<testkit::TempDir> dir;
+  testkit::BuiltImage image;
+  Digest layer = testkit::NullDigest();
+  std::string layer_bytes;
+};
+
+PushedImage Push(const testkit::Registry& reg, const std::string& name) {
+  PushedImage p;
+  p.dir = std::make_unique<testkit::TempDir>("shoal-upstream");
+  testkit::ImageSpec spec;
+  spec.layers = {testkit::LayerSpec{.compression = testkit::Compression::kGzip,
+                                    .small_files = 5,
+                                    .big_files = {5 << 20},
+                                    .seed = 42}};
+  auto built = testkit::BuildImage(spec, p.dir->Sub("layout"), "1");
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  p.image = built.value();
+  auto pushed = testkit::PushImage(reg, p.dir->Sub("layout"), "1", name);
+  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+  p.layer = p.image.layer_digests.at(0);
+  p.layer_bytes = BlobFile(p.dir->Sub("layout"), p.layer);
+  REQUIRE(p.layer_bytes.size() == p.image.layer_sizes.at(0));
+  return p;
+}
+
+// Parses "bytes=a-b" of a test server's request; the whole blob when absent.
+http::ByteRange RequestedRange(const SyncHttpServer::Request& req, uint64_t size) {
+  auto it = req.find(bhttp::field::range);
+  if (it == req.end()) return http::ByteRange{0, size - 1};
+  auto r = http::ParseRange(it->value(), size);
+  REQUIRE(r.has_value());
+  return r.value();
+}
+
+SyncHttpServer::Response Answer(unsigned status, std::string body = "") {
+  SyncHttpServer::Response res{static_cast<bhttp::status>(status), 11};
+  res.body() = std::move(body);
+  return res;
+}
+
+}  // namespace
+
+TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpasswd auth") {
+  testkit::RegistryOptions opts;
+  opts.auth = testkit::RegistryOptions::Auth::kHtpasswd;
+  auto reg = testkit::Registry::Start(opts);
+  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  PushedImage img = Push(*reg.value(), "demo/app");
+  RegistryEndpoint ep = Endpoint(reg.value()->HostPort());
+
+  net::io_context ioc;
+  Credentials creds;
+  creds.Add(reg.value()->HostPort(), BasicAuth{opts.user, opts.password});
+  RegistryClient client(ioc.get_executor(), FastRetries(), creds);
+
+  auto m = Run(ioc, client.GetManifest(ep, "demo/app", "1", kAccept));
+  REQUIRE_MESSAGE(m.has_value(), m.error().ToString());
+  CHECK(m.value().body == img.image.manifest_json);
+  CHECK(m.value().digest == img.image.manifest_digest);
+  CHECK(m.value().media_type == img.image.media_type);
+
+  auto by_digest = Run(ioc, client.GetManifest(ep, "demo/app", img.image.manifest_digest.str(),
+                                               kAccept));
+  REQUIRE_MESSAGE(by_digest.has_value(), by_digest.error().ToString());
+  CHECK(by_digest.value().body == img.image.manifest_json);
+
+  auto head = Run(ioc, client.HeadManifest(ep, "demo/app", "1", kAccept));
+  REQUIRE_MESSAGE(head.has_value(), head.error().ToString());
+  CHECK(head.value().digest == img.image.manifest_digest);
+  CHECK(head.value().body.empty());
+
+  auto size = Run(ioc, client.StatBlob(ep, "demo/app", img.layer));
+  REQUIRE_MESSAGE(size.has_value(), size.error().ToString());
+  CHECK(size.value() == img.layer_bytes.size());
+
+  std::string whole;
+  auto st = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, 0, img.layer_bytes.size(),
+                                      Collect(&whole)));
+  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  CHECK(whole.size() == img.layer_bytes.size());
+  CHECK(Sha256::Of(whole) == img.layer);
+
+  std::string part;
+  const uint64_t offset = 1'000'003, length = 777'777;
+  st = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, offset, length, Collect(&part)));
+  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  CHECK(part == img.layer_bytes.substr(offset, length));
+
+  std::string tail;
+  st = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, img.layer_bytes.size() - 1, 1,
+                                 Collect(&tail)));
+  REQUIRE(st.has_value());
+  CHECK(tail == img.layer_bytes.substr(img.layer_bytes.size() - 1));
+
+  auto stats = client.stats();
+  CHECK(stats.bytes == whole.size() + part.size() + 1);
+  CHECK(stats.requests >= 6);
+  CHECK(stats.retries == 0);
+
+  SUBCASE("a missing tag is not_found and names repository and tag") {
+    auto missing = Run(ioc, client.GetManifest(ep, "demo/app", "nope", kAccept));
+    REQUIRE_FALSE(missing.has_value());
+    CHECK(missing.error().code == ErrorCode::kNotFound);
+    CHECK(missing.error().message.find("demo/app:nope") != std::string::npos);
+    CHECK(missing.error().message.find("MANIFEST_UNKNOWN") != std::string::npos);
+    auto no_blob = Run(ioc, client.StatBlob(ep, "demo/app", Sha256::Of("absent")));
+    REQUIRE_FALSE(no_blob.has_value());
+    CHECK(no_blob.error().code == ErrorCode::kNotFound);
+  }
+  SUBCASE("a range beyond the blob is range_not_satisfiable") {
+    std::string none;
+    auto r = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, img.layer_bytes.size() + 10, 5,
+                                       Collect(&none)));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == ErrorCode::kRangeNotSatisfiable);
+  }
+  SUBCASE("a sink error aborts the fetch and is returned as is") {
+    size_t calls = 0;
+    auto r = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, 0, img.layer_bytes.size(),
+                                       [&](const char*, size_t) -> Status {
+                                         ++calls;
+                                         return MakeError(ErrorCode::kIo, "disk full (test)");
+                                       }));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == ErrorCode::kIo);
+    CHECK(r.error().message == "disk full (test)");
+    CHECK(calls == 1);
+  }
+  SUBCASE("wrong or missing credentials are unauthorized") {
+    Credentials wrong;
+    wrong.Add(reg.value()->HostPort(), BasicAuth{opts.user, "wrong"});
+    RegistryClient bad(ioc.get_executor(), FastRetries(), wrong);
+    auto r = Run(ioc, bad.GetManifest(ep, "demo/app", "1", kAccept));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == ErrorCode::kUnauthorized);
+    CHECK(r.error().message.find("wrong") == std::string::npos);
+    RegistryClient anonymous(ioc.get_executor(), FastRetries(), Credentials());
+    r = Run(ioc, anonymous.GetManifest(ep, "demo/app", "1", kAccept));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == ErrorCode::kUnauthorized);
+    CHECK(anonymous.stats().retries == 0);
+  }
+}
+
+TEST_CASE("upstream client: gets, caches and shares bearer tokens from a token server") {
+  auto tokens = testkit::TokenServer::Start();
+  REQUIRE_MESSAGE(tokens.has_value(), tokens.error().ToString());
+  auto reg = testkit::Registry::Start(tokens.value()->ForRegistry());
+  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  PushedImage img = Push(*reg.value(), "team/tool");
+  RegistryEndpoint ep = Endpoint(reg.value()->HostPort());
+  const uint64_t before = tokens.value()->TokenRequests();
+
+  net::io_context ioc;
+  Credentials creds;
+  creds.Add(reg.value()->HostPort(),
+            BasicAuth{reg.value()->options().user, reg.value()->options().password});
+  RegistryClient client(ioc.get_executor(), FastRetries(), creds);
+
+  // Five concurrent pulls of the same repository need one token between them.
+  std::vector<std::optional<Result<ManifestResponse>>> results(5);
+  for (auto& r : results) {
+    net::co_spawn(ioc, StoreResult(client.GetManifest(ep, "team/tool", "1", kAccept), &r),
+                  net::detached);
+  }
+  ioc.restart();
+  ioc.run();
+  for (auto& r : results) {
+    REQUIRE(r.has_value());
+    REQUIRE_MESSAGE(r->has_value(), r->error().ToString());
+    CHECK(r->value().digest == img.image.manifest_digest);
+  }
+  CHECK(tokens.value()->TokenRequests() - before == 1);
+
+  // The cached token serves later calls too.
+  std::string blob;
+  auto st = Run(ioc, client.FetchBlob(ep, "team/tool", img.layer, 0, img.layer_bytes.size(),
+                                      Collect(&blob)));
+  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  CHECK(Sha256::Of(blob) == img.layer);
+  CHECK(tokens.value()->TokenRequests() - before == 1);
+
+  // Wrong credentials: the token server refuses, and the call fails as unauthorized.
+  Credentials wrong;
+  wrong.Add(reg.value()->HostPort(), BasicAuth{reg.value()->options().user, "nope"});
+  RegistryClient bad(ioc.get_executor(), FastRetries(), wrong);
+  auto r = Run(ioc, bad.GetManifest(ep, "team/tool", "1", kAccept));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == ErrorCode::kUnauthorized);
+}
+
+TEST_CASE("upstream client: retries 503 and 429 through a proxy and gives up on other 4xx") {
+  auto reg = testkit::Registry::Start();
+  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  PushedImage img = Push(*reg.value(), "demo/retry");
+  auto proxy = testkit::CountingProxy::Start(reg.value()->HostPort());
+  REQUIRE_MESSAGE(proxy.has_value(), proxy.error().ToString());
+  RegistryEndpoint ep = Endpoint(proxy.value()->HostPort());
+
+  net::io_context ioc;
+  ClientOptions options = FastRetries();
+  options.max_attempts = 3;
+  RegistryClient client(ioc.get_executor(), options, Credentials());
+
+  proxy.value()->FailNext(2, 503);
+  std::string blob;
+  auto st = Run(ioc, client.FetchBlob(ep, "demo/retry", img.layer, 0, img.layer_bytes.size(),
+                                      Collect(&blob)));
+  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  CHECK(blob == img.layer_bytes);
+  CHECK(proxy.value()->BlobGets(img.layer) == 3);
+  CHECK(client.stats().retries == 2);
+
+  // 429 with Retry-After: 1 waits about a second, not the 10 ms backoff.
+  proxy.value()->Reset();
+  proxy.value()->FailNext(1, 429);
+  auto start = std::chrono::steady_clock::now();
+  auto m = Run(ioc, client.GetManifest(ep, "demo/retry", "1", kAccept));
+  REQUIRE_MESSAGE(m.has_value(), m.error().ToString());
+  CHECK(std::chrono::steady_clock::now() - start >= milliseconds(900));
+  CHECK(proxy.value()->ManifestGets() == 2);
+
+  // Out of attempts: the last error comes back, with the upstream's Retry-After.
+  proxy.value()->Reset();
+  proxy.value()->FailNext(10, 503);
+  std::string none;
+  st = Run(ioc, client.FetchBlob(ep, "demo/retry", img.layer, 0, 100, Collect(&none)));
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().code == ErrorCode::kUnavailable);
+  CHECK(proxy.value()->BlobGets(img.layer) == 3);
+  CHECK(none.empty());
+
+  // A 404 is final.
+  proxy.value()->Reset();
+  proxy.value()->FailNext(1, 404);
+  st = Run(ioc, client.FetchBlob(ep, "demo/retry", img.layer, 0, 100, Collect(&none)));
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().code == ErrorCode::kNotFound);
+  CHECK(proxy.value()->BlobGets(img.layer) == 1);
+}
+
+TEST_CASE("upstream client: resumes a body cut short from the first undelivered byte") {
+  std::string blob(3 << 20, '\0');
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>((i * 7919) >> 8);
+  const Digest digest = Sha256::Of(blob);
+  std::mutex mu;
+  std::vector<std::string> ranges;  // GUARDED_BY(mu)
+  int requests = 0;                 // GUARDED_BY(mu)
+
+  // Serves the blob by Range; the first answer promises the whole range but closes the
+  // connection after 1 MiB.
+  auto server = SyncHttpServer::StartRaw([&](net::ip::tcp::socket& socket) {
+    beast::flat_buffer buffer;
+    while (true) {
+      SyncHttpServer::Request req;
+      beast::error_code ec;
+      bhttp::read(socket, buffer, req, ec);
+      if (ec) return;
+      http::ByteRange r = RequestedRange(req, blob.size());
+      bool cut;
+      {
+        std::lock_guard lock(mu);
+        ranges.push_back(std::string(req[bhttp::field::range]));
+        cut = ++requests == 1;
+      }
+      std::string head = "HTTP/1.1 206 Partial Content\r\nContent-Length: " +
+                         std::to_string(r.length()) + "\r\nContent-Range: " +
+                         http::ContentRange(r, blob.size()) + "\r\n\r\n";
+      net::write(socket, net::buffer(head), ec);
+      size_t n = cut ? (1 << 20) : r.length();
+      net::write(socket, net::buffer(blob.data() + r.first, n), ec);
+      if (cut || ec) return;
+    }
+  });
+  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  RegistryEndpoint ep = Endpoint(server.value()->HostPort());
+
+  net::io_context ioc;
+  RegistryClient client(ioc.get_executor(), FastRetries(), Credentials());
+  std::string got;
+  const uint64_t offset = 100;
+  const uint64_t length = blob.size() - 200;
+  auto st = Run(ioc, client.FetchBlob(ep, "demo/cut", digest, offset, length, Collect(&got)));
+  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  CHECK(got == blob.substr(offset, length));
+  std::lock_guard lock(mu);
+  REQUIRE(ranges.size() == 2);
+  CHECK(ranges[0] == "bytes=100-" + std::to_string(blob.size() - 101));
+  CHECK(ranges[1] == "bytes=" + std::to_string(100 + (1 << 20)) + "-" +
+                         std::to_string(blob.size() - 101));
+  CHECK(client.stats().retries == 1);
+  CHECK(client.stats().bytes == length);
+}
+
+TEST_CASE("upstream client: detects a stalled upstream with the idle timeout") {
+  std::atomic<int> requests{0};
+  auto server = SyncHttpServer::StartRaw([&](net::ip::tcp::socket& socket) {
+    beast::flat_buffer buffer;
+    SyncHttpServer::Request req;
+    beast::error_code ec;
+    bhttp::read(socket, buffer, req, ec);
+    if (ec) return;
+    ++requests;
+    std::string head =
+        "HTTP/1.1 206 Partial Content\r\nContent-Length: 1000\r\nContent-Range: bytes "
+        "0-999/1000\r\n\r\n0123456789";
+    net::write(socket, net::buffer(head), ec);
+    // Stall: wait until the client gives up (or the server stops).
+    char c;
+    socket.read_some(net::buffer(&c, 1), ec);
+  });
+  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  RegistryEndpoint ep = Endpoint(server.value()->HostPort());
+
+  net::io_context ioc;
+  ClientOptions options = FastRetries();
+  options.idle_timeout = std::chrono::seconds(1);
+  options.max_attempts = 2;
+  RegistryClient client(ioc.get_executor(), options, Credentials());
+  std::string got;
+  auto start = std::chrono::steady_clock::now();
+  auto st = Run(ioc, client.FetchBlob(ep, "demo/stall", Sha256::Of("x"), 0, 1000, Collect(&got)));
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().code == ErrorCode::kUnavailable);
+  CHECK(st.error().message.find("timed out") != std::string::npos);
+  CHECK(requests.load() == 2);
+  CHECK(elapsed < std::chrono::seconds(20));
+  // The second attempt resumed after the 10 bytes the first one delivered.
+  CHECK(got == "0123456789");
+}
+
+TEST_CASE("upstream client: follows a 307 to another host without forwarding Authorization") {
+  std::string blob(300'000, 'b');
+  for (size_t i = 0; i < blob.size(); i += 7) blob[i] = static_cast<char>('a' + i % 26);
+  const Digest digest = Sha256::Of(blob);
+  std::mutex mu;
+  std::vector<std::string> cdn_auth;       // GUARDED_BY(mu): Authorization values seen
+  std::vector<std::string> registry_auth;  // GUARDED_BY(mu)
+
+  auto cdn = SyncHttpServer::Start([&](const SyncHttpServer::Request& req) {
+    {
+      std::lock_guard lock(mu);
+      auto it = req.find(bhttp::field::authorization);
+      cdn_auth.push_back(it == req.end() ? "" : std::string(it->value()));
+    }
+    if (req.target().find("sig=s3cr3t") == std::string_view::npos) return Answer(403);
+    http::ByteRange r = RequestedRange(req, blob.size());
+    if (req.method() == bhttp::verb::head) {
+      auto res = Answer(200);
+      res.content_length(blob.size());
+      return res;
+    }
+    auto res = Answer(206, blob.substr(r.first, r.length()));
+    res.set(bhttp::field::content_range, http::ContentRange(r, blob.size()));
+    return res;
+  });
+  REQUIRE_MESSAGE(cdn.has_value(), cdn.error().ToString());
+  const std::string cdn_url = "http://" + cdn.value()->HostPort() + "/data/blob?sig=s3cr3t";
+
+  auto registry = SyncHttpServer::Start([&](const SyncHttpServer::Request& req) {
+    std::string auth;
+    if (auto it = req.find(bhttp::field::authorization); it != req.end()) auth = it->value();
+    {
+      std::lock_guard lock(mu);
+      registry_auth.push_back(auth);
+    }
+    if (auth != BasicAuthHeader(BasicAuth{"u", "p"})) {
+      auto res = Answer(401, R"({"errors":[{"code":"UNAUTHORIZED","message":"login"}]})");
+      res.set(bhttp::field::www_authenticate, R"(Basic realm="test")");
+      return res;
+    }
+    auto res = Answer(307);
+    res.set(bhttp::field::location, cdn_url);
+    return res;
+  });
+  REQUIRE_MESSAGE(registry.has_value(), registry.error().ToString());
+  RegistryEndpoint ep = Endpoint(registry.value()->HostPort());
+
+  net::io_context ioc;
+  Credentials creds;
+  creds.Add(registry.value()->HostPort(), BasicAuth{"u", "p"});
+  RegistryClient client(ioc.get_executor(), FastRetries(), creds);
+
+  auto size = Run(ioc, client.StatBlob(ep, "demo/redirect", digest));
+  REQUIRE_MESSAGE(size.has_value(), size.error().ToString());
+  CHECK(size.value() == blob.size());
+
+  std::string got;
+  auto st = Run(ioc, client.FetchBlob(ep, "demo/redirect", digest, 1000, 200'000, Collect(&got)));
+  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  CHECK(got == blob.substr(1000, 200'000));
+
+  std::lock_guard lock(mu);
+  REQUIRE(cdn_auth.size() == 2);
+  for (const auto& a : cdn_auth) CHECK(a.empty());
+  // The registry saw one anonymous request, then Basic from the start of the next call.
+  REQUIRE(registry_auth.size() == 3);
+  CHECK(registry_auth[0].empty());
+  CHECK(registry_auth[1] == BasicAuthHeader(BasicAuth{"u", "p"}));
+  CHECK(registry_auth[2] == BasicAuthHeader(BasicAuth{"u", "p"}));
+}
+
+TEST_CASE("upstream client: rejects manifests whose bytes do not match their digest") {
+  const std::string body = R"({"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"})";
+  const Digest real = Sha256::Of(body);
+  const Digest other = Sha256::Of("something else");
+  std::atomic<int> connections{0};
+  auto server = SyncHttpServer::Start([&](const SyncHttpServer::Request& req) {
+    std::string target(req.target());
+    auto res = Answer(200, req.method() == bhttp::verb::head ? "" : body);
+    res.set(bhttp::field::content_type, "application/vnd.oci.image.manifest.v1+json; charset=x");
+    if (target.ends_with("/lying")) res.set("Docker-Content-Digest", other.str());
+    else res.set("Docker-Content-Digest", real.str());
+    if (req.method() == bhttp::verb::head) res.content_length(body.size());
+    return res;
+  });
+  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  RegistryEndpoint ep = Endpoint(server.value()->HostPort());
+  net::io_context ioc;
+  RegistryClient client(ioc.get_executor(), FastRetries(), Credentials());
+
+  auto ok = Run(ioc, client.GetManifest(ep, "demo/m", "good", kAccept));
+  REQUIRE_MESSAGE(ok.has_value(), ok.error().ToString());
+  CHECK(ok.value().digest == real);
+  CHECK(ok.value().media_type == "application/vnd.oci.image.manifest.v1+json");
+
+  auto lying = Run(ioc, client.GetManifest(ep, "demo/m", "lying", kAccept));
+  REQUIRE_FALSE(lying.has_value());
+  CHECK(lying.error().code == ErrorCode::kDigestMismatch);
+
+  auto wrong_ref = Run(ioc, client.GetManifest(ep, "demo/m", other.str(), kAccept));
+  REQUIRE_FALSE(wrong_ref.has_value());
+  CHECK(wrong_ref.error().code == ErrorCode::kDigestMismatch);
+
+  auto head = Run(ioc, client.HeadManifest(ep, "demo/m", "good", kAccept));
+  REQUIRE_MESSAGE(head.has_value(), head.error().ToString());
+  CHECK(head.value().digest == real);
+
+  auto bad_name = Run(ioc, client.GetManifest(ep, "../etc", "good", kAccept));
+  REQUIRE_FALSE(bad_name.has_value());
+  CHECK(bad_name.error().code == ErrorCode::kInvalidArgument);
+  (void)connections;
+}
+
+}  // namespace shoal::upstream

@@ -1,0 +1,71 @@
+#include "tests/support/agent.h"
+
+#include <filesystem>
+
+#include "tests/support/http_client.h"
+
+namespace shoal::testkit {
+
+Result<std::unique_ptr<Agent>> Agent::Start(AgentOptions options) {
+  std::unique_ptr<Agent> agent(new Agent(std::move(options)));
+  agent->dir_ = std::make_unique<TempDir>("shoal-agent");
+  if (auto st = agent->Launch(); !st) return st.error();
+  return agent;
+}
+
+Agent::~Agent() {
+  if (process_) process_->Stop();
+}
+
+Status Agent::Launch() {
+  std::string port_file = dir_->Sub("port");
+  std::filesystem::remove(port_file);
+  std::vector<std::string> argv = {SHOAL_AGENT_BIN,     "--listen",    "127.0.0.1:0",
+                                   "--port-file",       port_file,     "--cache-dir",
+                                   options_.cache_dir,  "--log-format", "text",
+                                   "--log-level",       "debug"};
+  for (const auto& u : options_.upstreams) {
+    argv.push_back("--upstream");
+    argv.push_back(u);
+  }
+  argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
+  auto proc = Process::Start(argv, dir_->Sub("agent.log"));
+  if (!proc) return proc.error();
+  process_ = std::move(proc.value());
+  bool up = WaitUntil(
+      [&] { return !process_->Running() || !ReadFile(port_file).empty(); },
+      std::chrono::seconds(20));
+  std::string port = ReadFile(port_file);
+  if (!up || port.empty() || !process_->Running()) {
+    return MakeError(ErrorCode::kUnavailable, "shoal-agent did not start: " + process_->LogTail());
+  }
+  port_ = static_cast<uint16_t>(std::stoi(port));
+  if (!WaitForHttp(Url() + "/v2/", std::chrono::seconds(20))) {
+    return MakeError(ErrorCode::kUnavailable, "shoal-agent does not answer: " + process_->LogTail());
+  }
+  return Ok();
+}
+
+std::string Agent::HostPort() const { return "127.0.0.1:" + std::to_string(port_); }
+std::string Agent::Url() const { return "http://" + HostPort(); }
+
+std::string Agent::Metrics() const {
+  auto r = HttpGet(Url() + "/metrics");
+  return r && r.value().status == 200 ? r.value().body : "";
+}
+
+double Agent::Metric(const std::string& name, const std::map<std::string, std::string>& labels) const {
+  return MetricSum(Metrics(), name, labels);
+}
+
+int Agent::Stop() { return process_ ? process_->Stop() : 0; }
+void Agent::Kill() {
+  if (process_) process_->Kill();
+}
+Status Agent::Restart() {
+  if (process_) process_->Stop();
+  return Launch();
+}
+std::string Agent::LogTail() const { return process_ ? process_->LogTail() : ""; }
+
+}  // namespace shoal::testkit

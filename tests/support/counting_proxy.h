@@ -1,0 +1,81 @@
+#pragma once
+// An HTTP/1.1 reverse proxy to one upstream (typically docker-registry) that counts what the
+// upstream served, and can inject failures and throttle. Tests put it between the agent and the
+// registry to measure upstream traffic.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lib/core/digest.h"
+#include "lib/core/error.h"
+#include "tests/support/sync_server.h"
+
+namespace shoal::testkit {
+
+// Listens on 127.0.0.1 (a port of its own), forwards every request to the upstream over one
+// upstream connection per client connection, streaming bodies both ways (no whole-blob
+// buffering) and passing all headers through unchanged (Host included, so Location headers the
+// registry builds point back at the proxy). All methods are thread-safe.
+class CountingProxy {
+ public:
+  // upstream_host_port: "127.0.0.1:PORT". Errors: kUnavailable if it cannot listen.
+  static Result<std::unique_ptr<CountingProxy>> Start(std::string upstream_host_port);
+  ~CountingProxy();  // Stop()s
+  CountingProxy(const CountingProxy&) = delete;
+  CountingProxy& operator=(const CountingProxy&) = delete;
+
+  // "127.0.0.1:PORT" and "http://127.0.0.1:PORT" of the proxy itself.
+  std::string HostPort() const;
+  std::string Url() const;
+
+  // Response body bytes relayed for GET .../blobs/<digest> answered 2xx by the upstream.
+  uint64_t BlobBytes() const;
+  // Number of GET requests for that blob (any status, failures injected included).
+  uint64_t BlobGets(const Digest& digest) const;
+  // Number of GET and HEAD requests on .../manifests/... (any status).
+  uint64_t ManifestGets() const;
+  // Number of requests received (any path, method, status).
+  uint64_t Requests() const;
+  // "METHOD target -> status" for every request so far, in arrival order.
+  std::vector<std::string> RequestLog() const;
+  // Zeroes all counters and the request log.
+  void Reset();
+
+  // Answers the next n requests with `status` and an OCI error body without contacting the
+  // upstream. With status 429, also sends Retry-After: 1.
+  void FailNext(int n, int status = 503);
+  // Sleeps this long per MiB of response body relayed (0 = no throttle).
+  void SetDelayPerMiB(std::chrono::milliseconds delay);
+  // Points later connections at another upstream (e.g. a restarted registry).
+  void SetUpstream(std::string upstream_host_port);
+
+  // Closes the listener and all connections and joins their threads. Idempotent.
+  void Stop();
+
+ private:
+  CountingProxy();  // defined in the .cc, where SyncHttpServer is complete
+  void Serve(boost::asio::ip::tcp::socket& client);
+  // Classifies and counts a request; returns the status to inject, or 0 to forward it.
+  int Count(const std::string& method, const std::string& target);
+  void CountBlobBytes(uint64_t n);
+  void Log(const std::string& method, const std::string& target, int status);
+
+  std::unique_ptr<SyncHttpServer> server_;
+  mutable std::mutex mu_;
+  std::string upstream_;                        // GUARDED_BY(mu_)
+  uint64_t blob_bytes_ = 0;                     // GUARDED_BY(mu_)
+  uint64_t manifest_gets_ = 0;                  // GUARDED_BY(mu_)
+  uint64_t requests_ = 0;                       // GUARDED_BY(mu_)
+  std::map<std::string, uint64_t> blob_gets_;   // GUARDED_BY(mu_), by digest string
+  std::vector<std::string> log_;                // GUARDED_BY(mu_)
+  int fail_next_ = 0;                           // GUARDED_BY(mu_)
+  int fail_status_ = 503;                       // GUARDED_BY(mu_)
+  std::chrono::milliseconds delay_per_mib_{0};  // GUARDED_BY(mu_)
+};
+
+}  // namespace shoal::testkit
