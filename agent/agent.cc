@@ -5,13 +5,13 @@
 #include <fstream>
 #include <thread>
 
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <spdlog/spdlog.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
-#include <spdlog/spdlog.h>
 
 #include "agent/pull_through.h"
 #include "lib/core/log.h"
@@ -52,7 +52,8 @@ Result<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& listen
     return MakeError(ErrorCode::kInvalidArgument, "--listen \"" + listen + "\" must be HOST:PORT");
   }
   std::string host = listen.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   try {
     int port = std::stoi(listen.substr(colon + 1));
     if (port < 0 || port > 65535) throw std::out_of_range("port");
@@ -74,7 +75,8 @@ int RunAgent(const AgentConfig& config) {
   auto store = store::BlobStore::Open(config.cache_dir);
   if (!store) return fail(store.error());
   if (store.value()->cleaned_temp_files() > 0) {
-    spdlog::info("removed {} partial files left by an earlier run", store.value()->cleaned_temp_files());
+    spdlog::info("removed {} partial files left by an earlier run",
+                 store.value()->cleaned_temp_files());
   }
   auto upstreams = ParseUpstreams(config.upstreams);
   if (!upstreams) return fail(upstreams.error());
@@ -108,9 +110,8 @@ int RunAgent(const AgentConfig& config) {
   shim::ServerOptions server_options;
   server_options.default_registry = config.default_registry;
   shim::Server server(ioc, backend, shim_metrics, server_options);
-  server.SetMetricsHandler([&registry] {
-    return prometheus::TextSerializer().Serialize(registry.Collect());
-  });
+  server.SetMetricsHandler(
+      [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
   auto port = server.Listen(listen.value().first, listen.value().second);
   if (!port) return fail(port.error());
   if (!config.port_file.empty()) {

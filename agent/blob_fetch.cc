@@ -5,10 +5,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
-#include <spdlog/spdlog.h>
 
 namespace shoal::agent {
 namespace asio = boost::asio;
@@ -85,9 +85,11 @@ awaitable<void> BlobFetch::Stream() {
   while (!error_ && next_part_ < parts_.size()) {
     size_t index = next_part_++;
     const Part& part = parts_[index];
-    Status st = co_await client_.FetchBlob(
-        endpoint_, repository_, digest_, part.begin, part.end - part.begin,
-        [this, index](const char* data, size_t size) { return OnBytes(index, data, size); });
+    upstream::BodySink sink = [this, index](const char* data, size_t size) {
+      return OnBytes(index, data, size);
+    };
+    Status st = co_await client_.FetchBlob(endpoint_, repository_, digest_, part.begin,
+                                           part.end - part.begin, std::move(sink));
     if (!st) {
       if (!error_) Fail(st.error());
       co_return;
@@ -99,7 +101,8 @@ Status BlobFetch::OnBytes(size_t index, const char* data, size_t size) {
   if (error_) return *error_;
   Part& part = parts_[index];
   if (part.done + size > part.end - part.begin) {
-    return MakeError(ErrorCode::kProtocol, "upstream sent more bytes than asked for " + digest_.str());
+    return MakeError(ErrorCode::kProtocol,
+                     "upstream sent more bytes than asked for " + digest_.str());
   }
   if (auto st = writer_->PWrite(data, size, part.begin + part.done); !st) {
     Fail(st.error());
@@ -112,10 +115,12 @@ Status BlobFetch::OnBytes(size_t index, const char* data, size_t size) {
 }
 
 void BlobFetch::AdvanceContiguous() {
-  while (frontier_ < parts_.size() && parts_[frontier_].done == parts_[frontier_].end - parts_[frontier_].begin) {
+  while (frontier_ < parts_.size() &&
+         parts_[frontier_].done == parts_[frontier_].end - parts_[frontier_].begin) {
     ++frontier_;
   }
-  contiguous_ = frontier_ < parts_.size() ? parts_[frontier_].begin + parts_[frontier_].done : size_;
+  contiguous_ =
+      frontier_ < parts_.size() ? parts_[frontier_].begin + parts_[frontier_].done : size_;
   if (contiguous_ - notified_at_ >= kNotifyStep || contiguous_ == size_) {
     notified_at_ = contiguous_;
     notifier_.NotifyAll();
@@ -163,9 +168,9 @@ void BlobFetch::MaybeHash() {
 void BlobFetch::Verify() {
   Digest actual = sha_.Final();
   if (actual != digest_) {
-    Fail(MakeError(ErrorCode::kDigestMismatch, "upstream " + endpoint_.base.str() + " sent " +
-                                                   std::to_string(size_) + " bytes for " +
-                                                   digest_.str() + " that hash to " + actual.str()));
+    Fail(MakeError(ErrorCode::kDigestMismatch,
+                   "upstream " + endpoint_.base.str() + " sent " + std::to_string(size_) +
+                       " bytes for " + digest_.str() + " that hash to " + actual.str()));
     return;
   }
   hashing_ = true;  // no further hashing; keeps MaybeHash idle while committing

@@ -95,9 +95,9 @@ class BlobFetch : public std::enable_shared_from_this<BlobFetch> {
   std::unique_ptr<store::BlobWriter> writer_;
   std::vector<Part> parts_;
   size_t next_part_ = 0;
-  size_t frontier_ = 0;        // first part not fully written
-  uint64_t contiguous_ = 0;    // bytes [0, contiguous_) are written
-  uint64_t notified_at_ = 0;   // contiguous_ when readers were last woken
+  size_t frontier_ = 0;       // first part not fully written
+  uint64_t contiguous_ = 0;   // bytes [0, contiguous_) are written
+  uint64_t notified_at_ = 0;  // contiguous_ when readers were last woken
   uint64_t hashed_ = 0;
   bool hashing_ = false;
   bool complete_ = false;

@@ -100,7 +100,8 @@ PullThrough::PullThrough(asio::io_context& ioc, asio::thread_pool& pool, store::
                           .Add({})) {}
 
 Result<upstream::RegistryEndpoint> PullThrough::EndpointFor(const std::string& registry) const {
-  if (auto it = options_.upstreams.find(registry); it != options_.upstreams.end()) return it->second;
+  if (auto it = options_.upstreams.find(registry); it != options_.upstreams.end())
+    return it->second;
   if (!options_.allow_unmapped_registries) {
     return MakeError(ErrorCode::kNotFound,
                      "registry " + registry + " is not in this agent's upstream map (--upstream)");
@@ -112,8 +113,8 @@ Result<upstream::RegistryEndpoint> PullThrough::EndpointFor(const std::string& r
 
 awaitable<Result<shim::ManifestResult>> PullThrough::FetchManifest(
     const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep, const std::string& reference) {
-  auto got = co_await client_.GetManifest(ep, repo.repository, reference,
-                                          oci::UpstreamManifestAccept());
+  const std::string accept = oci::UpstreamManifestAccept();
+  auto got = co_await client_.GetManifest(ep, repo.repository, reference, accept);
   if (!got) co_return got.error();
   upstream::ManifestResponse& m = got.value();
   // Parse to reject junk before it is cached, and to fill a missing or generic media type.
@@ -130,8 +131,9 @@ awaitable<Result<shim::ManifestResult>> PullThrough::FetchManifest(
   co_return shim::ManifestResult{std::move(m.body), media_type, m.digest};
 }
 
-awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(
-    const shim::RepoRef& repo, const std::string& reference, const std::vector<std::string>&) {
+awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::RepoRef& repo,
+                                                                 const std::string& reference,
+                                                                 const std::vector<std::string>&) {
   auto ref = oci::ParseManifestRef(reference);
   if (!ref) co_return ref.error();
   if (ref.value().IsDigest()) {
@@ -149,13 +151,15 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(
       std::chrono::steady_clock::now() - tag->second.fetched < options_.tag_ttl) {
     if (auto cached = store_.GetManifest(tag->second.digest)) {
       manifest_cache_.Increment();
-      co_return shim::ManifestResult{std::move(cached->body), cached->media_type, tag->second.digest};
+      co_return shim::ManifestResult{std::move(cached->body), cached->media_type,
+                                     tag->second.digest};
     }
   }
   auto fetched = co_await FetchManifest(repo, ep.value(), reference);
   if (fetched) {
     if (!ref.value().IsDigest()) {
-      tags_.insert_or_assign(key, TagEntry{fetched.value().digest, std::chrono::steady_clock::now()});
+      tags_.insert_or_assign(key,
+                             TagEntry{fetched.value().digest, std::chrono::steady_clock::now()});
     }
     co_return fetched;
   }
@@ -166,7 +170,8 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(
       spdlog::warn("upstream unavailable for {} ({}); serving the last known manifest {}", key,
                    fetched.error().message, tag->second.digest.str());
       manifest_stale_.Increment();
-      co_return shim::ManifestResult{std::move(cached->body), cached->media_type, tag->second.digest};
+      co_return shim::ManifestResult{std::move(cached->body), cached->media_type,
+                                     tag->second.digest};
     }
   }
   co_return fetched.error();
@@ -180,7 +185,8 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
     auto fd = store_.OpenBlob(digest);
     if (fd) {
       cache_hits_.Increment();
-      co_return std::shared_ptr<shim::BlobReader>(std::make_shared<CachedReader>(fd.value(), *size));
+      co_return std::shared_ptr<shim::BlobReader>(
+          std::make_shared<CachedReader>(fd.value(), *size));
     }
   }
   cache_misses_.Increment();
@@ -193,18 +199,22 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
   }
   auto ep = EndpointFor(repo.registry);
   if (!ep) co_return ep.error();
-  FetchCounters counters{
-      [this](uint64_t n) { upstream_bytes_.Increment(static_cast<double>(n)); },
-      [this](std::string_view result) { fetches_.Add({{"result", std::string(result)}}).Increment(); }};
+  FetchCounters counters{[this](uint64_t n) { upstream_bytes_.Increment(static_cast<double>(n)); },
+                         [this](std::string_view result) {
+                           fetches_.Add({{"result", std::string(result)}}).Increment();
+                         }};
   fetch = std::make_shared<BlobFetch>(ioc_, pool_, store_, client_, ep.value(), repo.repository,
                                       digest, options_.fetch, std::move(counters));
   inflight_.emplace(digest, fetch);
   inflight_gauge_.Set(static_cast<double>(inflight_.size()));
-  auto st = co_await fetch->Start([this, digest, raw = fetch.get()] {
+  // A named callback, not a temporary: GCC 12 destroys lambda temporaries inside a co_await
+  // expression twice.
+  std::function<void()> on_done = [this, digest, raw = fetch.get()] {
     auto it = inflight_.find(digest);
     if (it != inflight_.end() && it->second.get() == raw) inflight_.erase(it);
     inflight_gauge_.Set(static_cast<double>(inflight_.size()));
-  });
+  };
+  auto st = co_await fetch->Start(std::move(on_done));
   if (!st) co_return st.error();
   co_return std::shared_ptr<shim::BlobReader>(std::make_shared<InflightReader>(fetch));
 }

@@ -11,11 +11,11 @@
 #include <string>
 #include <unordered_map>
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
 
 #include "agent/blob_fetch.h"
 #include "lib/store/blob_store.h"
@@ -38,9 +38,9 @@ struct PullThroughOptions {
 class PullThrough : public shim::Backend {
  public:
   // All references must outlive this object.
-  PullThrough(boost::asio::io_context& ioc, boost::asio::thread_pool& pool,
-              store::BlobStore& store, upstream::RegistryClient& client,
-              PullThroughOptions options, prometheus::Registry& metrics);
+  PullThrough(boost::asio::io_context& ioc, boost::asio::thread_pool& pool, store::BlobStore& store,
+              upstream::RegistryClient& client, PullThroughOptions options,
+              prometheus::Registry& metrics);
 
   boost::asio::awaitable<Result<shim::ManifestResult>> GetManifest(
       const shim::RepoRef& repo, const std::string& reference,
@@ -60,7 +60,8 @@ class PullThrough : public shim::Backend {
     std::chrono::steady_clock::time_point fetched;
   };
   boost::asio::awaitable<Result<shim::ManifestResult>> FetchManifest(
-      const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep, const std::string& reference);
+      const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep,
+      const std::string& reference);
 
   boost::asio::io_context& ioc_;
   boost::asio::thread_pool& pool_;

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -12,7 +13,6 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <spdlog/spdlog.h>
 
 #include "lib/http/range.h"
 #include "lib/oci/manifest.h"
@@ -51,28 +51,38 @@ StringResponse MakeResponse(const Request& req, http::status status, std::string
 
 StringResponse MakeError(const Request& req, const Error& err, std::string_view oci_code) {
   ErrorReply reply = MakeErrorReply(err, oci_code);
-  StringResponse res = MakeResponse(req, static_cast<http::status>(reply.status),
-                                    req.method() == http::verb::head ? "" : reply.body,
-                                    "application/json");
-  if (reply.retry_after_s > 0) res.set(http::field::retry_after, std::to_string(reply.retry_after_s));
+  StringResponse res =
+      MakeResponse(req, static_cast<http::status>(reply.status),
+                   req.method() == http::verb::head ? "" : reply.body, "application/json");
+  if (reply.retry_after_s > 0)
+    res.set(http::field::retry_after, std::to_string(reply.retry_after_s));
   if (req.method() == http::verb::head) res.content_length(reply.body.size());
   return res;
 }
 
 std::string_view RouteName(Route::Kind kind) {
   switch (kind) {
-    case Route::Kind::kBase: return "base";
-    case Route::Kind::kManifest: return "manifest";
-    case Route::Kind::kBlob: return "blob";
-    case Route::Kind::kMetrics: return "metrics";
-    case Route::Kind::kHealth: return "health";
-    case Route::Kind::kPush: return "push";
-    case Route::Kind::kNotFound: return "other";
+    case Route::Kind::kBase:
+      return "base";
+    case Route::Kind::kManifest:
+      return "manifest";
+    case Route::Kind::kBlob:
+      return "blob";
+    case Route::Kind::kMetrics:
+      return "metrics";
+    case Route::Kind::kHealth:
+      return "health";
+    case Route::Kind::kPush:
+      return "push";
+    case Route::Kind::kNotFound:
+      return "other";
   }
   return "other";
 }
 
-// A connection being served; the handlers below are its steps.
+// A connection being served; the handlers below are its steps. Responses are built in named
+// variables before being passed to co_await: GCC 12 can destroy temporaries of a co_await
+// expression twice (seen as double frees), so no co_await here takes a non-trivial temporary.
 class Connection {
  public:
   Connection(tcp::socket socket, Backend& backend, Metrics& metrics, const ServerOptions& options,
@@ -100,9 +110,10 @@ class Connection {
         Request dummy;
         dummy.version(11);
         dummy.keep_alive(false);
-        auto res = MakeError(
-            dummy, shoal::MakeError(ErrorCode::kInvalidArgument, "malformed HTTP request: " + ec.message()),
-            "UNSUPPORTED");
+        auto res = MakeError(dummy,
+                             shoal::MakeError(ErrorCode::kInvalidArgument,
+                                              "malformed HTTP request: " + ec.message()),
+                             "UNSUPPORTED");
         res.keep_alive(false);
         co_await Write(std::move(res));
         break;
@@ -132,51 +143,68 @@ class Connection {
 
   awaitable<bool> Handle(const Request& req) {
     auto route = ParseRoute(req.target());
-    if (!route) co_return co_await Reply(Route::Kind::kNotFound,
-                                         MakeError(req, route.error(), "NAME_INVALID"));
+    if (!route) {
+      StringResponse reply_ = MakeError(req, route.error(), "NAME_INVALID");
+      co_return co_await Reply(Route::Kind::kNotFound, std::move(reply_));
+    }
     const Route& r = route.value();
     bool read_only = req.method() == http::verb::get || req.method() == http::verb::head;
     if (r.kind == Route::Kind::kPush || (!read_only && r.kind != Route::Kind::kNotFound)) {
-      co_return co_await Reply(r.kind,
-          MakeError(req,
-                    shoal::MakeError(ErrorCode::kUnsupported,
-                                     "shoal is a pull-only mirror; " +
-                                         std::string(req.method_string()) + " is not supported"),
-                    "UNSUPPORTED"));
+      {
+        StringResponse reply_ =
+            MakeError(req,
+                      shoal::MakeError(ErrorCode::kUnsupported,
+                                       "shoal is a pull-only mirror; " +
+                                           std::string(req.method_string()) + " is not supported"),
+                      "UNSUPPORTED");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
     }
     switch (r.kind) {
-      case Route::Kind::kBase:
-        co_return co_await Reply(r.kind,
-                                 MakeResponse(req, http::status::ok, "{}", "application/json"));
-      case Route::Kind::kHealth:
-        co_return co_await Reply(r.kind, MakeResponse(req, http::status::ok, "ok\n", "text/plain"));
-      case Route::Kind::kMetrics:
-        co_return co_await Reply(r.kind,
+      case Route::Kind::kBase: {
+        StringResponse reply_ = MakeResponse(req, http::status::ok, "{}", "application/json");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
+      case Route::Kind::kHealth: {
+        StringResponse reply_ = MakeResponse(req, http::status::ok, "ok\n", "text/plain");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
+      case Route::Kind::kMetrics: {
+        StringResponse reply_ =
             MakeResponse(req, http::status::ok, metrics_text_ ? metrics_text_() : "",
-                         "text/plain; version=0.0.4"));
+                         "text/plain; version=0.0.4");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
       case Route::Kind::kManifest:
         co_return co_await HandleManifest(req, r);
       case Route::Kind::kBlob:
         co_return co_await HandleBlob(req, r);
-      default:
-        co_return co_await Reply(r.kind,
-            MakeError(req,
-                      shoal::MakeError(ErrorCode::kNotFound,
-                                       "no such endpoint: " + std::string(req.target().substr(0, 200))),
-                      "NAME_UNKNOWN"));
+      default: {
+        StringResponse reply_ = MakeError(
+            req,
+            shoal::MakeError(ErrorCode::kNotFound,
+                             "no such endpoint: " + std::string(req.target().substr(0, 200))),
+            "NAME_UNKNOWN");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
     }
   }
 
   awaitable<bool> HandleManifest(const Request& req, const Route& r) {
     auto repo = ResolveRepo(r.name, r.ns, options_.default_registry);
-    if (!repo) co_return co_await Reply(r.kind, MakeError(req, repo.error(), "NAME_INVALID"));
+    if (!repo) {
+      StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
     auto ref = oci::ParseManifestRef(r.reference);
     if (!ref) {
       ref.error().code = ErrorCode::kInvalidArgument;
       bool looks_digest = r.reference.find(':') != std::string::npos;
-      co_return co_await Reply(r.kind,
-                               MakeError(req, ref.error(),
-                                         looks_digest ? "DIGEST_INVALID" : "TAG_INVALID"));
+      {
+        StringResponse reply_ =
+            MakeError(req, ref.error(), looks_digest ? "DIGEST_INVALID" : "TAG_INVALID");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
     }
     std::string accept_header;
     for (const auto& field : req) {
@@ -188,20 +216,27 @@ class Connection {
     auto accept = oci::ParseAccept(accept_header);
     auto manifest = co_await backend_.GetManifest(repo.value(), r.reference, accept);
     if (!manifest) {
-      co_return co_await Reply(r.kind, MakeError(req, manifest.error(), "MANIFEST_UNKNOWN"));
+      {
+        StringResponse reply_ = MakeError(req, manifest.error(), "MANIFEST_UNKNOWN");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
     }
     ManifestResult& m = manifest.value();
     if (!oci::Accepts(accept, m.media_type)) {
-      co_return co_await Reply(r.kind,
-          MakeError(req,
-                    shoal::MakeError(ErrorCode::kNotFound,
-                                     "manifest " + repo.value().str() + ":" + r.reference + " is " +
-                                         m.media_type + ", which the client does not accept"),
-                    "MANIFEST_UNKNOWN"));
+      {
+        StringResponse reply_ = MakeError(
+            req,
+            shoal::MakeError(ErrorCode::kNotFound, "manifest " + repo.value().str() + ":" +
+                                                       r.reference + " is " + m.media_type +
+                                                       ", which the client does not accept"),
+            "MANIFEST_UNKNOWN");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
     }
     bool head = req.method() == http::verb::head;
     size_t size = m.body.size();
-    StringResponse res = MakeResponse(req, http::status::ok, head ? "" : std::move(m.body), m.media_type);
+    StringResponse res =
+        MakeResponse(req, http::status::ok, head ? "" : std::move(m.body), m.media_type);
     res.set("Docker-Content-Digest", m.digest.str());
     res.set(http::field::etag, "\"" + m.digest.str() + "\"");
     if (head) res.content_length(size);
@@ -210,16 +245,25 @@ class Connection {
 
   awaitable<bool> HandleBlob(const Request& req, const Route& r) {
     auto repo = ResolveRepo(r.name, r.ns, options_.default_registry);
-    if (!repo) co_return co_await Reply(r.kind, MakeError(req, repo.error(), "NAME_INVALID"));
+    if (!repo) {
+      StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
     auto digest = Digest::Parse(r.reference);
     if (!digest) {
       // An unsupported algorithm is still an invalid digest for this endpoint: 400, not 405.
       Error e = digest.error();
       e.code = ErrorCode::kInvalidArgument;
-      co_return co_await Reply(r.kind, MakeError(req, e, "DIGEST_INVALID"));
+      {
+        StringResponse reply_ = MakeError(req, e, "DIGEST_INVALID");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
     }
     auto opened = co_await backend_.OpenBlob(repo.value(), digest.value());
-    if (!opened) co_return co_await Reply(r.kind, MakeError(req, opened.error(), "BLOB_UNKNOWN"));
+    if (!opened) {
+      StringResponse reply_ = MakeError(req, opened.error(), "BLOB_UNKNOWN");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
     std::shared_ptr<BlobReader> reader = opened.value();
     uint64_t size = reader->size();
     uint64_t first = 0, last = size == 0 ? 0 : size - 1;
@@ -250,7 +294,8 @@ class Connection {
     res.set(http::field::accept_ranges, "bytes");
     res.set("Docker-Content-Digest", digest.value().str());
     res.set(http::field::etag, "\"" + digest.value().str() + "\"");
-    if (partial) res.set(http::field::content_range, ::shoal::http::ContentRange(range_of(first, last), size));
+    if (partial)
+      res.set(http::field::content_range, ::shoal::http::ContentRange(range_of(first, last), size));
     res.content_length(length);
     res.keep_alive(req.keep_alive());
     metrics_.CountRequest(RouteName(r.kind), res.result_int());
@@ -308,7 +353,8 @@ class Connection {
               sock.cancel(ignored);
             }
           });
-          co_await sock.async_wait(tcp::socket::wait_write, asio::redirect_error(use_awaitable, ec));
+          co_await sock.async_wait(tcp::socket::wait_write,
+                                   asio::redirect_error(use_awaitable, ec));
           *done = true;
           watchdog.cancel();
           if (ec || *stalled) {
@@ -346,20 +392,26 @@ class Connection {
 }  // namespace
 
 Server::Server(asio::io_context& ioc, Backend& backend, Metrics& metrics, ServerOptions options)
-    : ioc_(ioc), backend_(backend), metrics_(metrics), options_(std::move(options)), acceptor_(ioc) {}
+    : ioc_(ioc),
+      backend_(backend),
+      metrics_(metrics),
+      options_(std::move(options)),
+      acceptor_(ioc) {}
 
 Result<uint16_t> Server::Listen(const std::string& address, uint16_t port) {
   beast::error_code ec;
   auto addr = asio::ip::make_address(address, ec);
-  if (ec) return shoal::MakeError(ErrorCode::kInvalidArgument, "listen address " + address + ": " + ec.message());
+  if (ec)
+    return shoal::MakeError(ErrorCode::kInvalidArgument,
+                            "listen address " + address + ": " + ec.message());
   tcp::endpoint ep(addr, port);
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return shoal::MakeError(ErrorCode::kIo, "listen on " + address + ":" + std::to_string(port) +
-                                                ": " + ec.message());
+    return shoal::MakeError(
+        ErrorCode::kIo, "listen on " + address + ":" + std::to_string(port) + ": " + ec.message());
   }
   return acceptor_.local_endpoint().port();
 }

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -165,6 +166,7 @@ struct ResponseState {
   std::unique_ptr<char[]> body_buffer;  // allocated on the first body read
   std::chrono::milliseconds idle_timeout{0};
   bool failed = false;  // a read failed: the connection's state is unknown, never reuse it
+  std::optional<Error> pending_error;  // a failure to report after the bytes read before it
 };
 
 }  // namespace detail
@@ -215,6 +217,11 @@ bool Response::done() const { return state_->parser->is_done(); }
 
 net::awaitable<Result<std::string_view>> Response::ReadSome() {
   auto& s = *state_;
+  if (s.pending_error) {
+    Error e = std::move(*s.pending_error);
+    s.pending_error.reset();
+    co_return e;
+  }
   if (s.failed) {
     co_return MakeError(ErrorCode::kUnavailable,
                         "reading from " + url_.Redacted() + " after an earlier failure");
@@ -236,7 +243,11 @@ net::awaitable<Result<std::string_view>> Response::ReadSome() {
     if (ec == bhttp::error::need_buffer) break;
     if (ec) {
       s.failed = true;
-      co_return IoError(ec, "reading the body of", url_);
+      Error e = IoError(ec, "reading the body of", url_);
+      if (body.size == kBodyBufferSize) co_return e;
+      // Hand out what arrived before the failure first; the error comes with the next call.
+      s.pending_error = std::move(e);
+      break;
     }
   }
   size_t n = kBodyBufferSize - body.size;
@@ -409,7 +420,8 @@ net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& re
       co_return IoError(ec, "cannot send the request to", url);
     }
     auto parser = std::make_unique<bhttp::response_parser<bhttp::buffer_body>>();
-    parser->body_limit(boost::none);  // callers cap bodies themselves; blobs are large
+    // Not boost::none: Boost 1.74 compares the length against an empty optional as "greater".
+    parser->body_limit(std::numeric_limits<std::uint64_t>::max());  // callers cap bodies
     parser->header_limit(kHeaderLimit);
     if (request.method == bhttp::verb::head) parser->skip(true);
     conn->Lowest().expires_after(impl->config.idle_timeout);
