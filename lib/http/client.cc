@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -36,6 +37,7 @@ constexpr uint32_t kHeaderLimit = 64 * 1024;
 // One keep-alive connection: a plain or TLS stream plus the read buffer that belongs to it.
 struct Connection {
   std::string key;  // scheme://host:port
+  net::any_io_executor strand;  // every operation on the streams runs here
   std::unique_ptr<beast::tcp_stream> plain;
   std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> secure;
   beast::flat_buffer buffer;
@@ -79,29 +81,68 @@ bool IsStaleConnectionError(const beast::error_code& ec) {
          ec == net::ssl::error::stream_truncated;
 }
 
-template <class Stream>
-net::awaitable<beast::error_code> WriteRequest(Stream& stream,
-                                               bhttp::request<bhttp::string_body>& req) {
+using Parser = bhttp::response_parser<bhttp::buffer_body>;
+
+// The three coroutines below run on the connection's strand (see Client::Open): Beast's timeout
+// handler runs on the executor of the operation that armed it, so every operation on a stream
+// and its timer must share one strand when the io_context has several threads.
+
+// Sends the request and reads the response head. `sent` tells whether the request went out.
+struct Exchange {
   beast::error_code ec;
-  co_await bhttp::async_write(stream, req, net::redirect_error(net::use_awaitable, ec));
-  co_return ec;
+  bool sent = false;
+};
+
+net::awaitable<Exchange> ExchangeOn(Connection& c, bhttp::request<bhttp::string_body>& req,
+                                    Parser& parser, std::chrono::milliseconds timeout) {
+  Exchange x;
+  c.Lowest().expires_after(timeout);
+  if (c.secure) {
+    co_await bhttp::async_write(*c.secure, req, net::redirect_error(net::use_awaitable, x.ec));
+  } else {
+    co_await bhttp::async_write(*c.plain, req, net::redirect_error(net::use_awaitable, x.ec));
+  }
+  if (x.ec) co_return x;
+  x.sent = true;
+  c.Lowest().expires_after(timeout);
+  if (c.secure) {
+    co_await bhttp::async_read_header(*c.secure, c.buffer, parser,
+                                      net::redirect_error(net::use_awaitable, x.ec));
+  } else {
+    co_await bhttp::async_read_header(*c.plain, c.buffer, parser,
+                                      net::redirect_error(net::use_awaitable, x.ec));
+  }
+  c.Lowest().expires_never();
+  co_return x;
 }
 
-template <class Stream, class Parser>
-net::awaitable<beast::error_code> ReadHeader(Stream& stream, beast::flat_buffer& buffer,
-                                             Parser& parser) {
-  beast::error_code ec;
-  co_await bhttp::async_read_header(stream, buffer, parser,
-                                    net::redirect_error(net::use_awaitable, ec));
-  co_return ec;
-}
+constexpr size_t kSocketReadReserve = 256 * 1024;
 
-template <class Stream, class Parser>
-net::awaitable<beast::error_code> ReadSomeBody(Stream& stream, beast::flat_buffer& buffer,
-                                               Parser& parser) {
+// Reads body bytes until the parser's body buffer is full or the message is complete, re-arming
+// the idle timeout before every socket read.
+net::awaitable<beast::error_code> FillBodyOn(Connection& c, Parser& parser,
+                                             std::chrono::milliseconds timeout) {
+  auto& body = parser.get().body();
   beast::error_code ec;
-  co_await bhttp::async_read_some(stream, buffer, parser,
-                                  net::redirect_error(net::use_awaitable, ec));
+  // Beast sizes each socket read by the buffer's spare capacity (at least 512 bytes, at most
+  // 64 KiB); after a header read the capacity is tiny, which made body reads 512-byte syscalls.
+  if (c.buffer.capacity() < kSocketReadReserve) c.buffer.reserve(kSocketReadReserve);
+  while (body.size > 0 && !parser.is_done()) {
+    c.Lowest().expires_after(timeout);
+    if (c.secure) {
+      co_await bhttp::async_read_some(*c.secure, c.buffer, parser,
+                                      net::redirect_error(net::use_awaitable, ec));
+    } else {
+      co_await bhttp::async_read_some(*c.plain, c.buffer, parser,
+                                      net::redirect_error(net::use_awaitable, ec));
+    }
+    if (ec == bhttp::error::need_buffer) {
+      ec = {};
+      break;
+    }
+    if (ec) break;
+  }
+  c.Lowest().expires_never();
   co_return ec;
 }
 
@@ -231,24 +272,14 @@ net::awaitable<Result<std::string_view>> Response::ReadSome() {
   auto& body = s.parser->get().body();
   body.data = s.body_buffer.get();
   body.size = kBodyBufferSize;
-  // Fill the buffer, re-arming the idle timeout before every socket read.
-  while (body.size > 0 && !s.parser->is_done()) {
-    s.conn->Lowest().expires_after(s.idle_timeout);
-    beast::error_code ec;
-    if (s.conn->secure) {
-      ec = co_await ReadSomeBody(*s.conn->secure, s.conn->buffer, *s.parser);
-    } else {
-      ec = co_await ReadSomeBody(*s.conn->plain, s.conn->buffer, *s.parser);
-    }
-    if (ec == bhttp::error::need_buffer) break;
-    if (ec) {
-      s.failed = true;
-      Error e = IoError(ec, "reading the body of", url_);
-      if (body.size == kBodyBufferSize) co_return e;
-      // Hand out what arrived before the failure first; the error comes with the next call.
-      s.pending_error = std::move(e);
-      break;
-    }
+  beast::error_code ec = co_await net::co_spawn(
+      s.conn->strand, FillBodyOn(*s.conn, *s.parser, s.idle_timeout), net::use_awaitable);
+  if (ec) {
+    s.failed = true;
+    Error e = IoError(ec, "reading the body of", url_);
+    if (body.size == kBodyBufferSize) co_return e;
+    // Hand out what arrived before the failure first; the error comes with the next call.
+    s.pending_error = std::move(e);
   }
   size_t n = kBodyBufferSize - body.size;
   body.data = nullptr;
@@ -300,7 +331,10 @@ struct Client::Impl {
   std::string ssl_error;  // set when the TLS setup failed; every https request reports it
   std::shared_ptr<ConnectionPool> pool;
 
-  net::awaitable<Result<std::unique_ptr<Connection>>> Connect(const Url& url);
+  // Resolves, connects and (for https) handshakes; runs on `strand`, which the new
+  // connection keeps. Wrapped in optional because co_spawn needs a default-constructible value.
+  net::awaitable<std::optional<Result<std::unique_ptr<Connection>>>> Connect(
+      Url url, net::any_io_executor strand);
 };
 
 Client::Client(net::any_io_executor executor, ClientConfig config)
@@ -326,8 +360,8 @@ Client::Client(net::any_io_executor executor, ClientConfig config)
 
 Client::~Client() = default;
 
-net::awaitable<Result<std::unique_ptr<Connection>>> Client::Impl::Connect(const Url& url) {
-  auto strand = net::make_strand(executor);
+net::awaitable<std::optional<Result<std::unique_ptr<Connection>>>> Client::Impl::Connect(
+    Url url, net::any_io_executor strand) {
   tcp::resolver resolver(strand);
   beast::error_code ec;
   auto flags = IsIpLiteral(url.host) ? tcp::resolver::numeric_host : tcp::resolver::flags();
@@ -339,6 +373,7 @@ net::awaitable<Result<std::unique_ptr<Connection>>> Client::Impl::Connect(const 
                             ec.message());
   }
   auto conn = std::make_unique<Connection>();
+  conn->strand = strand;
   if (url.scheme == "https") {
     conn->secure = std::make_unique<beast::ssl_stream<beast::tcp_stream>>(strand, ssl_ctx);
   } else {
@@ -403,36 +438,27 @@ net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& re
     if (attempt == 0) conn = impl->pool->Take(key);
     const bool reused = conn != nullptr;
     if (!conn) {
-      auto connected = co_await impl->Connect(url);
-      if (!connected) co_return connected.error();
-      conn = std::move(connected).value();
+      net::any_io_executor strand = net::make_strand(impl->executor);
+      auto connected = co_await net::co_spawn(strand, impl->Connect(url, strand),
+                                              net::use_awaitable);
+      if (!connected) co_return MakeError(ErrorCode::kInternal, "connect lost its result");
+      if (!connected->has_value()) co_return connected->error();
+      conn = std::move(*connected).value();
       conn->key = key;
     }
-    conn->Lowest().expires_after(impl->config.idle_timeout);
-    beast::error_code ec;
-    if (conn->secure) {
-      ec = co_await WriteRequest(*conn->secure, req);
-    } else {
-      ec = co_await WriteRequest(*conn->plain, req);
-    }
-    if (ec) {
-      if (reused && idempotent) continue;
-      co_return IoError(ec, "cannot send the request to", url);
-    }
-    auto parser = std::make_unique<bhttp::response_parser<bhttp::buffer_body>>();
+    auto parser = std::make_unique<Parser>();
     // Not boost::none: Boost 1.74 compares the length against an empty optional as "greater".
     parser->body_limit(std::numeric_limits<std::uint64_t>::max());  // callers cap bodies
     parser->header_limit(kHeaderLimit);
     if (request.method == bhttp::verb::head) parser->skip(true);
-    conn->Lowest().expires_after(impl->config.idle_timeout);
-    if (conn->secure) {
-      ec = co_await ReadHeader(*conn->secure, conn->buffer, *parser);
-    } else {
-      ec = co_await ReadHeader(*conn->plain, conn->buffer, *parser);
-    }
-    if (ec) {
-      if (reused && idempotent && IsStaleConnectionError(ec)) continue;
-      co_return IoError(ec, "cannot read the response from", url);
+    Exchange x = co_await net::co_spawn(
+        conn->strand, ExchangeOn(*conn, req, *parser, impl->config.idle_timeout),
+        net::use_awaitable);
+    if (x.ec) {
+      // A pooled connection the server has closed meanwhile fails at once: try a fresh one.
+      if (reused && idempotent && (!x.sent || IsStaleConnectionError(x.ec))) continue;
+      co_return IoError(x.ec, x.sent ? "cannot read the response from"
+                                     : "cannot send the request to", url);
     }
     auto state = std::make_unique<detail::ResponseState>();
     state->conn = std::move(conn);

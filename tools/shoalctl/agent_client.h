@@ -1,0 +1,59 @@
+#pragma once
+// shoalctl's view of a node's agent: its registry shim (OCI pull API) and its /metrics.
+
+#include <utility>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include "lib/core/error.h"
+#include "lib/http/client.h"
+#include "lib/oci/manifest.h"
+#include "lib/oci/reference.h"
+
+namespace shoal::ctl {
+
+// One image pulled through an agent: what was resolved and how many bytes came back.
+struct PullReport {
+  Digest manifest_digest = Digest::FromSha256Hex(std::string(64, '0'));
+  std::string media_type;
+  int blobs = 0;
+  uint64_t bytes = 0;
+};
+
+// Progress callback: (blob digest, bytes of this blob so far, blob size).
+using ProgressFn = std::function<void(const Digest&, uint64_t, uint64_t)>;
+
+// Talks to one agent over HTTP. Single-threaded: use from coroutines on one io_context.
+class AgentClient {
+ public:
+  AgentClient(boost::asio::io_context& ioc, http::Url agent);
+
+  // Pulls image through the agent's shim, as a runtime would: resolves the manifest (choosing
+  // `platform` "os/arch" from an index), then reads every blob to the end, which leaves it
+  // verified in the node's cache. Errors: the shim's error (kNotFound, kUnavailable...), or
+  // kDigestMismatch if a blob's bytes do not hash to its digest.
+  boost::asio::awaitable<Result<PullReport>> Pull(const oci::ImageRef& image,
+                                                  const std::string& platform,
+                                                  const ProgressFn& progress);
+  // The agent's /metrics text.
+  boost::asio::awaitable<Result<std::string>> Metrics();
+
+ private:
+  boost::asio::awaitable<Result<std::unique_ptr<http::Response>>> Get(const std::string& target,
+                                                                      const std::string& accept);
+  boost::asio::awaitable<Result<std::pair<std::string, std::string>>> GetManifest(
+      const oci::ImageRef& image, const std::string& reference);
+  boost::asio::awaitable<Result<uint64_t>> ReadBlob(const oci::ImageRef& image,
+                                                    const oci::Descriptor& blob,
+                                                    const ProgressFn& progress);
+
+  http::Url agent_;
+  http::Client client_;
+};
+
+}  // namespace shoal::ctl
