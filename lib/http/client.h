@@ -77,6 +77,7 @@ class Response {
 
   // Reads the next piece of the body (up to 256 KiB). The view points into a buffer owned by this
   // Response and stays valid until the next call. An empty view means the body is complete.
+  // Bytes received before a failure are returned first; the failure comes with the next call.
   // Errors: kUnavailable (timeout, reset, body cut short), kProtocol (malformed HTTP).
   boost::asio::awaitable<Result<std::string_view>> ReadSome();
   // Reads the rest of the body into memory. Errors: as ReadSome, and kProtocol when it would

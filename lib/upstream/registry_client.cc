@@ -761,12 +761,7 @@ net::awaitable<Status> RegistryClient::FetchBlob(const RegistryEndpoint& registr
   url.target = call.target;
   const std::string url_text = url.Redacted();
   uint64_t delivered = 0;
-  // Counts consecutive failed attempts; an attempt that delivered bytes starts the count anew,
-  // so a long body over a flaky link keeps going as long as it makes progress.
-  int failures = 0;
-  while (true) {
-    ++failures;
-    const uint64_t before = delivered;
+  for (int failures = 1;; ++failures) {
     call.range = "bytes=" + std::to_string(offset + delivered) + "-" +
                  std::to_string(offset + length - 1);
     Error err;
@@ -783,7 +778,6 @@ net::awaitable<Status> RegistryClient::FetchBlob(const RegistryEndpoint& registr
       if (sink_failed) co_return st;
       err = st.error();
     }
-    if (delivered > before) failures = 1;
     bool again = co_await impl->BackoffBeforeRetry(failures, err, url_text);
     if (again) continue;
     impl->LogFailure(err);

@@ -48,7 +48,8 @@ struct ManifestResponse {
 using BodySink = std::function<Status(const char* data, size_t size)>;
 
 // Talks to any number of upstream registries. Thread-safe: calls may run concurrently from many
-// coroutines on an io_context run by one or more threads. The client must outlive its calls.
+// coroutines on an io_context run by one or more threads. The client, and the arguments passed by
+// reference, must outlive each call (awaitables are lazy: co_await them in the same expression).
 // Tokens are cached per (registry, scope) until shortly before they expire, and concurrent calls
 // needing the same token share one token request. Authorization is never sent to a host other
 // than the registry's (redirect targets such as signed CDN URLs get none).

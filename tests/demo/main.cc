@@ -3,17 +3,23 @@
 // time, the bytes the upstream served, the bytes the agent served from its cache, and whether
 // every pulled blob re-hashed to its digest. Exits non-zero on any failure.
 
+#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include "tests/support/counting_proxy.h"
 #include "tests/support/http_client.h"
@@ -25,6 +31,14 @@ namespace shoal::testkit {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+std::mutex g_dir_mu;
+std::string g_dir;  // GUARDED_BY(g_dir_mu): the demo's temp dir, for the interrupt thread
+// Set on SIGINT/SIGTERM/SIGHUP: the main thread stops at the next step and cleans up.
+std::atomic<bool> g_interrupted{false};
+constexpr int kInterruptedExit = 130;
+
+struct Interrupted {};
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -56,6 +70,7 @@ const char* CompressionName(Compression c) {
 class Step {
  public:
   explicit Step(const std::string& what) : start_(Clock::now()) {
+    if (g_interrupted) throw Interrupted{};
     std::printf("- %s ... ", what.c_str());
     std::fflush(stdout);
   }
@@ -69,14 +84,15 @@ class Step {
 };
 
 int Fail(const std::string& what, const std::string& detail) {
+  if (g_interrupted) throw Interrupted{};
   std::printf("FAILED\n\nshoal-demo: %s\n%s\n", what.c_str(), detail.c_str());
   return 1;
 }
 
 struct PullResult {
   double seconds = 0;
-  uint64_t upstream_bytes = 0;  // counted at the proxy
-  double cache_bytes = 0;       // agent metric delta, source="cache"
+  uint64_t upstream_bytes = 0;      // counted at the proxy
+  double cache_bytes = 0;           // agent metric delta, source="cache"
   double agent_upstream_bytes = 0;  // agent metric delta, source="upstream"
   bool verified = false;
   std::string error;
@@ -96,37 +112,27 @@ struct AgentProc {
 Result<AgentProc> StartAgent(const std::string& binary, const TempDir& dir,
                              const std::string& upstream_url) {
   std::string port_file = dir.Sub("agent.port");
-  std::vector<std::string> argv = {binary,
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--port-file",
-                                   port_file,
-                                   "--cache-dir",
-                                   dir.Sub("cache"),
-                                   "--upstream",
-                                   "docker.io=" + upstream_url,
-                                   "--log-format",
-                                   "text"};
+  std::vector<std::string> argv = {binary,           "--listen",   "127.0.0.1:0",
+                                   "--port-file",    port_file,    "--cache-dir",
+                                   dir.Sub("cache"), "--upstream", "docker.io=" + upstream_url,
+                                   "--log-format",   "text"};
   auto proc = Process::Start(argv, dir.Sub("agent.log"));
   if (!proc) return proc.error();
   AgentProc agent;
   agent.process = std::move(proc.value());
-  bool ready = WaitUntil(
-      [&] {
-        return !agent.process->Running() || !ReadFile(port_file).empty();
-      },
-      std::chrono::seconds(30));
+  bool ready = WaitUntil([&] { return !agent.process->Running() || !ReadFile(port_file).empty(); },
+                         std::chrono::seconds(30));
   std::string port = ReadFile(port_file);
   while (!port.empty() && (port.back() == '\n' || port.back() == ' ')) port.pop_back();
   if (!ready || port.empty() || !agent.process->Running()) {
-    return MakeError(ErrorCode::kUnavailable,
-                     "shoal-agent did not start; log " + agent.process->log_path() + ":\n" +
-                         agent.process->LogTail());
+    return MakeError(ErrorCode::kUnavailable, "shoal-agent did not start; log " +
+                                                  agent.process->log_path() + ":\n" +
+                                                  agent.process->LogTail());
   }
   agent.host_port = "127.0.0.1:" + port;
   if (!WaitForHttp(agent.Url() + "/v2/", std::chrono::seconds(30))) {
-    return MakeError(ErrorCode::kUnavailable, "shoal-agent does not answer GET /v2/; log:\n" +
-                                                  agent.process->LogTail());
+    return MakeError(ErrorCode::kUnavailable,
+                     "shoal-agent does not answer GET /v2/; log:\n" + agent.process->LogTail());
   }
   return agent;
 }
@@ -137,7 +143,8 @@ PullResult Pull(const AgentProc& agent, CountingProxy& proxy, const BuiltImage& 
   proxy.Reset();
   std::string before = agent.Metrics();
   auto start = Clock::now();
-  auto pulled = SkopeoCopyToLayout(agent.host_port + "/demo/app:1", out_dir, {}, "1");
+  auto copied = Skopeo({"copy", "--quiet", "--src-tls-verify=false", "--preserve-digests",
+                        "docker://" + agent.host_port + "/demo/app:1", "oci:" + out_dir + ":1"});
   r.seconds = Seconds(Clock::now() - start);
   std::string after = agent.Metrics();
   r.upstream_bytes = proxy.BlobBytes();
@@ -147,14 +154,26 @@ PullResult Pull(const AgentProc& agent, CountingProxy& proxy, const BuiltImage& 
   };
   r.cache_bytes = delta("cache");
   r.agent_upstream_bytes = delta("upstream");
+  if (!copied) {
+    r.error = copied.error().ToString();
+    return r;
+  }
+  // Verification (not timed): every pulled blob re-hashes to its name, and the digests equal
+  // what was pushed upstream.
+  auto blobs = LayoutBlobDigests(out_dir);
+  if (!blobs) {
+    r.error = blobs.error().ToString();
+    return r;
+  }
+  auto pulled = ReadLayout(out_dir, "1");
   if (!pulled) {
     r.error = pulled.error().ToString();
     return r;
   }
-  // SkopeoCopyToLayout re-hashed every blob; also compare with what was pushed upstream.
   const LayoutImage& got = pulled.value();
   if (got.manifest_digest != image.manifest_digest || got.config_digest != image.config_digest ||
-      got.layer_digests != image.layer_digests) {
+      got.layer_digests != image.layer_digests ||
+      blobs.value().size() != image.layer_digests.size() + 2) {
     r.error = "pulled digests differ from upstream: manifest " + got.manifest_digest.str() +
               " vs " + image.manifest_digest.str();
     return r;
@@ -169,7 +188,9 @@ int Run(int argc, char** argv) {
   uint64_t big_mib = 256;
   bool keep = false;
   app.add_option("--agent", agent_bin, "shoal-agent binary")->capture_default_str();
-  app.add_option("--big-layer-mib", big_mib, "Size of the large file in the big layer (MiB)")
+  app.add_option("--big-layer-mib", big_mib,
+                 "Compressed size of the big layer in MiB (its file is twice as large: the "
+                 "generated content compresses about 2x)")
       ->check(CLI::Range(1, 8192))
       ->capture_default_str();
   app.add_flag("--keep", keep, "Keep the temp dir (registry storage, cache, logs)");
@@ -179,6 +200,13 @@ int Run(int argc, char** argv) {
 
   std::printf("shoal demo: docker-registry -> counting proxy -> shoal-agent -> skopeo\n\n");
   TempDir dir("shoal-demo");
+  {
+    std::lock_guard<std::mutex> lock(g_dir_mu);
+    g_dir = dir.path();
+  }
+  // Every other temp dir (registry storage, skopeo's scratch files) goes inside it, so one
+  // removal cleans up, also after Ctrl-C.
+  setenv("TMPDIR", dir.path().c_str(), 1);
 
   Step s1("starting docker-registry (distribution) on 127.0.0.1");
   auto registry = Registry::Start();
@@ -201,7 +229,8 @@ int Run(int argc, char** argv) {
                 .seed = 3},
       LayerSpec{.compression = Compression::kGzip,
                 .small_files = 5,
-                .big_files = {big_mib << 20},
+                // A little over 2x so that the gzip blob itself is >= big_mib MiB.
+                .big_files = {(big_mib << 21) + (big_mib << 15)},
                 .seed = 4},
   };
   Step s2("building a " + std::to_string(spec.layers.size()) + "-layer OCI image");
@@ -210,7 +239,8 @@ int Run(int argc, char** argv) {
   const BuiltImage& img = image.value();
   s2.Done(HumanBytes(static_cast<double>(img.total_blob_bytes)) + " of blobs");
   for (size_t i = 0; i < img.layer_digests.size(); ++i) {
-    std::printf("    layer %zu  %-4s  %10s  %s\n", i + 1, CompressionName(spec.layers[i].compression),
+    std::printf("    layer %zu  %-4s  %10s  %s\n", i + 1,
+                CompressionName(spec.layers[i].compression),
                 HumanBytes(static_cast<double>(img.layer_sizes[i])).c_str(),
                 img.layer_digests[i].str().substr(0, 19).c_str());
   }
@@ -235,8 +265,8 @@ int Run(int argc, char** argv) {
               "/demo/app:1 oci:...");
     PullResult r = Pull(agent.value(), *proxy.value(), img, dir.Sub("pull" + std::to_string(i)));
     if (!r.error.empty()) {
-      return Fail("pull " + std::to_string(i), r.error + "\n\nagent log tail:\n" +
-                                                   agent.value().process->LogTail());
+      return Fail("pull " + std::to_string(i),
+                  r.error + "\n\nagent log tail:\n" + agent.value().process->LogTail());
     }
     step.Done();
     pulls.push_back(r);
@@ -252,9 +282,10 @@ int Run(int argc, char** argv) {
                 HumanBytes(static_cast<double>(r.upstream_bytes)).c_str(),
                 HumanBytes(r.cache_bytes).c_str(), r.verified ? "yes" : "NO");
   }
-  std::printf("\nimage blobs: %s (config + %zu layers); upstream bytes are counted at the proxy,\n"
-              "cache bytes are the agent's shoal_shim_blob_bytes_total{source=\"cache\"} delta.\n",
-              HumanBytes(total).c_str(), img.layer_digests.size());
+  std::printf(
+      "\nimage blobs: %s (config + %zu layers); upstream bytes are counted at the proxy,\n"
+      "cache bytes are the agent's shoal_shim_blob_bytes_total{source=\"cache\"} delta.\n",
+      HumanBytes(total).c_str(), img.layer_digests.size());
 
   // What the demo claims: the first pull fetched each blob once, the second none at all.
   std::vector<std::string> problems;
@@ -289,13 +320,53 @@ int Run(int argc, char** argv) {
 }
 
 }  // namespace
+
+// Removes the demo's temp dir unless SHOAL_KEEP_TMP=1 (--keep).
+void RemoveDemoDir() {
+  std::lock_guard<std::mutex> lock(g_dir_mu);
+  const char* keep = std::getenv("SHOAL_KEEP_TMP");
+  if (g_dir.empty() || (keep && std::string(keep) == "1")) return;
+  std::error_code ec;
+  std::filesystem::remove_all(g_dir, ec);
+}
+
 }  // namespace shoal::testkit
 
 int main(int argc, char** argv) {
+  // Ctrl-C must not leave daemons running or hundreds of MiB in /tmp: block the signals in every
+  // thread (children get a clean mask from posix_spawn) and handle them on a thread of their own.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::thread([signals] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    std::fprintf(stderr, "\nshoal-demo: interrupted (signal %d), cleaning up\n", sig);
+    shoal::testkit::g_interrupted = true;
+    // Killing the children makes the step in progress fail; the main thread then unwinds and
+    // its destructors remove the temp dir. If it is busy elsewhere (building the image), give
+    // it 10 s before cleaning up here.
+    for (int i = 0; i < 100; ++i) {
+      shoal::testkit::KillAllChildren();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    shoal::testkit::RemoveDemoDir();
+    _exit(shoal::testkit::kInterruptedExit);
+  }).detach();
+  int rc = 1;
   try {
-    return shoal::testkit::Run(argc, argv);
+    rc = shoal::testkit::Run(argc, argv);
+  } catch (const shoal::testkit::Interrupted&) {
+    rc = shoal::testkit::kInterruptedExit;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shoal-demo: %s\n", e.what());
-    return 1;
   }
+  if (shoal::testkit::g_interrupted) rc = shoal::testkit::kInterruptedExit;
+  // _exit, not exit: the interrupt thread may still be running; every temp dir is already gone.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(rc);
 }

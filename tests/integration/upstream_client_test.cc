@@ -9,11 +9,13 @@
 #include <atomic>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -114,8 +116,8 @@ http::ByteRange RequestedRange(const SyncHttpServer::Request& req, uint64_t size
   auto it = req.find(bhttp::field::range);
   if (it == req.end()) return http::ByteRange{0, size - 1};
   auto r = http::ParseRange(it->value(), size);
-  REQUIRE(r.has_value());
-  return r.value();
+  // No REQUIRE here: this runs on server threads. A bad range shows up as wrong bytes.
+  return r.has_value() ? r.value() : http::ByteRange{0, size - 1};
 }
 
 SyncHttpServer::Response Answer(unsigned status, std::string body = "") {
@@ -183,7 +185,36 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
   CHECK(stats.requests >= 6);
   CHECK(stats.retries == 0);
 
-  SUBCASE("a missing tag is not_found and names repository and tag") {
+  {  // Many concurrent range fetches on an io_context run by two threads.
+    net::io_context mt;
+    RegistryClient shared(mt.get_executor(), FastRetries(), creds);
+    constexpr int kParts = 24;
+    const uint64_t part_size = (img.layer_bytes.size() + kParts - 1) / kParts;
+    std::vector<std::string> parts(kParts);
+    std::vector<std::optional<Status>> done(kParts);
+    const std::string repo = "demo/app";
+    for (int i = 0; i < kParts; ++i) {
+      uint64_t off = i * part_size;
+      uint64_t len = std::min<uint64_t>(part_size, img.layer_bytes.size() - off);
+      net::co_spawn(mt, StoreResult(shared.FetchBlob(ep, repo, img.layer, off, len,
+                                                     Collect(&parts[i])),
+                                    &done[i]),
+                    net::detached);
+    }
+    std::thread second([&] { mt.run(); });
+    mt.run();
+    second.join();
+    std::string joined;
+    for (int i = 0; i < kParts; ++i) {
+      REQUIRE(done[i].has_value());
+      REQUIRE_MESSAGE(done[i]->has_value(), done[i]->error().ToString());
+      joined += parts[i];
+    }
+    CHECK(joined == img.layer_bytes);
+    CHECK(shared.stats().retries == 0);
+  }
+
+  {  // A missing tag is not_found and names repository and tag.
     auto missing = Run(ioc, client.GetManifest(ep, "demo/app", "nope", kAccept));
     REQUIRE_FALSE(missing.has_value());
     CHECK(missing.error().code == ErrorCode::kNotFound);
@@ -193,14 +224,14 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
     REQUIRE_FALSE(no_blob.has_value());
     CHECK(no_blob.error().code == ErrorCode::kNotFound);
   }
-  SUBCASE("a range beyond the blob is range_not_satisfiable") {
+  {  // A range beyond the blob is range_not_satisfiable.
     std::string none;
     auto r = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, img.layer_bytes.size() + 10, 5,
                                        Collect(&none)));
     REQUIRE_FALSE(r.has_value());
     CHECK(r.error().code == ErrorCode::kRangeNotSatisfiable);
   }
-  SUBCASE("a sink error aborts the fetch and is returned as is") {
+  {  // A sink error aborts the fetch and is returned as is.
     size_t calls = 0;
     auto r = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, 0, img.layer_bytes.size(),
                                        [&](const char*, size_t) -> Status {
@@ -212,7 +243,7 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
     CHECK(r.error().message == "disk full (test)");
     CHECK(calls == 1);
   }
-  SUBCASE("wrong or missing credentials are unauthorized") {
+  {  // Wrong or missing credentials are unauthorized.
     Credentials wrong;
     wrong.Add(reg.value()->HostPort(), BasicAuth{opts.user, "wrong"});
     RegistryClient bad(ioc.get_executor(), FastRetries(), wrong);
@@ -244,10 +275,11 @@ TEST_CASE("upstream client: gets, caches and shares bearer tokens from a token s
   RegistryClient client(ioc.get_executor(), FastRetries(), creds);
 
   // Five concurrent pulls of the same repository need one token between them.
+  // The calls take their arguments by reference and start later: keep them alive.
+  const std::string repo = "team/tool", tag = "1", accept = kAccept;
   std::vector<std::optional<Result<ManifestResponse>>> results(5);
   for (auto& r : results) {
-    net::co_spawn(ioc, StoreResult(client.GetManifest(ep, "team/tool", "1", kAccept), &r),
-                  net::detached);
+    net::co_spawn(ioc, StoreResult(client.GetManifest(ep, repo, tag, accept), &r), net::detached);
   }
   ioc.restart();
   ioc.run();
@@ -379,7 +411,10 @@ TEST_CASE("upstream client: resumes a body cut short from the first undelivered 
 }
 
 TEST_CASE("upstream client: detects a stalled upstream with the idle timeout") {
+  std::string blob(1000, '\0');
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>('0' + i % 10);
   std::atomic<int> requests{0};
+  // Answers the requested range, sends its first 10 bytes, then stalls.
   auto server = SyncHttpServer::StartRaw([&](net::ip::tcp::socket& socket) {
     beast::flat_buffer buffer;
     SyncHttpServer::Request req;
@@ -387,9 +422,11 @@ TEST_CASE("upstream client: detects a stalled upstream with the idle timeout") {
     bhttp::read(socket, buffer, req, ec);
     if (ec) return;
     ++requests;
-    std::string head =
-        "HTTP/1.1 206 Partial Content\r\nContent-Length: 1000\r\nContent-Range: bytes "
-        "0-999/1000\r\n\r\n0123456789";
+    http::ByteRange r = RequestedRange(req, blob.size());
+    std::string head = "HTTP/1.1 206 Partial Content\r\nContent-Length: " +
+                       std::to_string(r.length()) + "\r\nContent-Range: " +
+                       http::ContentRange(r, blob.size()) + "\r\n\r\n" +
+                       blob.substr(r.first, 10);
     net::write(socket, net::buffer(head), ec);
     // Stall: wait until the client gives up (or the server stops).
     char c;
@@ -412,8 +449,10 @@ TEST_CASE("upstream client: detects a stalled upstream with the idle timeout") {
   CHECK(st.error().message.find("timed out") != std::string::npos);
   CHECK(requests.load() == 2);
   CHECK(elapsed < std::chrono::seconds(20));
-  // The second attempt resumed after the 10 bytes the first one delivered.
-  CHECK(got == "0123456789");
+  // Bytes that arrived before each stall were delivered, and the second attempt resumed after
+  // the first one's.
+  CHECK(got == blob.substr(0, 20));
+  CHECK(client.stats().bytes == 20);
 }
 
 TEST_CASE("upstream client: follows a 307 to another host without forwarding Authorization") {
@@ -527,6 +566,147 @@ TEST_CASE("upstream client: rejects manifests whose bytes do not match their dig
   REQUIRE_FALSE(bad_name.has_value());
   CHECK(bad_name.error().code == ErrorCode::kInvalidArgument);
   (void)connections;
+}
+
+namespace {
+
+// A keep-alive HTTPS server on 127.0.0.1 serving one blob by Range, counting handshakes and
+// recording the SNI names it receives.
+struct TlsBlobServer {
+  TlsBlobServer(const std::string& cert, const std::string& key, std::string blob_bytes)
+      : ctx(net::ssl::context::tls_server), blob(std::move(blob_bytes)) {
+    ctx.use_certificate_chain_file(cert);
+    ctx.use_private_key_file(key, net::ssl::context::pem);
+    auto started = SyncHttpServer::StartRaw([this](net::ip::tcp::socket& s) { Serve(s); });
+    REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+    server = std::move(started).value();
+  }
+
+  void Serve(net::ip::tcp::socket& socket) {
+    net::ssl::stream<net::ip::tcp::socket&> tls(socket, ctx);
+    beast::error_code ec;
+    tls.handshake(net::ssl::stream_base::server, ec);
+    if (ec) return;
+    {
+      std::lock_guard lock(mu);
+      ++connections;
+      const char* name = SSL_get_servername(tls.native_handle(), TLSEXT_NAMETYPE_host_name);
+      sni.push_back(name ? name : "");
+    }
+    beast::flat_buffer buffer;
+    while (true) {
+      SyncHttpServer::Request req;
+      bhttp::read(tls, buffer, req, ec);
+      if (ec) return;
+      {
+        std::lock_guard lock(mu);
+        ++requests;
+      }
+      SyncHttpServer::Response res{bhttp::status::ok, 11};
+      res.keep_alive(true);
+      if (req.method() == bhttp::verb::head) {
+        res.content_length(blob.size());
+      } else {
+        http::ByteRange r = RequestedRange(req, blob.size());
+        res.result(bhttp::status::partial_content);
+        res.set(bhttp::field::content_range, http::ContentRange(r, blob.size()));
+        res.body() = blob.substr(r.first, r.length());
+        res.prepare_payload();
+      }
+      bhttp::write(tls, res, ec);
+      if (ec) return;
+    }
+  }
+
+  net::ssl::context ctx;
+  const std::string blob;
+  std::unique_ptr<SyncHttpServer> server;
+  std::mutex mu;
+  int connections = 0;           // GUARDED_BY(mu): TLS handshakes completed
+  int requests = 0;              // GUARDED_BY(mu)
+  std::vector<std::string> sni;  // GUARDED_BY(mu): server names clients sent
+};
+
+// Makes a self-signed certificate (its own CA) with the given subjectAltName.
+void MakeCert(const testkit::TempDir& dir, const std::string& name, const std::string& san) {
+  auto made = testkit::RunCommand(
+      {"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+       dir.Sub(name + ".key"), "-out", dir.Sub(name + ".pem"), "-days", "2", "-subj",
+       "/CN=shoal-test", "-addext", "subjectAltName=" + san},
+      std::chrono::seconds(60));
+  REQUIRE_MESSAGE(made.has_value(), made.error().ToString());
+}
+
+RegistryEndpoint HttpsEndpoint(const std::string& host, uint16_t port) {
+  std::string host_port = host + ":" + std::to_string(port);
+  return RegistryEndpoint{host_port, http::Url::Parse("https://" + host_port).value()};
+}
+
+}  // namespace
+
+TEST_CASE("upstream client: speaks TLS with verification, SNI and connection reuse") {
+  testkit::TempDir dir("shoal-tls");
+  MakeCert(dir, "good", "DNS:localhost,IP:127.0.0.1");
+  MakeCert(dir, "wrong", "DNS:wrong.example");
+  const std::string blob = "tls blob bytes";
+  const Digest digest = Sha256::Of(blob);
+  TlsBlobServer good(dir.Sub("good.pem"), dir.Sub("good.key"), blob);
+  TlsBlobServer wrong(dir.Sub("wrong.pem"), dir.Sub("wrong.key"), blob);
+
+  net::io_context ioc;
+  ClientOptions trusting = FastRetries();
+  trusting.ca_file = dir.Sub("good.pem");
+  RegistryClient client(ioc.get_executor(), trusting, Credentials());
+  for (const std::string host : {"localhost", "127.0.0.1"}) {
+    RegistryEndpoint ep = HttpsEndpoint(host, good.server->port());
+    for (int i = 0; i < 3; ++i) {
+      std::string got;
+      auto st = Run(ioc, client.FetchBlob(ep, "demo/tls", digest, 4, 5, Collect(&got)));
+      REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+      CHECK(got == blob.substr(4, 5));
+    }
+    auto size = Run(ioc, client.StatBlob(ep, "demo/tls", digest));
+    REQUIRE_MESSAGE(size.has_value(), size.error().ToString());
+    CHECK(size.value() == blob.size());
+  }
+  {
+    std::lock_guard lock(good.mu);
+    CHECK(good.requests == 8);
+    CHECK(good.connections == 2);  // one per host name, reused for the other three requests
+    REQUIRE(good.sni.size() == 2);
+    CHECK(good.sni[0] == "localhost");
+    CHECK(good.sni[1] == "");  // no SNI for IP literals
+  }
+
+  // Without the CA the certificate is refused, and that is not retried.
+  RegistryClient untrusting(ioc.get_executor(), FastRetries(), Credentials());
+  RegistryEndpoint ep = HttpsEndpoint("localhost", good.server->port());
+  std::string none;
+  auto st = Run(ioc, untrusting.FetchBlob(ep, "demo/tls", digest, 0, 1, Collect(&none)));
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().code == ErrorCode::kProtocol);
+  CHECK(st.error().message.find("certificate verify failed") != std::string::npos);
+  CHECK(untrusting.stats().retries == 0);
+
+  // A trusted certificate for another name fails hostname verification.
+  ClientOptions trusts_wrong = FastRetries();
+  trusts_wrong.ca_file = dir.Sub("wrong.pem");
+  RegistryClient strict(ioc.get_executor(), trusts_wrong, Credentials());
+  st = Run(ioc, strict.FetchBlob(HttpsEndpoint("127.0.0.1", wrong.server->port()), "demo/tls",
+                                 digest, 0, 1, Collect(&none)));
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().code == ErrorCode::kProtocol);
+  CHECK(st.error().message.find("certificate verify failed") != std::string::npos);
+
+  // A CA file that does not exist makes https calls fail clearly.
+  ClientOptions broken = FastRetries();
+  broken.ca_file = dir.Sub("missing.pem");
+  RegistryClient no_ca(ioc.get_executor(), broken, Credentials());
+  st = Run(ioc, no_ca.FetchBlob(ep, "demo/tls", digest, 0, 1, Collect(&none)));
+  REQUIRE_FALSE(st.has_value());
+  CHECK(st.error().code == ErrorCode::kInvalidArgument);
+  CHECK(st.error().message.find("missing.pem") != std::string::npos);
+  CHECK(none.empty());
 }
 
 }  // namespace shoal::upstream

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <functional>
 #include <limits>
 #include <optional>
 #include <thread>
@@ -116,6 +117,11 @@ void CountingProxy::SetUpstream(std::string upstream_host_port) {
 }
 
 void CountingProxy::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (int fd : upstream_fds_) ::shutdown(fd, SHUT_RDWR);
+  }
   if (server_) server_->Stop();
 }
 
@@ -151,10 +157,26 @@ void CountingProxy::Serve(tcp::socket& client) {
   std::optional<tcp::socket> upstream;
   std::vector<char> chunk(kRelayBuffer);
 
+  // Closes the upstream connection (if any), unregistering it first so Stop() never shuts down
+  // a reused descriptor.
+  auto drop_upstream = [&] {
+    if (!upstream) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      upstream_fds_.erase(upstream->native_handle());
+    }
+    upstream.reset();
+  };
+  struct DropOnExit {
+    std::function<void()> f;
+    ~DropOnExit() { f(); }
+  } drop_on_exit{drop_upstream};
+
   auto connect_upstream = [&]() -> bool {
     std::string hp;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return false;
       hp = upstream_;
     }
     size_t colon = hp.rfind(':');
@@ -168,6 +190,12 @@ void CountingProxy::Serve(tcp::socket& client) {
       return false;
     }
     upstream->set_option(tcp::no_delay(true), ec);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      upstream.reset();
+      return false;
+    }
+    upstream_fds_.insert(upstream->native_handle());
     return true;
   };
 
@@ -220,7 +248,10 @@ void CountingProxy::Serve(tcp::socket& client) {
     bool forwarded = false;
     for (int attempt = 0; attempt < 2 && !forwarded; ++attempt) {
       bool reused = upstream.has_value();
-      if (upstream && PeerClosed(*upstream)) upstream.reset(), reused = false;
+      if (upstream && PeerClosed(*upstream)) {
+        drop_upstream();
+        reused = false;
+      }
       if (!upstream && !connect_upstream()) break;
       parser.emplace();
       parser->body_limit(kNoBodyLimit);
@@ -259,7 +290,7 @@ void CountingProxy::Serve(tcp::socket& client) {
         forwarded = true;
         break;
       }
-      upstream.reset();
+      drop_upstream();
       if (has_body || !reused) break;
     }
     if (!forwarded) {
@@ -311,7 +342,7 @@ void CountingProxy::Serve(tcp::socket& client) {
       } while (!res_p.is_done() && !res_sr.is_done());
     }
     Log(method, target, status);
-    if (!upstream_keep_alive) upstream.reset();
+    if (!upstream_keep_alive) drop_upstream();
     if (!keep_alive || !upstream_keep_alive) return;
   }
 }

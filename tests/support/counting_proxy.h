@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,10 @@ class CountingProxy {
   int fail_next_ = 0;                           // GUARDED_BY(mu_)
   int fail_status_ = 503;                       // GUARDED_BY(mu_)
   std::chrono::milliseconds delay_per_mib_{0};  // GUARDED_BY(mu_)
+  // Open upstream sockets, shut down by Stop() so that no handler stays blocked on a hung
+  // upstream. GUARDED_BY(mu_).
+  std::set<int> upstream_fds_;
+  bool stopping_ = false;  // GUARDED_BY(mu_)
 };
 
 }  // namespace shoal::testkit

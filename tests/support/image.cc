@@ -484,13 +484,14 @@ json Descriptor(const BuiltImage& img) {
 
 // Isolated skopeo configuration: no registries.conf mirrors, no credentials from the host.
 const TempDir& SkopeoConfigDir() {
-  static TempDir* dir = [] {
-    auto* d = new TempDir("shoal-skopeo");
-    WriteFile(d->Sub("registries.conf"), "");
-    WriteFile(d->Sub("auth.json"), "{}");
-    return d;
+  static TempDir dir("shoal-skopeo");
+  static bool written = [] {
+    WriteFile(dir.Sub("registries.conf"), "");
+    WriteFile(dir.Sub("auth.json"), "{}");
+    return true;
   }();
-  return *dir;
+  (void)written;
+  return dir;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -36,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 
 // ---- Watchdog --------------------------------------------------------------------------------
 // A forked helper that outlives a crashing test binary: it reads "register pgid" (+pid) and
-// "unregister" (-pid) records from a pipe; when the pipe reaches EOF (the test process is gone,
+// "unregister" (-pid) records from a socket; when the socket reaches EOF (the test process is gone,
 // however it died) it SIGKILLs every group still registered. atexit or signal handlers would not
 // cover SIGKILL or doctest replacing handlers per test case.
 
@@ -87,9 +88,11 @@ std::once_flag g_watchdog_once;
 }
 
 void StartWatchdog() {
+  // A socket pair rather than a pipe: send(MSG_NOSIGNAL) cannot raise SIGPIPE in the test if the
+  // watchdog is gone.
   int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    spdlog::warn("testkit: watchdog pipe failed: {}", std::strerror(errno));
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    spdlog::warn("testkit: watchdog socketpair failed: {}", std::strerror(errno));
     return;
   }
   pid_t pid = fork();
@@ -101,14 +104,26 @@ void StartWatchdog() {
     return;
   }
   g_watchdog_fd = fds[1];
-  // The watchdog is reaped by nobody if we exit first; that is fine (init adopts it).
+  // Nobody reaps the watchdog if we exit first; that is fine (init adopts it).
 }
 
+// The same registry in-process, for KillAllChildren().
+std::mutex g_children_mu;
+std::set<pid_t> g_children;  // GUARDED_BY(g_children_mu)
+
 void WatchdogSend(int32_t value) {
+  {
+    std::lock_guard<std::mutex> lock(g_children_mu);
+    if (value > 0) {
+      g_children.insert(value);
+    } else {
+      g_children.erase(-value);
+    }
+  }
   std::call_once(g_watchdog_once, StartWatchdog);
   if (g_watchdog_fd < 0) return;
-  // 4-byte writes to a pipe are atomic; no lock needed.
-  while (write(g_watchdog_fd, &value, sizeof(value)) < 0 && errno == EINTR) {
+  // A 4-byte send on a local stream socket is never split; no lock needed.
+  while (send(g_watchdog_fd, &value, sizeof(value), MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
 }
 
@@ -168,6 +183,8 @@ Result<pid_t> Spawn(std::vector<std::string> argv, const std::string& log_path, 
   sigset_t empty, all;
   sigemptyset(&empty);
   sigfillset(&all);
+  sigdelset(&all, SIGKILL);
+  sigdelset(&all, SIGSTOP);
   posix_spawnattr_setsigmask(&attr, &empty);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setpgroup(&attr, 0);
@@ -289,6 +306,11 @@ void Process::Signal(int sig) {
 std::string Process::Log() const { return ReadFile(log_path_); }
 
 std::string Process::LogTail(size_t max_bytes) const { return Tail(Log(), max_bytes); }
+
+void KillAllChildren() {
+  std::lock_guard<std::mutex> lock(g_children_mu);
+  for (pid_t pid : g_children) kill(-pid, SIGKILL);
+}
 
 // ---- Helpers ---------------------------------------------------------------------------------
 

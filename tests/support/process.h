@@ -82,6 +82,11 @@ class Process {
   int exit_status_ = 0;
 };
 
+// SIGKILLs the process group of every child started by Process or RunCommand that has not been
+// reaped yet. For interrupt handling in programs (e.g. a thread doing sigwait for SIGINT before
+// exiting); tests never need it, the watchdog covers crashes. Thread-safe; not async-signal-safe.
+void KillAllChildren();
+
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close). Another
 // process may grab it before you bind; prefer letting servers bind port 0 where they can.
 uint16_t FreePort();

@@ -47,7 +47,7 @@ class TokenServer {
   RegistryOptions ForRegistry() const;
   // Token requests answered so far (granted or refused).
   uint64_t TokenRequests() const;
-  // Token requests refused with 401.
+  // Token requests refused (401 for wrong or missing credentials, other 4xx when malformed).
   uint64_t Refused() const;
   // Issues a token for `scope` ("repository:NAME:pull"), as the endpoint would for the
   // configured user. For tests that talk to the registry by hand.

@@ -1,0 +1,82 @@
+#include "lib/swarm/bencode.h"
+
+#include <cstdlib>
+#include <iterator>
+#include <utility>
+
+#include <libtorrent/bencode.hpp>
+#include <libtorrent/entry.hpp>
+#include <spdlog/spdlog.h>
+
+namespace shoal::swarm {
+
+struct Bencode::Impl {
+  libtorrent::entry entry;
+};
+
+namespace {
+
+[[noreturn]] void Misuse(const char* what) {
+  spdlog::critical("bencode: {} (a bug in the caller)", what);
+  std::abort();
+}
+
+}  // namespace
+
+Bencode::Bencode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Bencode::Bencode(Bencode&&) noexcept = default;
+Bencode& Bencode::operator=(Bencode&&) noexcept = default;
+Bencode::~Bencode() = default;
+
+Bencode Bencode::Int(int64_t value) {
+  auto impl = std::make_unique<Impl>();
+  impl->entry = libtorrent::entry(libtorrent::entry::integer_type{value});
+  return Bencode(std::move(impl));
+}
+
+Bencode Bencode::String(std::string_view bytes) {
+  auto impl = std::make_unique<Impl>();
+  impl->entry = libtorrent::entry(libtorrent::entry::string_type(bytes));
+  return Bencode(std::move(impl));
+}
+
+Bencode Bencode::List() {
+  auto impl = std::make_unique<Impl>();
+  impl->entry = libtorrent::entry(libtorrent::entry::list_t);
+  return Bencode(std::move(impl));
+}
+
+Bencode Bencode::Dict() {
+  auto impl = std::make_unique<Impl>();
+  impl->entry = libtorrent::entry(libtorrent::entry::dictionary_t);
+  return Bencode(std::move(impl));
+}
+
+Bencode& Bencode::Set(std::string_view key, Bencode value) {
+  if (!impl_ || impl_->entry.type() != libtorrent::entry::dictionary_t)
+    Misuse("Set on a value that is not a dictionary");
+  impl_->entry.dict()[std::string(key)] = std::move(value.impl_->entry);
+  return *this;
+}
+
+Bencode& Bencode::Set(std::string_view key, int64_t value) { return Set(key, Int(value)); }
+
+Bencode& Bencode::Set(std::string_view key, std::string_view bytes) {
+  return Set(key, String(bytes));
+}
+
+Bencode& Bencode::Append(Bencode value) {
+  if (!impl_ || impl_->entry.type() != libtorrent::entry::list_t)
+    Misuse("Append on a value that is not a list");
+  impl_->entry.list().push_back(std::move(value.impl_->entry));
+  return *this;
+}
+
+std::string Bencode::Encode() const {
+  std::string out;
+  if (!impl_) Misuse("Encode on a moved-from value");
+  libtorrent::bencode(std::back_inserter(out), impl_->entry);
+  return out;
+}
+
+}  // namespace shoal::swarm

@@ -1,0 +1,340 @@
+// shoal-tracker with real BitTorrent clients on loopback: Debian's aria2c seeding and downloading
+// through it, and libtorrent sessions (as the agents will run them) announcing to it.
+
+#include <doctest/doctest.h>
+
+#include <utility>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <libtorrent/add_torrent_params.hpp>
+#include <libtorrent/alert_types.hpp>
+#include <libtorrent/bdecode.hpp>
+#include <libtorrent/bencode.hpp>
+#include <libtorrent/create_torrent.hpp>
+#include <libtorrent/session.hpp>
+#include <libtorrent/session_params.hpp>
+#include <libtorrent/settings_pack.hpp>
+#include <libtorrent/torrent_flags.hpp>
+#include <libtorrent/torrent_info.hpp>
+
+#include "lib/http/url.h"
+#include "tests/support/http_client.h"
+#include "tests/support/process.h"
+
+namespace shoal::testkit {
+namespace {
+
+namespace lt = libtorrent;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// A running shoal-tracker on 127.0.0.1 with a port picked by the OS.
+struct Tracker {
+  std::unique_ptr<Process> process;
+  std::string base;  // http://127.0.0.1:<port>
+
+  std::string AnnounceUrl() const { return base + "/announce"; }
+};
+
+Tracker StartTracker(const TempDir& dir, std::vector<std::string> extra = {}) {
+  std::string port_file = dir.Sub("tracker.port");
+  std::vector<std::string> argv = {SHOAL_TRACKER_BIN, "--listen",     "127.0.0.1:0",
+                                   "--port-file",     port_file,      "--log-format",
+                                   "text",            "--log-level",  "debug"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto started = Process::Start(argv, dir.Sub("tracker.log"));
+  REQUIRE_MESSAGE(started.has_value(), started.error().message);
+  Tracker t{std::move(started.value()), ""};
+  bool up = WaitUntil([&] { return !t.process->Running() || !ReadFile(port_file).empty(); },
+                      seconds(20));
+  REQUIRE_MESSAGE(up, "tracker wrote no port file: " << t.process->LogTail());
+  REQUIRE_MESSAGE(t.process->Running(), "tracker exited: " << t.process->LogTail());
+  t.base = "http://127.0.0.1:" + std::to_string(std::stoi(ReadFile(port_file)));
+  REQUIRE(WaitForHttp(t.base + "/healthz", seconds(10)));
+  return t;
+}
+
+// size pseudo-random bytes, the same for a given seed.
+std::string RandomBytes(size_t size, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string out(size, '\0');
+  for (char& c : out) c = static_cast<char>(rng());
+  return out;
+}
+
+struct Torrent {
+  std::string path;       // the .torrent file
+  std::string info_hash;  // v1, 20 raw bytes
+  std::vector<char> bytes;
+};
+
+// A private v1 torrent over the single file data_path, announcing to announce_url.
+Torrent MakeTorrent(const std::string& data_path, const std::string& announce_url,
+                    const std::string& torrent_path, int piece_size = 64 * 1024) {
+  lt::file_storage fs;
+  lt::add_files(fs, data_path);
+  lt::create_torrent ct(fs, piece_size, lt::create_torrent::v1_only);
+  ct.add_tracker(announce_url);
+  ct.set_priv(true);
+  ct.set_creator("shoal tracker_test");
+  lt::error_code ec;
+  lt::set_piece_hashes(ct, std::filesystem::path(data_path).parent_path().string(), ec);
+  REQUIRE_MESSAGE(!ec, "hashing " << data_path << ": " << ec.message());
+  Torrent t;
+  lt::bencode(std::back_inserter(t.bytes), ct.generate());
+  lt::torrent_info ti(lt::span<const char>(t.bytes), ec, lt::from_span);
+  REQUIRE_MESSAGE(!ec, ec.message());
+  t.info_hash = ti.info_hashes().v1.to_string();
+  t.path = torrent_path;
+  WriteFile(torrent_path, std::string(t.bytes.begin(), t.bytes.end()));
+  return t;
+}
+
+struct Counts {
+  int64_t complete = -1, incomplete = -1, downloaded = -1;
+};
+
+// The tracker's scrape counts for info_hash; all -1 if the request or the reply failed.
+Counts Scrape(const Tracker& tracker, const std::string& info_hash) {
+  Counts c;
+  auto res = HttpGet(tracker.base + "/scrape?info_hash=" + http::QueryEscape(info_hash), {},
+                     seconds(5));
+  if (!res || res.value().status != 200) return c;
+  const std::string& body = res.value().body;
+  lt::error_code ec;
+  lt::bdecode_node root = lt::bdecode(lt::span<const char>(body.data(), body.size()), ec);
+  if (ec || root.type() != lt::bdecode_node::dict_t) return c;
+  lt::bdecode_node file = root.dict_find_dict("files").dict_find_dict(
+      lt::string_view(info_hash.data(), info_hash.size()));
+  if (!file) return c;
+  c.complete = file.dict_find_int_value("complete", -1);
+  c.incomplete = file.dict_find_int_value("incomplete", -1);
+  c.downloaded = file.dict_find_int_value("downloaded", -1);
+  return c;
+}
+
+std::string Metrics(const Tracker& tracker) {
+  auto res = HttpGet(tracker.base + "/metrics", {}, seconds(5));
+  return res ? res.value().body : "";
+}
+
+// aria2c flags for a closed loopback swarm: tracker only, no DHT/LPD/PEX, plain TCP.
+std::vector<std::string> Aria2Argv(const std::string& dir, uint16_t listen_port,
+                                   const std::string& log) {
+  return {"aria2c",
+          "--no-conf=true",
+          "--dir=" + dir,
+          "--enable-dht=false",
+          "--enable-dht6=false",
+          "--bt-enable-lpd=false",
+          "--enable-peer-exchange=false",
+          "--bt-require-crypto=false",
+          "--disable-ipv6=true",
+          "--listen-port=" + std::to_string(listen_port),
+          "--bt-tracker-interval=1",
+          "--bt-tracker-connect-timeout=5",
+          "--bt-tracker-timeout=5",
+          "--file-allocation=none",
+          "--summary-interval=0",
+          "--console-log-level=warn",
+          "--log=" + log,
+          "--log-level=info"};
+}
+
+}  // namespace
+
+TEST_CASE("tracker: aria2c seeds and a second aria2c downloads through the tracker") {
+  TempDir dir("shoal-tracker-aria2");
+  Tracker tracker = StartTracker(dir);
+  std::filesystem::create_directories(dir.Sub("seed"));
+  std::filesystem::create_directories(dir.Sub("leech"));
+  std::string data = RandomBytes(3 * 1024 * 1024 + 12345, 7);
+  WriteFile(dir.Sub("seed/blob.bin"), data);
+  Torrent torrent = MakeTorrent(dir.Sub("seed/blob.bin"), tracker.AnnounceUrl(),
+                                dir.Sub("blob.torrent"));
+
+  // The seeder checks the file it already has, then announces as a seeder, forever.
+  std::vector<std::string> seed_argv =
+      Aria2Argv(dir.Sub("seed"), FreePort(), dir.Sub("seed.aria2.log"));
+  seed_argv.insert(seed_argv.end(), {"--check-integrity=true", "--seed-ratio=0.0", torrent.path});
+  auto seeder = Process::Start(seed_argv, dir.Sub("seed.out"));
+  REQUIRE_MESSAGE(seeder.has_value(), seeder.error().message);
+  bool seeding = WaitUntil(
+      [&] { return !seeder.value()->Running() || Scrape(tracker, torrent.info_hash).complete == 1; },
+      seconds(30), milliseconds(100));
+  REQUIRE_MESSAGE(seeding, "the seeder never announced: " << seeder.value()->LogTail() << "\n"
+                                                          << tracker.process->LogTail());
+  REQUIRE_MESSAGE(seeder.value()->Running(), seeder.value()->LogTail());
+
+  // The leecher knows only the tracker; it exits once the file is complete (no seeding).
+  std::vector<std::string> leech_argv =
+      Aria2Argv(dir.Sub("leech"), FreePort(), dir.Sub("leech.aria2.log"));
+  leech_argv.insert(leech_argv.end(), {"--seed-time=0", "--bt-stop-timeout=60", torrent.path});
+  auto leeched = RunCommand(leech_argv, seconds(120));
+  REQUIRE_MESSAGE(leeched.has_value(), leeched.error().message << "\n"
+                                                               << ReadFile(dir.Sub("leech.aria2.log"))
+                                                                      .substr(0, 20000));
+  CHECK(ReadFile(dir.Sub("leech/blob.bin")) == data);
+
+  // The swarm is on the scrape and the status page; the completed download was counted.
+  Counts counts;
+  bool counted = WaitUntil(
+      [&] {
+        counts = Scrape(tracker, torrent.info_hash);
+        return counts.complete >= 1 && counts.downloaded >= 1;
+      },
+      seconds(10), milliseconds(100));
+  CHECK_MESSAGE(counted, "scrape: complete " << counts.complete << ", incomplete "
+                                              << counts.incomplete << ", downloaded "
+                                              << counts.downloaded);
+  auto page = HttpGet(tracker.base + "/");
+  REQUIRE(page.has_value());
+  std::string hex;
+  for (unsigned char c : torrent.info_hash) {
+    static constexpr char kDigits[] = "0123456789abcdef";
+    hex += kDigits[c >> 4];
+    hex += kDigits[c & 15];
+  }
+  CHECK(page.value().body.find(hex) != std::string::npos);
+  std::string metrics = Metrics(tracker);
+  CHECK(MetricSum(metrics, "shoal_tracker_announces_total", {{"event", "started"}}) >= 2);
+  CHECK(MetricSum(metrics, "shoal_tracker_announces_total", {{"event", "completed"}}) >= 1);
+
+  seeder.value()->Stop();
+  CHECK(tracker.process->Stop() == 0);  // SIGTERM: a clean exit
+}
+
+TEST_CASE("tracker: libtorrent sessions announce, receive each other and transfer a torrent") {
+  TempDir dir("shoal-tracker-lt");
+  Tracker tracker = StartTracker(dir);
+  std::filesystem::create_directories(dir.Sub("seed"));
+  std::filesystem::create_directories(dir.Sub("leech"));
+  std::string data = RandomBytes(2 * 1024 * 1024 + 777, 9);
+  WriteFile(dir.Sub("seed/blob.bin"), data);
+  Torrent torrent = MakeTorrent(dir.Sub("seed/blob.bin"), tracker.AnnounceUrl(),
+                                dir.Sub("blob.torrent"), 256 * 1024);
+
+  // Settings for a private LAN swarm (docs: libtorrent.md): no DHT/LSD/UPnP/NAT-PMP, TCP only,
+  // several sessions on one IP.
+  auto settings = [] {
+    lt::settings_pack s;
+    s.set_bool(lt::settings_pack::enable_dht, false);
+    s.set_bool(lt::settings_pack::enable_lsd, false);
+    s.set_bool(lt::settings_pack::enable_upnp, false);
+    s.set_bool(lt::settings_pack::enable_natpmp, false);
+    s.set_bool(lt::settings_pack::enable_outgoing_utp, false);
+    s.set_bool(lt::settings_pack::enable_incoming_utp, false);
+    s.set_bool(lt::settings_pack::allow_multiple_connections_per_ip, true);
+    s.set_str(lt::settings_pack::listen_interfaces, "127.0.0.1:0");
+    s.set_int(lt::settings_pack::alert_mask, lt::alert_category::error |
+                                                 lt::alert_category::status |
+                                                 lt::alert_category::tracker);
+    return s;
+  };
+  auto add = [&](lt::session& session, const std::string& save_path, bool seed) {
+    lt::add_torrent_params atp;
+    lt::error_code ec;
+    atp.ti = std::make_shared<lt::torrent_info>(lt::span<const char>(torrent.bytes), ec,
+                                                lt::from_span);
+    REQUIRE_MESSAGE(!ec, ec.message());
+    atp.save_path = save_path;
+    atp.flags &= ~(lt::torrent_flags::auto_managed | lt::torrent_flags::paused);
+    if (seed) atp.flags |= lt::torrent_flags::seed_mode;
+    session.add_torrent(std::move(atp), ec);
+    REQUIRE_MESSAGE(!ec, ec.message());
+  };
+
+  lt::session seed_session(lt::session_params(settings()));
+  add(seed_session, dir.Sub("seed"), true);
+  bool seeding = WaitUntil([&] { return Scrape(tracker, torrent.info_hash).complete == 1; },
+                           seconds(30), milliseconds(100));
+  REQUIRE_MESSAGE(seeding, tracker.process->LogTail());
+
+  lt::session leech_session(lt::session_params(settings()));
+  add(leech_session, dir.Sub("leech"), false);
+  bool finished = false;
+  int peers_from_tracker = 0;
+  std::string errors;
+  auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (!finished && std::chrono::steady_clock::now() < deadline) {
+    leech_session.wait_for_alert(milliseconds(200));
+    std::vector<lt::alert*> alerts;
+    leech_session.pop_alerts(&alerts);
+    for (lt::alert* a : alerts) {
+      if (auto* reply = lt::alert_cast<lt::tracker_reply_alert>(a)) {
+        peers_from_tracker = std::max(peers_from_tracker, reply->num_peers);
+      } else if (lt::alert_cast<lt::torrent_finished_alert>(a)) {
+        finished = true;
+      } else if (a->category() & lt::alert_category::error) {
+        errors += a->message() + "\n";
+      }
+    }
+    std::vector<lt::alert*> ignored;
+    seed_session.pop_alerts(&ignored);  // keep the seeder's queue from filling up
+  }
+  REQUIRE_MESSAGE(finished, "download did not finish; errors:\n"
+                                << errors << "tracker:\n"
+                                << tracker.process->LogTail());
+  CHECK(peers_from_tracker == 1);
+  CHECK(ReadFile(dir.Sub("leech/blob.bin")) == data);
+
+  // The leecher's completed event turns it into the swarm's second seeder.
+  Counts counts;
+  bool two_seeders = WaitUntil(
+      [&] {
+        counts = Scrape(tracker, torrent.info_hash);
+        return counts.complete == 2 && counts.incomplete == 0 && counts.downloaded == 1;
+      },
+      seconds(20), milliseconds(100));
+  CHECK_MESSAGE(two_seeders, "scrape: complete " << counts.complete << ", incomplete "
+                                                 << counts.incomplete << ", downloaded "
+                                                 << counts.downloaded);
+}
+
+TEST_CASE("tracker: answers hostile requests with failures, not crashes, and keeps serving") {
+  TempDir dir("shoal-tracker-http");
+  Tracker tracker = StartTracker(dir);
+
+  auto bad = HttpGet(tracker.base + "/announce?info_hash=%zz&peer_id=x&port=1&left=0");
+  REQUIRE(bad.has_value());
+  CHECK(bad.value().status == 200);
+  CHECK(bad.value().body.find("14:failure reason") != std::string::npos);
+  CHECK(bad.value().body.find("bad percent-escape") != std::string::npos);
+
+  auto huge = HttpGet(tracker.base + "/announce?" + std::string(6000, 'a'));
+  REQUIRE(huge.has_value());
+  CHECK(huge.value().body.find("failure reason") != std::string::npos);
+
+  auto headers = HttpGet(tracker.base + "/announce", {{"X-Junk", std::string(20000, 'j')}});
+  CHECK((!headers.has_value() || headers.value().status == 400));
+
+  auto missing = HttpGet(tracker.base + "/nope");
+  REQUIRE(missing.has_value());
+  CHECK(missing.value().status == 404);
+  auto post = HttpRequest("POST", tracker.base + "/announce", {}, "");
+  REQUIRE(post.has_value());
+  CHECK(post.value().status == 405);
+  auto full_scrape = HttpGet(tracker.base + "/scrape");
+  REQUIRE(full_scrape.has_value());
+  CHECK(full_scrape.value().body.find("failure reason") != std::string::npos);
+
+  auto health = HttpGet(tracker.base + "/healthz");
+  REQUIRE(health.has_value());
+  CHECK(health.value().body == "ok\n");
+  std::string metrics = Metrics(tracker);
+  CHECK(MetricSum(metrics, "shoal_tracker_announce_failures_total", {{"reason", "invalid"}}) == 2);
+  CHECK(MetricSum(metrics, "shoal_tracker_http_requests_total", {{"route", "announce"}}) >= 2);
+  CHECK(tracker.process->Running());
+  CHECK(tracker.process->Stop() == 0);
+}
+
+}  // namespace shoal::testkit

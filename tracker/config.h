@@ -1,0 +1,31 @@
+#pragma once
+// The tracker's configuration: every flag has an environment-variable equivalent (SHOAL_*).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace shoal::tracker {
+
+struct TrackerConfig {
+  std::string listen = "0.0.0.0:7070";  // host:port; port 0 picks a free one
+  std::string port_file;                // if set, the bound port is written here
+  int announce_interval_s = 300;        // suits 2,500 nodes; libtorrent's own minimum is 300
+  int min_interval_s = 60;
+  uint32_t default_numwant = 50;
+  uint32_t max_numwant = 200;
+  size_t max_swarms = 200'000;
+  size_t max_peers_per_swarm = 20'000;
+  size_t max_peers = 4'000'000;
+  bool trust_ip_param = false;  // believe the announce's ip= (only behind a trusted proxy)
+  int max_connections = 4096;
+  std::string log_format = "json";
+  std::string log_level = "info";
+};
+
+// Registers every flag (with its SHOAL_* environment variable) on app, writing into config.
+void AddTrackerFlags(CLI::App& app, TrackerConfig& config);
+
+}  // namespace shoal::tracker

@@ -1,0 +1,83 @@
+#include "tracker/metrics.h"
+
+#include <string>
+
+namespace shoal::tracker {
+
+TrackerMetrics TrackerMetrics::Create(prometheus::Registry& registry) {
+  auto& announces = prometheus::BuildCounter()
+                        .Name("shoal_tracker_announces_total")
+                        .Help("Announces accepted, by event (none for periodic announces)")
+                        .Register(registry);
+  auto& failures = prometheus::BuildCounter()
+                       .Name("shoal_tracker_announce_failures_total")
+                       .Help("Announces answered with a failure reason, by why")
+                       .Register(registry);
+  auto& unregistered = prometheus::BuildCounter()
+                           .Name("shoal_tracker_unregistered_peers_total")
+                           .Help("Announces answered with peers but not stored: swarm full")
+                           .Register(registry);
+  auto& scrapes = prometheus::BuildCounter()
+                      .Name("shoal_tracker_scrapes_total")
+                      .Help("Scrape requests answered")
+                      .Register(registry);
+  auto& expired = prometheus::BuildCounter()
+                      .Name("shoal_tracker_expired_peers_total")
+                      .Help("Peers dropped because they stopped announcing")
+                      .Register(registry);
+  auto& requests = prometheus::BuildCounter()
+                       .Name("shoal_tracker_http_requests_total")
+                       .Help("HTTP requests answered, by route and status")
+                       .Register(registry);
+  auto& swarms = prometheus::BuildGauge()
+                     .Name("shoal_tracker_swarms")
+                     .Help("Swarms (info-hashes) with at least one live peer")
+                     .Register(registry);
+  auto& peers = prometheus::BuildGauge()
+                    .Name("shoal_tracker_peers")
+                    .Help("Live peers over all swarms")
+                    .Register(registry);
+  auto& seeders = prometheus::BuildGauge()
+                      .Name("shoal_tracker_seeders")
+                      .Help("Live seeders over all swarms")
+                      .Register(registry);
+  auto& connections = prometheus::BuildGauge()
+                          .Name("shoal_tracker_http_connections")
+                          .Help("Open HTTP connections")
+                          .Register(registry);
+  TrackerMetrics m{
+      {},
+      failures.Add({{"reason", "invalid"}}),
+      failures.Add({{"reason", "full"}}),
+      unregistered.Add({}),
+      scrapes.Add({}),
+      expired.Add({}),
+      requests,
+      swarms.Add({}),
+      peers.Add({}),
+      seeders.Add({}),
+      connections.Add({}),
+  };
+  for (AnnounceEvent e : {AnnounceEvent::kNone, AnnounceEvent::kStarted, AnnounceEvent::kCompleted,
+                          AnnounceEvent::kStopped, AnnounceEvent::kPaused}) {
+    m.announces[static_cast<size_t>(e)] =
+        &announces.Add({{"event", std::string(AnnounceEventName(e))}});
+  }
+  return m;
+}
+
+void TrackerMetrics::CountAnnounce(AnnounceEvent event) {
+  announces[static_cast<size_t>(event)]->Increment();
+}
+
+void TrackerMetrics::CountRequest(std::string_view route, unsigned status) {
+  requests.Add({{"route", std::string(route)}, {"code", std::to_string(status)}}).Increment();
+}
+
+void TrackerMetrics::SetTotals(const SwarmTotals& totals) {
+  swarms.Set(static_cast<double>(totals.swarms));
+  peers.Set(static_cast<double>(totals.peers));
+  seeders.Set(static_cast<double>(totals.seeders));
+}
+
+}  // namespace shoal::tracker

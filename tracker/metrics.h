@@ -1,0 +1,41 @@
+#pragma once
+// Prometheus metrics of the tracker, registered on the process's registry.
+
+#include <array>
+#include <string_view>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include "tracker/announce.h"
+#include "tracker/swarm_table.h"
+
+namespace shoal::tracker {
+
+// References into a prometheus::Registry that outlives this struct. Thread-safe (atomics).
+struct TrackerMetrics {
+  std::array<prometheus::Counter*, 5> announces;  // shoal_tracker_announces_total{event}
+  prometheus::Counter& rejected_invalid;  // shoal_tracker_announce_failures_total{reason=invalid}
+  prometheus::Counter& rejected_full;     // ...{reason=full}
+  prometheus::Counter& unregistered;      // shoal_tracker_unregistered_peers_total (swarm full)
+  prometheus::Counter& scrapes;           // shoal_tracker_scrapes_total
+  prometheus::Counter& expired_peers;     // shoal_tracker_expired_peers_total
+  prometheus::Family<prometheus::Counter>& requests;  // shoal_tracker_http_requests_total
+  prometheus::Gauge& swarms;                          // shoal_tracker_swarms
+  prometheus::Gauge& peers;                           // shoal_tracker_peers
+  prometheus::Gauge& seeders;                         // shoal_tracker_seeders
+  prometheus::Gauge& connections;                     // shoal_tracker_http_connections
+
+  // Registers the families on registry.
+  static TrackerMetrics Create(prometheus::Registry& registry);
+  // Counts one accepted announce by its event.
+  void CountAnnounce(AnnounceEvent event);
+  // Counts one answered HTTP request by route name and status.
+  void CountRequest(std::string_view route, unsigned status);
+  // Sets the swarm/peer/seeder gauges.
+  void SetTotals(const SwarmTotals& totals);
+};
+
+}  // namespace shoal::tracker

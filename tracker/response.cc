@@ -1,0 +1,45 @@
+#include "tracker/response.h"
+
+#include "lib/swarm/bencode.h"
+
+namespace shoal::tracker {
+
+using swarm::Bencode;
+
+std::string EncodeAnnounceReply(const AnnounceReply& reply, std::chrono::seconds interval,
+                                std::chrono::seconds min_interval, std::string_view warning) {
+  std::string peers, peers6;
+  for (const PeerEndpoint& ep : reply.peers) ep.AppendCompact(ep.is_v6() ? peers6 : peers);
+  Bencode dict = Bencode::Dict();
+  dict.Set("interval", static_cast<int64_t>(interval.count()))
+      .Set("min interval", static_cast<int64_t>(min_interval.count()))
+      .Set("complete", static_cast<int64_t>(reply.counts.complete))
+      .Set("incomplete", static_cast<int64_t>(reply.counts.incomplete))
+      .Set("downloaded", static_cast<int64_t>(reply.counts.downloaded))
+      .Set("peers", std::string_view(peers));
+  if (!peers6.empty()) dict.Set("peers6", std::string_view(peers6));
+  if (!warning.empty()) dict.Set("warning message", warning);
+  return dict.Encode();
+}
+
+std::string EncodeFailure(std::string_view reason) {
+  Bencode dict = Bencode::Dict();
+  dict.Set("failure reason", reason);
+  return dict.Encode();
+}
+
+std::string EncodeScrapeReply(const std::vector<std::pair<InfoHash, SwarmCounts>>& files) {
+  Bencode by_hash = Bencode::Dict();
+  for (const auto& [info_hash, counts] : files) {
+    Bencode file = Bencode::Dict();
+    file.Set("complete", static_cast<int64_t>(counts.complete))
+        .Set("incomplete", static_cast<int64_t>(counts.incomplete))
+        .Set("downloaded", static_cast<int64_t>(counts.downloaded));
+    by_hash.Set(info_hash.bytes(), std::move(file));
+  }
+  Bencode dict = Bencode::Dict();
+  dict.Set("files", std::move(by_hash));
+  return dict.Encode();
+}
+
+}  // namespace shoal::tracker

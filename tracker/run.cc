@@ -1,0 +1,142 @@
+#include "tracker/run.h"
+
+#include <utility>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <spdlog/spdlog.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "lib/core/error.h"
+#include "lib/core/log.h"
+#include "tracker/server.h"
+#include "tracker/service.h"
+
+namespace shoal::tracker {
+namespace asio = boost::asio;
+
+namespace {
+
+Result<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& listen) {
+  auto colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    return MakeError(ErrorCode::kInvalidArgument, "--listen \"" + listen + "\" must be HOST:PORT");
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  try {
+    size_t used = 0;
+    int port = std::stoi(listen.substr(colon + 1), &used);
+    if (used != listen.size() - colon - 1 || port < 0 || port > 65535)
+      throw std::out_of_range("port");
+    return std::make_pair(host, static_cast<uint16_t>(port));
+  } catch (const std::exception&) {
+    return MakeError(ErrorCode::kInvalidArgument, "--listen \"" + listen + "\" has a bad port");
+  }
+}
+
+Status WritePortFile(const std::string& path, uint16_t port) {
+  // Written then renamed, so a test polling the file never reads a partial number.
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << port << "\n";
+    if (!out.flush()) return MakeError(ErrorCode::kIo, "cannot write port file " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return MakeError(ErrorCode::kIo, "cannot rename " + tmp + " to " + path);
+  return Ok();
+}
+
+}  // namespace
+
+int RunTracker(const TrackerConfig& config) {
+  InitLogging(config.log_format, config.log_level, "shoal-tracker");
+  auto fail = [](const Error& e) {
+    spdlog::critical("startup failed: {}", e.ToString());
+    return 1;
+  };
+  auto listen = SplitHostPort(config.listen);
+  if (!listen) return fail(listen.error());
+
+  ServiceOptions options;
+  options.announce_interval = std::chrono::seconds(config.announce_interval_s);
+  options.min_interval = std::chrono::seconds(std::min(config.min_interval_s,
+                                                       config.announce_interval_s));
+  options.trust_ip_param = config.trust_ip_param;
+  options.table.max_numwant = config.max_numwant;
+  options.table.default_numwant = std::min(config.default_numwant, config.max_numwant);
+  options.table.limits.max_swarms = config.max_swarms;
+  options.table.limits.max_peers_per_swarm = config.max_peers_per_swarm;
+  options.table.limits.max_peers = config.max_peers;
+
+  asio::io_context ioc(1);
+  prometheus::Registry registry;
+  TrackerService service(options, registry);
+  ServerOptions server_options;
+  server_options.max_connections = config.max_connections;
+  Server server(ioc, service, server_options);
+  server.SetMetricsHandler(
+      [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
+  auto port = server.Listen(listen.value().first, listen.value().second);
+  if (!port) return fail(port.error());
+  if (!config.port_file.empty()) {
+    Status written = WritePortFile(config.port_file, port.value());
+    if (!written) return fail(written.error());
+  }
+  server.Start();
+  spdlog::info(
+      "tracker listening on {}:{}; announce interval {} s, min interval {} s, peer ttl {} s",
+      listen.value().first, port.value(), options.announce_interval.count(),
+      options.min_interval.count(), service.table().options().peer_ttl.count());
+
+  // Upkeep: drop silent peers. A tenth of the TTL keeps the overshoot small and the cost low
+  // (one pass over the peers).
+  asio::steady_timer sweep(ioc);
+  auto sweep_period = std::max(std::chrono::seconds(1), service.table().options().peer_ttl / 10);
+  std::function<void()> schedule_sweep = [&] {
+    sweep.expires_after(sweep_period);
+    sweep.async_wait([&](boost::system::error_code ec) {
+      if (ec) return;
+      service.Sweep(TrackerClock::now());
+      schedule_sweep();
+    });
+  };
+  schedule_sweep();
+
+  // Graceful shutdown: stop accepting, give open requests a bounded time, then stop.
+  asio::signal_set signals(ioc, SIGINT, SIGTERM);
+  asio::steady_timer drain(ioc);
+  std::function<void()> drain_check;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  drain_check = [&] {
+    if (server.active_connections() == 0 || std::chrono::steady_clock::now() >= deadline) {
+      ioc.stop();
+      return;
+    }
+    drain.expires_after(std::chrono::milliseconds(50));
+    drain.async_wait([&](boost::system::error_code) { drain_check(); });
+  };
+  signals.async_wait([&](boost::system::error_code ec, int sig) {
+    if (ec) return;
+    spdlog::info("signal {}: shutting down", sig);
+    server.Stop();
+    sweep.cancel();
+    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    drain_check();
+  });
+  ioc.run();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace shoal::tracker

@@ -1,0 +1,246 @@
+#include "tracker/server.h"
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+namespace shoal::tracker {
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using asio::awaitable;
+using asio::use_awaitable;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+// Announce queries are ~300 bytes; nothing legitimate needs large headers.
+constexpr uint32_t kHeaderLimit = 8 * 1024;
+constexpr char kServerName[] = "shoal-tracker";
+
+using Request = http::request<http::empty_body>;
+using StringResponse = http::response<http::string_body>;
+
+enum class Route { kAnnounce, kScrape, kMetrics, kHealth, kStatus, kNotFound };
+
+std::string_view RouteName(Route route) {
+  switch (route) {
+    case Route::kAnnounce:
+      return "announce";
+    case Route::kScrape:
+      return "scrape";
+    case Route::kMetrics:
+      return "metrics";
+    case Route::kHealth:
+      return "health";
+    case Route::kStatus:
+      return "status";
+    case Route::kNotFound:
+      return "other";
+  }
+  return "other";
+}
+
+Route RouteOf(std::string_view path) {
+  if (path == "/announce") return Route::kAnnounce;
+  if (path == "/scrape") return Route::kScrape;
+  if (path == "/metrics") return Route::kMetrics;
+  if (path == "/healthz") return Route::kHealth;
+  if (path == "/") return Route::kStatus;
+  return Route::kNotFound;
+}
+
+StringResponse MakeResponse(unsigned version, bool keep_alive, http::status status,
+                            std::string body, std::string_view content_type) {
+  StringResponse res{status, version};
+  res.set(http::field::server, kServerName);
+  res.set(http::field::content_type, content_type);
+  res.set(http::field::cache_control, "no-store");
+  res.keep_alive(keep_alive);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  return res;
+}
+
+// A connection being served. Responses are built in named variables before being passed to
+// co_await: GCC 12 can destroy temporaries of a co_await expression twice (seen as double
+// frees in the registry shim), so no co_await here takes a non-trivial temporary.
+class Connection {
+ public:
+  Connection(tcp::socket socket, TrackerService& service, const ServerOptions& options,
+             const std::function<std::string()>& metrics_text)
+      : stream_(std::move(socket)),
+        service_(service),
+        options_(options),
+        metrics_text_(metrics_text) {
+    beast::error_code ec;
+    remote_ = stream_.socket().remote_endpoint(ec);
+  }
+
+  awaitable<void> Run() {
+    beast::flat_buffer buffer;
+    for (;;) {
+      http::request_parser<http::empty_body> parser;
+      parser.header_limit(kHeaderLimit);
+      beast::error_code ec;
+      stream_.expires_after(options_.idle_timeout);
+      co_await http::async_read(stream_, buffer, parser, asio::redirect_error(use_awaitable, ec));
+      if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+          ec == beast::error::timeout || ec == asio::error::connection_reset) {
+        break;
+      }
+      if (ec) {
+        std::string body = "malformed HTTP request: " + ec.message() + "\n";
+        StringResponse res =
+            MakeResponse(11, false, http::status::bad_request, std::move(body), "text/plain");
+        service_.metrics().CountRequest("other", res.result_int());
+        co_await Write(std::move(res));
+        break;
+      }
+      Request req = parser.release();
+      stream_.expires_never();
+      StringResponse res = Dispatch(req);
+      bool keep = req.keep_alive() && res.keep_alive();
+      bool written = co_await Write(std::move(res));
+      if (!written || !keep) break;
+    }
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  }
+
+ private:
+  awaitable<bool> Write(StringResponse res) {
+    beast::error_code ec;
+    stream_.expires_after(options_.write_timeout);
+    co_await http::async_write(stream_, res, asio::redirect_error(use_awaitable, ec));
+    stream_.expires_never();
+    co_return !ec;
+  }
+
+  // Every route is answered synchronously today; routes that wait (lease long-polls) will make
+  // this a coroutine.
+  StringResponse Dispatch(const Request& req) {
+    std::string_view target = req.target();
+    size_t q = target.find('?');
+    std::string_view path = target.substr(0, q);
+    std::string_view query = q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
+    Route route = RouteOf(path);
+    StringResponse res = Answer(req, route, query);
+    if (req.method() == http::verb::head) {
+      size_t size = res.body().size();
+      res.body().clear();
+      res.content_length(size);
+    }
+    service_.metrics().CountRequest(RouteName(route), res.result_int());
+    return res;
+  }
+
+  StringResponse Answer(const Request& req, Route route, std::string_view query) {
+    unsigned v = req.version();
+    bool keep = req.keep_alive();
+    if (req.method() != http::verb::get && req.method() != http::verb::head) {
+      StringResponse res = MakeResponse(
+          v, keep, http::status::method_not_allowed,
+          std::string(req.method_string()) + " is not supported; use GET\n", "text/plain");
+      res.set(http::field::allow, "GET, HEAD");
+      return res;
+    }
+    switch (route) {
+      case Route::kAnnounce:
+        return MakeResponse(v, keep, http::status::ok,
+                            service_.Announce(query, remote_.address(), TrackerClock::now()),
+                            "text/plain");
+      case Route::kScrape:
+        return MakeResponse(v, keep, http::status::ok, service_.Scrape(query), "text/plain");
+      case Route::kMetrics:
+        service_.UpdateGauges();
+        return MakeResponse(v, keep, http::status::ok, metrics_text_ ? metrics_text_() : "",
+                            "text/plain; version=0.0.4");
+      case Route::kHealth:
+        return MakeResponse(v, keep, http::status::ok, "ok\n", "text/plain");
+      case Route::kStatus:
+        return MakeResponse(v, keep, http::status::ok, service_.StatusPage(),
+                            "text/plain; charset=utf-8");
+      case Route::kNotFound:
+        break;
+    }
+    std::string shown(req.target().substr(0, 200));
+    return MakeResponse(v, keep, http::status::not_found, "no such endpoint: " + shown + "\n",
+                        "text/plain");
+  }
+
+  beast::tcp_stream stream_;
+  TrackerService& service_;
+  const ServerOptions& options_;
+  const std::function<std::string()>& metrics_text_;
+  tcp::endpoint remote_;
+};
+
+}  // namespace
+
+Server::Server(asio::io_context& ioc, TrackerService& service, ServerOptions options)
+    : ioc_(ioc), service_(service), options_(std::move(options)), acceptor_(ioc) {}
+
+Result<uint16_t> Server::Listen(const std::string& address, uint16_t port) {
+  beast::error_code ec;
+  auto addr = asio::ip::make_address(address, ec);
+  if (ec) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "listen address \"" + address + "\": " + ec.message());
+  }
+  tcp::endpoint ep(addr, port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return MakeError(ErrorCode::kIo,
+                     "listen on " + address + ":" + std::to_string(port) + ": " + ec.message());
+  }
+  return acceptor_.local_endpoint().port();
+}
+
+void Server::Start() { asio::co_spawn(ioc_, AcceptLoop(), asio::detached); }
+
+void Server::Stop() {
+  beast::error_code ec;
+  acceptor_.close(ec);
+}
+
+awaitable<void> Server::AcceptLoop() {
+  for (;;) {
+    beast::error_code ec;
+    tcp::socket socket = co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+    if (ec) {
+      spdlog::warn("accept failed: {}", ec.message());
+      continue;
+    }
+    if (active_ >= options_.max_connections) {
+      // Shedding is cheaper than queueing: the client retries at its next announce.
+      socket.close(ec);
+      continue;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    asio::co_spawn(ioc_, Session(std::move(socket)), asio::detached);
+  }
+}
+
+awaitable<void> Server::Session(tcp::socket socket) {
+  ++active_;
+  service_.metrics().connections.Set(active_);
+  Connection conn(std::move(socket), service_, options_, metrics_text_);
+  try {
+    co_await conn.Run();
+  } catch (const std::exception& e) {
+    spdlog::error("connection failed: {}", e.what());
+  }
+  --active_;
+  service_.metrics().connections.Set(active_);
+}
+
+}  // namespace shoal::tracker

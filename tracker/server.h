@@ -1,0 +1,61 @@
+#pragma once
+// The tracker's HTTP server on Boost.Beast, one coroutine per connection: GET /announce,
+// /scrape (BitTorrent), /metrics (Prometheus), /healthz and / (status page). Routes for chunk
+// tables and leases will be added to the dispatch in server.cc.
+
+#include <utility>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "lib/core/error.h"
+#include "tracker/service.h"
+
+namespace shoal::tracker {
+
+struct ServerOptions {
+  // A connection idle this long between requests (or this slow to send one) is closed.
+  std::chrono::seconds idle_timeout{30};
+  // A response the client does not take within this long is dropped.
+  std::chrono::seconds write_timeout{30};
+  // Connections beyond this many are closed as soon as they are accepted.
+  int max_connections = 4096;
+};
+
+// Lives on one io_context; all methods must be called on that context's (single) thread.
+class Server {
+ public:
+  // service must outlive the server.
+  Server(boost::asio::io_context& ioc, TrackerService& service, ServerOptions options);
+
+  // Binds address:port (port 0 picks a free one) and returns the bound port. Errors:
+  // kInvalidArgument for a bad address, kIo when binding fails.
+  Result<uint16_t> Listen(const std::string& address, uint16_t port);
+  // Starts accepting connections.
+  void Start();
+  // Stops accepting; open connections finish their current request.
+  void Stop();
+  // Connections currently open.
+  int active_connections() const { return active_; }
+  // Provides the /metrics body (Prometheus text format); called after the gauges are refreshed.
+  void SetMetricsHandler(std::function<std::string()> handler) { metrics_text_ = std::move(handler); }
+
+ private:
+  boost::asio::awaitable<void> AcceptLoop();
+  boost::asio::awaitable<void> Session(boost::asio::ip::tcp::socket socket);
+
+  boost::asio::io_context& ioc_;
+  TrackerService& service_;
+  ServerOptions options_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::function<std::string()> metrics_text_;
+  int active_ = 0;
+};
+
+}  // namespace shoal::tracker

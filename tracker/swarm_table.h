@@ -1,0 +1,134 @@
+#pragma once
+// The tracker's soft state: for each info-hash, the peers that announced it recently, keyed by
+// (IP, port), split into seeders and leechers. Rebuilt from announces after a restart; nothing
+// is persisted.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include "lib/core/error.h"
+#include "tracker/announce.h"
+#include "tracker/ids.h"
+
+namespace shoal::tracker {
+
+// Time as seen by the table. Callers pass "now" into every call, so tests control time.
+using TrackerClock = std::chrono::steady_clock;
+using TimePoint = TrackerClock::time_point;
+
+// Memory bounds. A peer costs roughly 100-150 bytes, a swarm about 200 bytes plus its peers.
+struct SwarmLimits {
+  size_t max_swarms = 200'000;
+  size_t max_peers_per_swarm = 20'000;
+  size_t max_peers = 4'000'000;  // over all swarms
+};
+
+struct SwarmTableOptions {
+  // A peer not heard from for this long is dropped: two announce intervals (with their jitter)
+  // plus slack, so one lost announce does not drop it.
+  std::chrono::seconds peer_ttl{2 * 330 + 60};
+  // Peers returned when the client does not say (numwant absent), and the most ever returned.
+  uint32_t default_numwant = 50;
+  uint32_t max_numwant = 200;
+  // How much more likely a given seeder is to be listed to a leecher than a given leecher. With
+  // few seeders and many leechers, each leecher still gets a seeder only with probability about
+  // numwant * weight / swarm size, so one seeder is not handed to every leecher at once.
+  double seeder_weight = 4.0;
+  SwarmLimits limits;
+};
+
+// Scrape counts of one swarm (BEP 48 names).
+struct SwarmCounts {
+  uint32_t complete = 0;    // seeders
+  uint32_t incomplete = 0;  // leechers (including paused, upload-only peers)
+  uint64_t downloaded = 0;  // completed events seen since the swarm appeared here
+};
+
+// What an announce gets back.
+struct AnnounceReply {
+  std::vector<PeerEndpoint> peers;  // never includes the announcing peer itself
+  SwarmCounts counts;               // after this announce was applied
+  bool registered = true;           // false when the swarm was full and the peer was not stored
+};
+
+// Totals over all swarms, kept up to date incrementally (O(1) to read).
+struct SwarmTotals {
+  size_t swarms = 0;
+  size_t peers = 0;
+  size_t seeders = 0;
+};
+
+// One line of the status page.
+struct SwarmSummary {
+  InfoHash info_hash;
+  SwarmCounts counts;
+};
+
+// Not thread-safe: the tracker calls it only from its single io_context thread.
+class SwarmTable {
+ public:
+  // seed feeds the peer-selection random generator (tests pass a fixed one).
+  explicit SwarmTable(SwarmTableOptions options, uint64_t seed = std::random_device{}());
+
+  // Applies one announce from the peer at `from` (the request's source address with the
+  // announced port) and selects peers for it. `stopped` removes the peer and returns no peers.
+  // A leecher gets a random mix of seeders (weighted by seeder_weight) and leechers; a seeder
+  // or a paused (upload-only) peer gets leechers only. At most min(numwant, max_numwant) peers.
+  // Errors: kUnavailable when a new swarm would exceed max_swarms (or max_peers).
+  Result<AnnounceReply> Announce(const AnnounceRequest& request, const PeerEndpoint& from,
+                                 TimePoint now);
+  // Counts for scrape; all zero for an unknown info-hash.
+  SwarmCounts Counts(const InfoHash& info_hash) const;
+  // Drops every peer silent for longer than peer_ttl, and swarms left empty. Returns how many
+  // peers were dropped. O(peers); the server runs it periodically.
+  size_t Sweep(TimePoint now);
+  // Totals over all swarms.
+  SwarmTotals totals() const { return totals_; }
+  // Up to `limit` swarms with the most peers, largest first (for the status page).
+  std::vector<SwarmSummary> Largest(size_t limit) const;
+  const SwarmTableOptions& options() const { return options_; }
+
+ private:
+  struct Peer {
+    PeerEndpoint endpoint;
+    PeerId peer_id;
+    TimePoint last_seen;
+    bool upload_only = false;  // announced `paused`: wants no more data
+  };
+  // Where a peer is: seeders_ or leechers_ of its swarm, at index pos.
+  struct Slot {
+    bool seeder = false;
+    uint32_t pos = 0;
+  };
+  struct Swarm {
+    std::vector<Peer> seeders;
+    std::vector<Peer> leechers;
+    std::unordered_map<PeerEndpoint, Slot> index;
+    uint64_t downloaded = 0;
+    size_t size() const { return seeders.size() + leechers.size(); }
+  };
+
+  void Insert(Swarm& swarm, Peer peer, bool seeder);
+  // Removes the peer at slot by swapping the last one into its place; returns the removed peer.
+  Peer Remove(Swarm& swarm, Slot slot);
+  size_t SweepSwarm(Swarm& swarm, TimePoint now);
+  // Appends up to k distinct random peers of `from` to out, skipping index `skip` (or none if
+  // skip >= from.size()). O(k) expected.
+  void Sample(const std::vector<Peer>& from, size_t k, size_t skip, std::vector<PeerEndpoint>& out);
+  // Picks peers for the peer at `self` (absent when it could not be stored).
+  std::vector<PeerEndpoint> SelectPeers(const Swarm& swarm, const std::optional<Slot>& self,
+                                        bool leechers_only, uint32_t numwant);
+  static SwarmCounts CountsOf(const Swarm& swarm);
+
+  SwarmTableOptions options_;
+  std::mt19937_64 rng_;
+  std::unordered_map<InfoHash, Swarm> swarms_;
+  SwarmTotals totals_;
+};
+
+}  // namespace shoal::tracker
