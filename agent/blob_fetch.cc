@@ -174,6 +174,11 @@ void BlobFetch::Verify() {
     return;
   }
   hashing_ = true;  // no further hashing; keeps MaybeHash idle while committing
+  // The bytes are proven: release the last byte now rather than after fsync + rename (measured:
+  // the fsync alone held clients 0.6-2 s per GiB). The fetch stays in the in-flight map until
+  // the commit is done, so no second fetch can start in between.
+  verified_ = true;
+  notifier_.NotifyAll();
   asio::post(pool_, [self = shared_from_this()] {
     Status st = self->writer_->Commit();
     asio::post(self->ioc_, [self, st] {
@@ -210,7 +215,7 @@ void BlobFetch::Fail(Error error) {
 }
 
 uint64_t BlobFetch::SafeEnd() const {
-  if (complete_) return size_;
+  if (complete_ || verified_) return size_;
   // Withhold the final byte until the digest has matched.
   return contiguous_ >= size_ ? (size_ == 0 ? 0 : size_ - 1) : contiguous_;
 }
@@ -220,7 +225,7 @@ awaitable<Result<uint64_t>> BlobFetch::WaitReadable(uint64_t offset) {
   for (;;) {
     if (error_) co_return *error_;
     uint64_t end = SafeEnd();
-    if (complete_ || end > offset) co_return end;
+    if (complete_ || verified_ || end > offset) co_return end;
     co_await notifier_.Wait();
   }
 }

@@ -5,7 +5,8 @@
 // A hasher on the thread pool follows the contiguous prefix; when it reaches the end the digest
 // is checked, then the file is fsynced and renamed into the store. Readers may send any byte of
 // the contiguous prefix except the blob's last byte, which is released only after the digest
-// matched: a client can never receive a complete body whose content is wrong.
+// matched (before the fsync + rename): a client never receives a complete body whose content is
+// wrong.
 
 #include <utility>
 
@@ -100,6 +101,7 @@ class BlobFetch : public std::enable_shared_from_this<BlobFetch> {
   uint64_t notified_at_ = 0;  // contiguous_ when readers were last woken
   uint64_t hashed_ = 0;
   bool hashing_ = false;
+  bool verified_ = false;  // the digest matched; all bytes may be sent (commit may be pending)
   bool complete_ = false;
   std::optional<Error> error_;
   Sha256 sha_;

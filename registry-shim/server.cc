@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -32,7 +33,9 @@ namespace {
 
 constexpr char kApiVersionHeader[] = "Docker-Distribution-API-Version";
 constexpr char kApiVersion[] = "registry/2.0";
-constexpr uint64_t kSendfileChunk = 4 << 20;
+// Bytes per sendfile call. The network thread yields after each call so that one fast client
+// cannot keep the others waiting (like nginx's sendfile_max_chunk); measured with 8 clients.
+constexpr uint64_t kSendfileChunk = 1 << 20;
 
 using Request = http::request<http::empty_body>;
 using StringResponse = http::response<http::string_body>;
@@ -336,6 +339,8 @@ class Connection {
         ssize_t n = ::sendfile(sock.native_handle(), reader.fd(), &offset, want);
         if (n > 0) {
           metrics_.CountBlobBytes(reader.source(), static_cast<uint64_t>(n));
+          auto ex = sock.get_executor();
+          co_await asio::post(ex, use_awaitable);
           continue;
         }
         if (n < 0 && errno == EINTR) continue;
