@@ -38,8 +38,8 @@ Result<std::vector<Param>> SplitQuery(std::string_view query, std::string_view w
     query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
     if (part.empty()) continue;
     if (params.size() == kMaxQueryParams) {
-      return Invalid(std::string(what) + " query has more than " +
-                     std::to_string(kMaxQueryParams) + " parameters");
+      return Invalid(std::string(what) + " query has more than " + std::to_string(kMaxQueryParams) +
+                     " parameters");
     }
     size_t eq = part.find('=');
     if (eq == std::string_view::npos) {

@@ -19,7 +19,8 @@ PeerEndpoint PeerEndpoint::FromV4(const std::array<uint8_t, 4>& ip, uint16_t por
 }
 
 PeerEndpoint PeerEndpoint::FromV6(const std::array<uint8_t, 16>& ip, uint16_t port) {
-  static constexpr std::array<uint8_t, 12> kMappedPrefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  static constexpr std::array<uint8_t, 12> kMappedPrefix = {0, 0, 0, 0, 0,    0,
+                                                            0, 0, 0, 0, 0xff, 0xff};
   if (std::equal(kMappedPrefix.begin(), kMappedPrefix.end(), ip.begin())) {
     return FromV4({ip[12], ip[13], ip[14], ip[15]}, port);
   }

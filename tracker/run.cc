@@ -70,8 +70,8 @@ int RunTracker(const TrackerConfig& config) {
 
   ServiceOptions options;
   options.announce_interval = std::chrono::seconds(config.announce_interval_s);
-  options.min_interval = std::chrono::seconds(std::min(config.min_interval_s,
-                                                       config.announce_interval_s));
+  options.min_interval =
+      std::chrono::seconds(std::min(config.min_interval_s, config.announce_interval_s));
   options.trust_ip_param = config.trust_ip_param;
   options.table.max_numwant = config.max_numwant;
   options.table.default_numwant = std::min(config.default_numwant, config.max_numwant);

@@ -127,7 +127,8 @@ class Connection {
     std::string_view target = req.target();
     size_t q = target.find('?');
     std::string_view path = target.substr(0, q);
-    std::string_view query = q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
+    std::string_view query =
+        q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
     Route route = RouteOf(path);
     StringResponse res = Answer(req, route, query);
     if (req.method() == http::verb::head) {

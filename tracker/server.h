@@ -44,7 +44,9 @@ class Server {
   // Connections currently open.
   int active_connections() const { return active_; }
   // Provides the /metrics body (Prometheus text format); called after the gauges are refreshed.
-  void SetMetricsHandler(std::function<std::string()> handler) { metrics_text_ = std::move(handler); }
+  void SetMetricsHandler(std::function<std::string()> handler) {
+    metrics_text_ = std::move(handler);
+  }
 
  private:
   boost::asio::awaitable<void> AcceptLoop();

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -28,9 +27,9 @@ ServiceOptions TrackerService::WithPeerTtl(ServiceOptions options) {
 }
 
 std::chrono::seconds PeerTtl(std::chrono::seconds announce_interval, double interval_jitter) {
-  auto longest = announce_interval.count() +
-                 static_cast<int64_t>(
-                     std::ceil(announce_interval.count() * std::max(0.0, interval_jitter)));
+  auto longest =
+      announce_interval.count() +
+      static_cast<int64_t>(std::ceil(announce_interval.count() * std::max(0.0, interval_jitter)));
   return std::chrono::seconds(2 * longest + 60);
 }
 
@@ -41,8 +40,8 @@ TrackerService::TrackerService(ServiceOptions options, prometheus::Registry& reg
       metrics_(TrackerMetrics::Create(registry)),
       jitter_rng_(static_cast<std::minstd_rand::result_type>(seed ^ 0x9e3779b97f4a7c15ULL)) {}
 
-std::string TrackerService::Announce(std::string_view query,
-                                     const boost::asio::ip::address& remote, TimePoint now) {
+std::string TrackerService::Announce(std::string_view query, const boost::asio::ip::address& remote,
+                                     TimePoint now) {
   auto request = ParseAnnounceQuery(query);
   if (!request) {
     metrics_.rejected_invalid.Increment();
@@ -74,12 +73,13 @@ std::string TrackerService::Announce(std::string_view query,
   }
   auto jitter_max = static_cast<int64_t>(options_.announce_interval.count() *
                                          std::max(0.0, options_.interval_jitter));
-  auto interval = options_.announce_interval +
-                  std::chrono::seconds(jitter_max > 0 ? std::uniform_int_distribution<int64_t>(
-                                                            0, jitter_max)(jitter_rng_)
-                                                      : 0);
+  auto interval =
+      options_.announce_interval +
+      std::chrono::seconds(
+          jitter_max > 0 ? std::uniform_int_distribution<int64_t>(0, jitter_max)(jitter_rng_) : 0);
   spdlog::debug("announce {} {} from {}: left {}, {} peers returned", req.info_hash.hex(),
-                AnnounceEventName(req.event), from.ToString(), req.left, reply.value().peers.size());
+                AnnounceEventName(req.event), from.ToString(), req.left,
+                reply.value().peers.size());
   return EncodeAnnounceReply(reply.value(), interval, options_.min_interval, warning);
 }
 
@@ -97,18 +97,17 @@ std::string TrackerService::StatusPage() const {
   SwarmTotals totals = table_.totals();
   std::string out;
   out += "shoal-tracker\n\n";
-  out += fmt::format("swarms {}, peers {} (seeders {}, leechers {})\n", totals.swarms,
-                     totals.peers, totals.seeders, totals.peers - totals.seeders);
+  out += fmt::format("swarms {}, peers {} (seeders {}, leechers {})\n", totals.swarms, totals.peers,
+                     totals.seeders, totals.peers - totals.seeders);
   out += fmt::format(
       "announce interval {} s (+ up to {:.0f}% jitter), min interval {} s, peer ttl {} s, "
       "numwant {} (max {})\n",
       options_.announce_interval.count(), options_.interval_jitter * 100,
       options_.min_interval.count(), table_.options().peer_ttl.count(),
       table_.options().default_numwant, table_.options().max_numwant);
-  out += fmt::format("limits: {} swarms, {} peers per swarm, {} peers\n\n",
-                     table_.options().limits.max_swarms,
-                     table_.options().limits.max_peers_per_swarm,
-                     table_.options().limits.max_peers);
+  out += fmt::format(
+      "limits: {} swarms, {} peers per swarm, {} peers\n\n", table_.options().limits.max_swarms,
+      table_.options().limits.max_peers_per_swarm, table_.options().limits.max_peers);
   auto largest = table_.Largest(kStatusPageSwarms);
   out += fmt::format("{:<40}  {:>9}  {:>10}  {:>10}\n", "info_hash", "complete", "incomplete",
                      "downloaded");

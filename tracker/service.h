@@ -11,8 +11,8 @@
 #include <string>
 #include <string_view>
 
-#include <boost/asio/ip/address.hpp>
 #include <prometheus/registry.h>
+#include <boost/asio/ip/address.hpp>
 
 #include "tracker/metrics.h"
 #include "tracker/swarm_table.h"

@@ -20,15 +20,19 @@ SwarmTable::SwarmTable(SwarmTableOptions options, uint64_t seed)
   if (!(options_.seeder_weight > 0)) options_.seeder_weight = 1.0;
 }
 
-Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request,
-                                           const PeerEndpoint& from, TimePoint now) {
+Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const PeerEndpoint& from,
+                                           TimePoint now) {
   AnnounceReply reply;
   auto it = swarms_.find(request.info_hash);
 
   if (request.event == AnnounceEvent::kStopped) {
     if (it == swarms_.end()) return reply;
     Swarm& swarm = it->second;
-    if (auto idx = swarm.index.find(from); idx != swarm.index.end()) Remove(swarm, idx->second);
+    if (auto idx = swarm.index.find(from); idx != swarm.index.end()) {
+      // Clients that stop right after finishing (aria2c --seed-time=0) never send `completed`.
+      if (!idx->second.seeder && request.left == 0) ++swarm.downloaded;
+      Remove(swarm, idx->second);
+    }
     reply.counts = CountsOf(swarm);
     if (swarm.size() == 0) {
       swarms_.erase(it);
@@ -55,9 +59,11 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request,
   const bool seeder = request.left == 0;
   bool was_seeder = false;
   bool upload_only = false;
+  auto found = swarm.index.find(from);
+  const bool known = found != swarm.index.end();
 
-  if (auto idx = swarm.index.find(from); idx != swarm.index.end()) {
-    Slot slot = idx->second;
+  if (known) {
+    Slot slot = found->second;
     was_seeder = slot.seeder;
     Peer& peer = slot.seeder ? swarm.seeders[slot.pos] : swarm.leechers[slot.pos];
     peer.last_seen = now;
@@ -83,7 +89,10 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request,
       Insert(swarm, Peer{from, request.peer_id, now, upload_only}, seeder);
     }
   }
-  if (request.event == AnnounceEvent::kCompleted && !was_seeder) ++swarm.downloaded;
+  // A download is counted once per leecher-to-seeder change seen here, whether the client says
+  // `completed` or just reports left=0; a `completed` from a peer not seen before counts too.
+  if (known ? (!was_seeder && seeder) : request.event == AnnounceEvent::kCompleted)
+    ++swarm.downloaded;
 
   if (swarm.size() == 0) {
     // Only possible when the peer could not be stored; keep no empty swarm around.
@@ -91,8 +100,8 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request,
     --totals_.swarms;
     return reply;
   }
-  uint32_t numwant = std::min(request.numwant.value_or(options_.default_numwant),
-                              options_.max_numwant);
+  uint32_t numwant =
+      std::min(request.numwant.value_or(options_.default_numwant), options_.max_numwant);
   std::optional<Slot> self;
   if (auto idx = swarm.index.find(from); idx != swarm.index.end()) self = idx->second;
   reply.peers = SelectPeers(swarm, self, seeder || upload_only, numwant);
@@ -119,7 +128,8 @@ std::vector<PeerEndpoint> SwarmTable::SelectPeers(const Swarm& swarm,
     // The expected number of seeders is proportional to their weighted share of the swarm;
     // randomised rounding keeps the expectation exact when it is below one.
     double weighted = options_.seeder_weight * static_cast<double>(seeders);
-    double expected = static_cast<double>(n) * weighted / (weighted + static_cast<double>(leechers));
+    double expected =
+        static_cast<double>(n) * weighted / (weighted + static_cast<double>(leechers));
     double whole = std::floor(expected);
     size_t take = static_cast<size_t>(whole);
     if (std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < expected - whole) ++take;

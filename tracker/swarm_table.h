@@ -46,7 +46,7 @@ struct SwarmTableOptions {
 struct SwarmCounts {
   uint32_t complete = 0;    // seeders
   uint32_t incomplete = 0;  // leechers (including paused, upload-only peers)
-  uint64_t downloaded = 0;  // completed events seen since the swarm appeared here
+  uint64_t downloaded = 0;  // leecher-to-seeder changes seen since the swarm appeared here
 };
 
 // What an announce gets back.

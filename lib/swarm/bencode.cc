@@ -4,9 +4,9 @@
 #include <iterator>
 #include <utility>
 
+#include <spdlog/spdlog.h>
 #include <libtorrent/bencode.hpp>
 #include <libtorrent/entry.hpp>
-#include <spdlog/spdlog.h>
 
 namespace shoal::swarm {
 

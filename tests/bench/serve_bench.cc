@@ -41,6 +41,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 #include <boost/beast/http.hpp>
@@ -479,11 +480,15 @@ std::string Trim(std::string s) {
   return s;
 }
 
+// A running shoal-agent (stopped by Process's destructor) and the port it bound.
 struct AgentProc {
   std::unique_ptr<Process> process;
   uint16_t port = 0;
 };
 
+// Starts `binary` on 127.0.0.1 port 0 with docker.io mapped to upstream_url plus `extra`
+// arguments, log in dir/<name>.log, and waits until GET /v2/ answers. Errors: kUnavailable with
+// the log tail.
 Result<AgentProc> StartAgent(const std::string& binary, const TempDir& dir, const std::string& name,
                              const std::string& cache_dir, const std::string& upstream_url,
                              const std::vector<std::string>& extra) {
@@ -513,12 +518,46 @@ Result<AgentProc> StartAgent(const std::string& binary, const TempDir& dir, cons
   return agent;
 }
 
+// A running nginx master (its workers are its children) and its port.
 struct NginxProc {
   std::unique_ptr<Process> process;
   uint16_t port = 0;
 };
 
-// nginx serving `root` as static files with sendfile, as the Debian package would, minus logs.
+// An nginx.conf serving `root` as static files with sendfile, like Debian's default config minus
+// the access log, with every path under `prefix`. As root, the workers must stay root: as nobody
+// they could not read the agent's cache in a 0700 temp dir.
+std::string NginxConfig(const std::string& prefix, const std::string& root, uint16_t port,
+                        const std::string& workers) {
+  return fmt::format(R"({user}worker_processes {workers};
+error_log {prefix}/error.log warn;
+pid {prefix}/nginx.pid;
+events {{ worker_connections 256; }}
+http {{
+  access_log off;
+  sendfile on;
+  tcp_nopush on;
+  tcp_nodelay on;
+  keepalive_timeout 5;
+  default_type application/octet-stream;
+  client_body_temp_path {prefix}/tmp/body;
+  proxy_temp_path {prefix}/tmp/proxy;
+  fastcgi_temp_path {prefix}/tmp/fastcgi;
+  uwsgi_temp_path {prefix}/tmp/uwsgi;
+  scgi_temp_path {prefix}/tmp/scgi;
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{ root {root}; }}
+  }}
+}}
+)",
+                     fmt::arg("user", geteuid() == 0 ? "user root;\n" : ""),
+                     fmt::arg("workers", workers), fmt::arg("prefix", prefix),
+                     fmt::arg("port", port), fmt::arg("root", root));
+}
+
+// Starts nginx with NginxConfig on a free port and waits until it answers. Errors: kUnavailable
+// with nginx's error log.
 Result<NginxProc> StartNginx(const TempDir& dir, const std::string& root,
                              const std::string& workers) {
   std::string prefix = dir.Sub("nginx");
@@ -526,26 +565,7 @@ Result<NginxProc> StartNginx(const TempDir& dir, const std::string& root,
   for (int attempt = 0; attempt < 5; ++attempt) {
     uint16_t port = FreePort();
     std::string conf = prefix + "/nginx.conf";
-    std::string t = prefix + "/tmp/";
-    WriteFile(conf, (geteuid() == 0 ? "user root;\n" : "") + std::string("worker_processes ") +
-                        workers + ";\nerror_log " + prefix + "/error.log warn;\npid " + prefix +
-                        "/nginx.pid;\nevents { worker_connections 256; }\nhttp {\n"
-                        "  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n"
-                        "  keepalive_timeout 5;\n  default_type application/octet-stream;\n"
-                        "  client_body_temp_path " +
-                        t + "body;\n  proxy_temp_path " + t +
-                        "proxy;\n"
-                        "  fastcgi_temp_path " +
-                        t + "fastcgi;\n  uwsgi_temp_path " + t +
-                        "uwsgi;\n"
-                        "  scgi_temp_path " +
-                        t +
-                        "scgi;\n"
-                        "  server {\n    listen 127.0.0.1:" +
-                        std::to_string(port) +
-                        ";\n"
-                        "    location / { root " +
-                        root + "; }\n  }\n}\n");
+    WriteFile(conf, NginxConfig(prefix, root, port, workers));
     auto proc = Process::Start(
         {"nginx", "-e", prefix + "/error.log", "-c", conf, "-p", prefix, "-g", "daemon off;"},
         dir.Sub("nginx.log"));

@@ -33,7 +33,8 @@ bool Contains(const std::string& text, std::string_view part) {
 }  // namespace
 
 TEST_CASE("tracker announce: parses a libtorrent announce with raw binary info_hash") {
-  std::string hash("\x12\x34\x56\x78\x9a\xbc\xde\xf1\x23\x45\x67\x89\xab\xcd\xef\x00\x25\x26\x2b\x3d", 20);
+  std::string hash(
+      "\x12\x34\x56\x78\x9a\xbc\xde\xf1\x23\x45\x67\x89\xab\xcd\xef\x00\x25\x26\x2b\x3d", 20);
   auto r = ParseAnnounceQuery(LibtorrentQuery(hash, "&event=started"));
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
   const AnnounceRequest& a = r.value();
@@ -52,8 +53,8 @@ TEST_CASE("tracker announce: parses a libtorrent announce with raw binary info_h
 }
 
 TEST_CASE("tracker announce: unescaped safe bytes and mixed case escapes decode to the same id") {
-  std::string q = "info_hash=abcdefghij%4B%4c%4D%4e%4F%50qrst&peer_id=" + Bytes20('p') +
-                  "&port=1&left=0";
+  std::string q =
+      "info_hash=abcdefghij%4B%4c%4D%4e%4F%50qrst&peer_id=" + Bytes20('p') + "&port=1&left=0";
   auto r = ParseAnnounceQuery(q);
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
   CHECK(r.value().info_hash.bytes() == "abcdefghijKLMNOPqrst");
@@ -79,7 +80,8 @@ TEST_CASE("tracker announce: keeps the declared ip (unvalidated) and caps its le
   auto r = ParseAnnounceQuery(LibtorrentQuery(Bytes20('h'), "&ip=10.1.2.3"));
   REQUIRE(r.has_value());
   CHECK(r.value().ip == "10.1.2.3");
-  CHECK(Contains(ErrorOf(LibtorrentQuery(Bytes20('h'), "&ip=" + std::string(65, '1'))), "ip is 65"));
+  CHECK(
+      Contains(ErrorOf(LibtorrentQuery(Bytes20('h'), "&ip=" + std::string(65, '1'))), "ip is 65"));
   CHECK(Contains(ErrorOf(LibtorrentQuery(Bytes20('h'), "&key=" + std::string(65, 'k'))), "key"));
 }
 
@@ -127,8 +129,8 @@ TEST_CASE("tracker announce: port must be 1-65535 and numbers must be plain deci
   CHECK(Contains(ErrorOf(head + "&port=&left=0"), "port is empty"));
   CHECK(Contains(ErrorOf(head + "&port=1&left=1.5"), "left must be"));
   CHECK(Contains(ErrorOf(head + "&port=1&left=18446744073709551616"), "left"));
-  CHECK(Contains(ErrorOf(head + "&port=1&left=0&uploaded=99999999999999999999999"),
-                 "out of range"));
+  CHECK(
+      Contains(ErrorOf(head + "&port=1&left=0&uploaded=99999999999999999999999"), "out of range"));
   CHECK(ParseAnnounceQuery(head + "&port=65535&left=18446744073709551615").value().left ==
         UINT64_MAX);
   CHECK(Contains(ErrorOf(head + "&port=1&left=0&numwant=1000001"), "numwant"));
@@ -156,7 +158,9 @@ TEST_CASE("tracker announce: bounds the work on oversized or parameter-stuffed q
 }
 
 TEST_CASE("tracker scrape: parses repeated info_hash values and drops duplicates") {
-  std::string a = Bytes20('a'), b = "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\xff";
+  std::string
+      a = Bytes20('a'),
+      b = "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\xff";
   auto r = ParseScrapeQuery("info_hash=" + a + "&info_hash=" + http::QueryEscape(b) +
                             "&info_hash=" + a + "&foo=bar");
   REQUIRE_MESSAGE(r.has_value(), r.error().message);
@@ -183,8 +187,7 @@ TEST_CASE("tracker ids: hex form, ordering and IPv4-mapped endpoints") {
   CHECK(id->hex() == abab);
   CHECK_FALSE(InfoHash::FromBytes("short").has_value());
   auto v4 = PeerEndpoint::FromV4({10, 0, 0, 7}, 6881);
-  auto mapped =
-      PeerEndpoint::FromV6({0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 7}, 6881);
+  auto mapped = PeerEndpoint::FromV6({0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 7}, 6881);
   CHECK(v4 == mapped);
   CHECK_FALSE(mapped.is_v6());
   CHECK(v4.ToString() == "10.0.0.7:6881");

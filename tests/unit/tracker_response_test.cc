@@ -6,10 +6,10 @@
 #include <memory>
 #include <string>
 
-#include <libtorrent/bdecode.hpp>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <boost/asio/ip/address.hpp>
+#include <libtorrent/bdecode.hpp>
 
 #include "lib/http/url.h"
 #include "lib/swarm/bencode.h"
@@ -51,9 +51,9 @@ lt::string_view Key(std::string_view bytes) { return lt::string_view(bytes.data(
 
 std::string AnnounceQuery(const std::string& info_hash, uint16_t port, uint64_t left,
                           const std::string& extra = "") {
-  return "info_hash=" + http::QueryEscape(info_hash) + "&peer_id=-LT2080-abcdefghijkl&port=" +
-         std::to_string(port) + "&uploaded=0&downloaded=0&left=" + std::to_string(left) +
-         "&compact=1" + extra;
+  return "info_hash=" + http::QueryEscape(info_hash) +
+         "&peer_id=-LT2080-abcdefghijkl&port=" + std::to_string(port) +
+         "&uploaded=0&downloaded=0&left=" + std::to_string(left) + "&compact=1" + extra;
 }
 
 }  // namespace
@@ -80,8 +80,7 @@ TEST_CASE("tracker response: announce reply has intervals, counts and compact pe
   CHECK(d.dict_find_int_value("min interval") == 60);
   CHECK(d.dict_find_int_value("complete") == 3);
   CHECK(d.dict_find_int_value("incomplete") == 4);
-  CHECK(Str(d, "peers") ==
-        std::string("\x7f\x00\x00\x01\x1a\xe1\x0a\x01\x02\x03\x00\x50", 12));
+  CHECK(Str(d, "peers") == std::string("\x7f\x00\x00\x01\x1a\xe1\x0a\x01\x02\x03\x00\x50", 12));
   auto peers6 = Str(d, "peers6");
   REQUIRE(peers6.size() == 18);
   CHECK(peers6.substr(16) == std::string("\x01\xbb", 2));
@@ -138,8 +137,7 @@ TEST_CASE("tracker service: uses the TCP source address and ignores ip= unless t
   Decode(proxied.Announce(AnnounceQuery(ih, 7000, 0, "&ip=192.0.2.1"), seeder, now));
   Decoded p = Decode(proxied.Announce(AnnounceQuery(ih, 7001, 9), leecher, now));
   CHECK(Str(p, "peers") == std::string("\xc0\x00\x02\x01\x1b\x58", 6));
-  Decoded bad =
-      Decode(proxied.Announce(AnnounceQuery(ih, 7002, 9, "&ip=not-an-ip"), leecher, now));
+  Decoded bad = Decode(proxied.Announce(AnnounceQuery(ih, 7002, 9, "&ip=not-an-ip"), leecher, now));
   CHECK(Str(bad, "failure reason").find("not-an-ip") != std::string::npos);
 }
 

@@ -21,9 +21,9 @@ InfoHash Hash(char c) { return *InfoHash::FromBytes(std::string(20, c)); }
 // same_host is set.
 PeerEndpoint Endpoint(int n, bool same_host = false) {
   if (same_host) return PeerEndpoint::FromV4({10, 0, 0, 1}, static_cast<uint16_t>(1000 + n));
-  return PeerEndpoint::FromV4({10, static_cast<uint8_t>(n >> 16), static_cast<uint8_t>(n >> 8),
-                               static_cast<uint8_t>(n)},
-                              6881);
+  return PeerEndpoint::FromV4(
+      {10, static_cast<uint8_t>(n >> 16), static_cast<uint8_t>(n >> 8), static_cast<uint8_t>(n)},
+      6881);
 }
 
 AnnounceRequest Request(const InfoHash& ih, uint64_t left,
@@ -219,6 +219,15 @@ TEST_CASE("tracker swarm: completed turns a leecher into a seeder and counts one
   CHECK(table.Counts(ih).downloaded == 1);
   CHECK(table.totals().seeders == 1);
   CHECK(table.Counts(Hash('q')).complete == 0);
+  // Without a completed event: a regular announce with left=0, and a stop right after finishing.
+  Must(table.Announce(Request(ih, 5), Endpoint(2), kT0));
+  Must(table.Announce(Request(ih, 0), Endpoint(2), kT0));
+  Must(table.Announce(Request(ih, 5), Endpoint(3), kT0));
+  Must(table.Announce(Request(ih, 0, AnnounceEvent::kStopped), Endpoint(3), kT0));
+  CHECK(table.Counts(ih).downloaded == 3);
+  // A seeder that stops is not a download.
+  Must(table.Announce(Request(ih, 0, AnnounceEvent::kStopped), Endpoint(2), kT0));
+  CHECK(table.Counts(ih).downloaded == 3);
 }
 
 TEST_CASE("tracker swarm: silent peers expire after the ttl, announcing ones stay") {
