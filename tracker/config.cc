@@ -10,7 +10,9 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_PORT_FILE");
   app.add_option("--announce-interval", c.announce_interval_s,
                  "Seconds between a peer's announces (the reply's interval, plus up to 10% "
-                 "jitter); silent peers are dropped after two intervals and a minute")
+                 "jitter); silent peers are dropped after two intervals and a minute. libtorrent "
+                 "re-announces at max(interval, its min_announce_interval, default 300): below "
+                 "300, lower that setting in the agents too")
       ->envname("SHOAL_ANNOUNCE_INTERVAL")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();

@@ -9,6 +9,7 @@ using swarm::Bencode;
 std::string EncodeAnnounceReply(const AnnounceReply& reply, std::chrono::seconds interval,
                                 std::chrono::seconds min_interval, std::string_view warning) {
   std::string peers, peers6;
+  peers.reserve(6 * reply.peers.size());
   for (const PeerEndpoint& ep : reply.peers) ep.AppendCompact(ep.is_v6() ? peers6 : peers);
   Bencode dict = Bencode::Dict();
   dict.Set("interval", static_cast<int64_t>(interval.count()))

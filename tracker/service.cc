@@ -45,7 +45,9 @@ std::string TrackerService::Announce(std::string_view query, const boost::asio::
   auto request = ParseAnnounceQuery(query);
   if (!request) {
     metrics_.rejected_invalid.Increment();
-    spdlog::debug("announce from {} rejected: {}", remote.to_string(), request.error().message);
+    if (spdlog::should_log(spdlog::level::debug)) {
+      spdlog::debug("announce from {} rejected: {}", remote.to_string(), request.error().message);
+    }
     return EncodeFailure(request.error().message);
   }
   const AnnounceRequest& req = request.value();
@@ -77,9 +79,11 @@ std::string TrackerService::Announce(std::string_view query, const boost::asio::
       options_.announce_interval +
       std::chrono::seconds(
           jitter_max > 0 ? std::uniform_int_distribution<int64_t>(0, jitter_max)(jitter_rng_) : 0);
-  spdlog::debug("announce {} {} from {}: left {}, {} peers returned", req.info_hash.hex(),
-                AnnounceEventName(req.event), from.ToString(), req.left,
-                reply.value().peers.size());
+  if (spdlog::should_log(spdlog::level::debug)) {
+    spdlog::debug("announce {} {} from {}: left {}, {} peers returned", req.info_hash.hex(),
+                  AnnounceEventName(req.event), from.ToString(), req.left,
+                  reply.value().peers.size());
+  }
   return EncodeAnnounceReply(reply.value(), interval, options_.min_interval, warning);
 }
 

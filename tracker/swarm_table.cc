@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <unordered_set>
 #include <utility>
 
 namespace shoal::tracker {
@@ -113,6 +112,7 @@ std::vector<PeerEndpoint> SwarmTable::SelectPeers(const Swarm& swarm,
                                                   const std::optional<Slot>& self,
                                                   bool leechers_only, uint32_t numwant) {
   std::vector<PeerEndpoint> out;
+  out.reserve(numwant);
   size_t skip_seeder = self && self->seeder ? self->pos : kNoSkip;
   size_t skip_leecher = self && !self->seeder ? self->pos : kNoSkip;
   size_t seeders = swarm.seeders.size() - (skip_seeder != kNoSkip ? 1 : 0);
@@ -155,13 +155,19 @@ void SwarmTable::Sample(const std::vector<Peer>& from, size_t k, size_t skip,
     for (size_t i = 0; i < m; ++i) out.push_back(at(i));
     return;
   }
-  // Floyd's algorithm: k distinct indices in O(k) without touching the other m - k.
-  std::unordered_set<size_t> chosen;
-  chosen.reserve(2 * k);
+  // Floyd's algorithm: k distinct indices with k random draws; the bitmap of what was chosen
+  // costs m/8 bytes (2.5 KB for the largest swarm allowed by default).
+  std::vector<uint64_t> chosen((m + 63) / 64, 0);
+  auto take = [&](size_t i) {
+    uint64_t bit = uint64_t{1} << (i % 64);
+    if (chosen[i / 64] & bit) return false;
+    chosen[i / 64] |= bit;
+    return true;
+  };
   for (size_t j = m - k; j < m; ++j) {
     size_t t = std::uniform_int_distribution<size_t>(0, j)(rng_);
-    size_t pick = chosen.insert(t).second ? t : j;
-    if (pick == j) chosen.insert(j);
+    size_t pick = take(t) ? t : j;
+    if (pick == j) take(j);
     out.push_back(at(pick));
   }
 }

@@ -5,6 +5,7 @@
 
 #include <utility>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -130,24 +131,16 @@ std::string Metrics(const Tracker& tracker) {
 // aria2c flags for a closed loopback swarm: tracker only, no DHT/LPD/PEX, plain TCP.
 std::vector<std::string> Aria2Argv(const std::string& dir, uint16_t listen_port,
                                    const std::string& log) {
-  return {"aria2c",
-          "--no-conf=true",
-          "--dir=" + dir,
-          "--enable-dht=false",
-          "--enable-dht6=false",
-          "--bt-enable-lpd=false",
-          "--enable-peer-exchange=false",
-          "--bt-require-crypto=false",
+  return {"aria2c", "--no-conf=true", "--dir=" + dir, "--enable-dht=false", "--enable-dht6=false",
+          "--bt-enable-lpd=false", "--enable-peer-exchange=false", "--bt-require-crypto=false",
           "--disable-ipv6=true",
-          "--listen-port=" + std::to_string(listen_port),
-          "--bt-tracker-interval=1",
-          "--bt-tracker-connect-timeout=5",
-          "--bt-tracker-timeout=5",
-          "--file-allocation=none",
-          "--summary-interval=0",
-          "--console-log-level=warn",
-          "--log=" + log,
-          "--log-level=info"};
+          // A short range: if another process took the port since FreePort(), aria2c uses the
+          // next free one (it announces whichever it bound).
+          "--listen-port=" + std::to_string(listen_port) + "-" +
+              std::to_string(std::min(listen_port + 20, 65535)),
+          "--bt-tracker-interval=1", "--bt-tracker-connect-timeout=5", "--bt-tracker-timeout=5",
+          "--file-allocation=none", "--summary-interval=0", "--console-log-level=warn",
+          "--log=" + log, "--log-level=info"};
 }
 
 }  // namespace
