@@ -1,0 +1,84 @@
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include <openssl/sha.h>
+
+#include "lib/swarm/chunk_torrent.h"
+
+using namespace shoal;
+using namespace shoal::swarm;
+
+namespace {
+std::string Bytes(size_t n) {
+  std::string s(n, '\0');
+  uint32_t x = 12345;
+  for (auto& c : s) { x = x * 1103515245 + 12345; c = static_cast<char>(x >> 16); }
+  return s;
+}
+}  // namespace
+
+TEST_CASE("chunk layout: chunk and piece arithmetic") {
+  ChunkLayout l{.blob_size = (10ull << 20) + 5, .chunk_size = 4ull << 20, .piece_size = 1u << 20};
+  REQUIRE(l.Validate().has_value());
+  CHECK(l.chunk_count() == 3);
+  CHECK(l.chunk_begin(2) == (8ull << 20));
+  CHECK(l.chunk_length(2) == (2ull << 20) + 5);
+  CHECK(l.piece_count(2) == 3);
+  CHECK(l.chunk_length(3) == 0);
+  CHECK_FALSE(ChunkLayout{.blob_size = 0}.Validate().has_value());
+  CHECK_FALSE((ChunkLayout{.blob_size = 1, .chunk_size = 3u << 20, .piece_size = 2u << 20})
+                  .Validate().has_value());
+  CHECK_FALSE((ChunkLayout{.blob_size = 1, .chunk_size = 1u << 20, .piece_size = 3u << 10})
+                  .Validate().has_value());
+}
+
+TEST_CASE("piece hasher: SHA-1 per piece for any split, matching OpenSSL one-shot") {
+  const uint32_t piece = 16u << 10;
+  std::string data = Bytes(3 * piece + 100);
+  PieceHasher h(data.size(), piece);
+  size_t pos = 0;
+  for (size_t step : {1u, 7000u, 16384u, 20000u, 99999u}) {
+    size_t take = std::min(step, data.size() - pos);
+    REQUIRE(h.Update(data.data() + pos, take).has_value());
+    pos += take;
+  }
+  REQUIRE(h.Update(data.data() + pos, data.size() - pos).has_value());
+  auto hashes = h.Finish();
+  REQUIRE(hashes.has_value());
+  REQUIRE(hashes.value().size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    size_t len = std::min<size_t>(piece, data.size() - i * piece);
+    Sha1 want{};
+    SHA1(reinterpret_cast<const unsigned char*>(data.data() + i * piece), len, want.data());
+    CHECK(hashes.value()[i] == want);
+  }
+  CHECK_FALSE(h.Update("x", 1).has_value());
+  PieceHasher partial(10, piece);
+  CHECK_FALSE(partial.Finish().has_value());
+}
+
+TEST_CASE("chunk torrent: build, parse back, reject mismatched layouts") {
+  const uint32_t piece = 16u << 10;
+  std::string data = Bytes(2 * piece + 1);
+  PieceHasher h(data.size(), piece);
+  REQUIRE(h.Update(data.data(), data.size()).has_value());
+  auto built = BuildChunkTorrent("abc.0", data.size(), piece, h.Finish().value());
+  REQUIRE_MESSAGE(built.has_value(), (built.has_value() ? "" : built.error().message));
+  CHECK(built.value().name == "abc.0");
+  CHECK(built.value().piece_hashes.size() == 3);
+
+  auto parsed = ParseChunkTorrent(built.value().metainfo, data.size(), piece);
+  REQUIRE(parsed.has_value());
+  CHECK(parsed.value().info_hash == built.value().info_hash);
+  CHECK(Sha1Hex(parsed.value().info_hash).size() == 40);
+
+  auto wrong_len = ParseChunkTorrent(built.value().metainfo, data.size() + 1, piece);
+  REQUIRE_FALSE(wrong_len.has_value());
+  CHECK(wrong_len.error().code == ErrorCode::kProtocol);
+  CHECK_FALSE(ParseChunkTorrent(built.value().metainfo, data.size(), piece * 2).has_value());
+  CHECK_FALSE(ParseChunkTorrent("d4:infoi3ee", data.size(), piece).has_value());
+  CHECK_FALSE(ParseChunkTorrent("", data.size(), piece).has_value());
+  CHECK_FALSE(BuildChunkTorrent("x", data.size(), piece, {}).has_value());
+}
