@@ -5,15 +5,23 @@
 #include <fstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "agent/chunk_fetcher.h"
 #include "agent/pull_through.h"
+#include "agent/seed_book.h"
+#include "agent/swarm_metrics.h"
+#include "agent/tracker_client.h"
 #include "lib/core/log.h"
 #include "lib/store/blob_store.h"
 #include "lib/upstream/credentials.h"
@@ -44,6 +52,24 @@ Result<std::map<std::string, upstream::RegistryEndpoint>> ParseUpstreams(
     out[registry] = upstream::RegistryEndpoint{registry, url.value()};
   }
   return out;
+}
+
+Result<std::vector<http::Url>> ParseTrackers(const std::vector<std::string>& specs) {
+  std::vector<http::Url> out;
+  for (const auto& spec : specs) {
+    if (spec.empty()) continue;
+    auto url = http::Url::Parse(spec);
+    if (!url) return MakeError(ErrorCode::kInvalidArgument, "--tracker: " + url.error().message);
+    url.value().target = "/";
+    out.push_back(url.value());
+  }
+  return out;
+}
+
+std::string DefaultAgentId() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "agent");
+  return std::string(host) + "-" + std::to_string(getpid());
 }
 
 Result<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& listen) {
@@ -98,20 +124,65 @@ int RunAgent(const AgentConfig& config) {
   client_options.ca_file = config.ca_file;
   upstream::RegistryClient client(ioc.get_executor(), client_options, std::move(credentials));
 
+  auto trackers = ParseTrackers(config.trackers);
+  if (!trackers) return fail(trackers.error());
+  TrackerClientOptions tracker_options;
+  tracker_options.trackers = trackers.value();
+  tracker_options.agent_id = config.agent_id.empty() ? DefaultAgentId() : config.agent_id;
+  TrackerClient tracker(ioc.get_executor(), tracker_options);
+
+  // The swarm runs only with a tracker: without one there is nobody to find peers through.
+  std::unique_ptr<swarm::Swarm> swarm;
+  std::unique_ptr<SeedBook> seeds;
+  std::unique_ptr<SwarmMetrics> swarm_metrics;
+  if (tracker.enabled()) {
+    swarm::SwarmOptions swarm_options;
+    swarm_options.listen_interface = config.swarm_listen;
+    swarm_options.allow_multiple_connections_per_ip = true;
+    swarm = std::make_unique<swarm::Swarm>(ioc, swarm_options);
+    if (auto st = swarm->Start(); !st) return fail(st.error());
+    seeds = std::make_unique<SeedBook>(config.cache_dir + "/swarm", *store.value(), *swarm,
+                                       &tracker);
+    size_t restored = seeds->Restore();
+    swarm_metrics = std::make_unique<SwarmMetrics>(registry);
+    spdlog::info("swarm listening on port {} as {}; {} tracker replica(s); seeding {} cached blobs",
+                 swarm->listen_port(), tracker.agent_id(), trackers.value().size(), restored);
+    tracker.OnRestart([&seeds, &ioc](size_t) {
+      asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
+    });
+    asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
+  } else {
+    spdlog::info("no --tracker: every blob comes from upstream, no peer-to-peer");
+  }
+
+  ChunkFetchMetrics fetch_metrics(registry);
+  ChunkFetchOptions fetch_options;
+  fetch_options.local_layout.chunk_size = config.part_size_mib << 20;
+  fetch_options.local_layout.piece_size = 4u << 20;
+  while (fetch_options.local_layout.chunk_size % fetch_options.local_layout.piece_size != 0)
+    fetch_options.local_layout.piece_size /= 2;
+  fetch_options.window = config.range_streams;
+  fetch_options.lease_wait = std::chrono::milliseconds(config.lease_wait_ms);
+  fetch_options.tracker_grace = std::chrono::milliseconds(config.tracker_grace_ms);
+  fetch_options.peer_stall = std::chrono::milliseconds(config.peer_stall_ms);
+  FetchServices services{ioc,         client,      tracker.enabled() ? &tracker : nullptr,
+                         swarm.get(), seeds.get(), fetch_options,
+                         fetch_metrics};
+
   PullThroughOptions options;
   options.upstreams = std::move(upstreams.value());
   options.allow_unmapped_registries = !config.strict_upstreams;
   options.tag_ttl = std::chrono::seconds(config.tag_ttl_s);
-  options.fetch.part_size = config.part_size_mib << 20;
-  options.fetch.streams = config.range_streams;
-  PullThrough backend(ioc, pool, *store.value(), client, std::move(options), registry);
+  PullThrough backend(ioc, pool, *store.value(), services, std::move(options), registry);
 
   shim::Metrics shim_metrics = shim::Metrics::Create(registry);
   shim::ServerOptions server_options;
   server_options.default_registry = config.default_registry;
   shim::Server server(ioc, backend, shim_metrics, server_options);
-  server.SetMetricsHandler(
-      [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
+  server.SetMetricsHandler([&registry, &swarm, &swarm_metrics] {
+    if (swarm && swarm_metrics) swarm_metrics->Update(swarm->Stats());
+    return prometheus::TextSerializer().Serialize(registry.Collect());
+  });
   auto port = server.Listen(listen.value().first, listen.value().second);
   if (!port) return fail(port.error());
   if (!config.port_file.empty()) {
@@ -140,6 +211,7 @@ int RunAgent(const AgentConfig& config) {
     if (ec) return;
     spdlog::info("signal {}: shutting down", sig);
     server.Stop();
+    if (swarm) swarm->Stop();  // stop announces tell the tracker we are gone
     deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     drain_check();
   });

@@ -22,56 +22,30 @@ constexpr size_t kHashChunk = 1 << 20;
 }  // namespace
 
 BlobFetch::BlobFetch(asio::io_context& ioc, asio::thread_pool& pool, store::BlobStore& store,
-                     upstream::RegistryClient& client, upstream::RegistryEndpoint endpoint,
-                     std::string repository, Digest digest, FetchOptions options,
-                     FetchCounters counters)
+                     Digest digest, std::function<void(bool)> on_end)
     : ioc_(ioc),
       pool_(pool),
       store_(store),
-      client_(client),
-      endpoint_(std::move(endpoint)),
-      repository_(std::move(repository)),
       digest_(std::move(digest)),
-      options_(options),
-      counters_(std::move(counters)),
+      on_end_(std::move(on_end)),
       notifier_(ioc.get_executor()) {}
 
 int BlobFetch::fd() const { return writer_ ? writer_->fd() : -1; }
 
-awaitable<Status> BlobFetch::Start(std::function<void()> on_done) {
-  on_done_ = std::move(on_done);
-  auto self = shared_from_this();
-  started_ = true;
-  auto size = co_await client_.StatBlob(endpoint_, repository_, digest_);
-  if (size) {
-    auto writer = store_.Create(digest_);
-    if (writer) {
-      writer_ = std::move(writer.value());
-      size_ = size.value();
-    } else {
-      size = writer.error();
-    }
+Status BlobFetch::Open(uint64_t size) {
+  if (start_status_) return MakeError(ErrorCode::kInternal, "blob fetch opened twice");
+  auto writer = store_.Create(digest_);
+  if (!writer) {
+    Fail(writer.error());
+    return writer.error();
   }
-  if (!size) {
-    start_status_ = size.error();
-    error_ = size.error();
-    notifier_.NotifyAll();
-    if (counters_.finished) counters_.finished("error");
-    if (on_done_) on_done_();
-    co_return size.error();
-  }
+  writer_ = std::move(writer.value());
+  size_ = size;
   start_status_ = Ok();
-  spdlog::info("fetching {} ({} bytes) from {} for {}", digest_.str(), size_, endpoint_.base.str(),
-               repository_);
-  for (uint64_t begin = 0; begin < size_; begin += options_.part_size) {
-    parts_.push_back(Part{begin, std::min(size_, begin + options_.part_size), 0});
-  }
   hash_buffer_.resize(kHashChunk);
-  int streams = std::max(1, std::min<int>(options_.streams, static_cast<int>(parts_.size())));
-  for (int i = 0; i < streams; ++i) asio::co_spawn(ioc_, Stream(), asio::detached);
   notifier_.NotifyAll();
   MaybeHash();  // an empty blob is verified at once
-  co_return Ok();
+  return Ok();
 }
 
 awaitable<Status> BlobFetch::WaitStarted() {
@@ -80,47 +54,43 @@ awaitable<Status> BlobFetch::WaitStarted() {
   co_return *start_status_;
 }
 
-awaitable<void> BlobFetch::Stream() {
-  auto self = shared_from_this();
-  while (!error_ && next_part_ < parts_.size()) {
-    size_t index = next_part_++;
-    const Part& part = parts_[index];
-    upstream::BodySink sink = [this, index](const char* data, size_t size) {
-      return OnBytes(index, data, size);
-    };
-    Status st = co_await client_.FetchBlob(endpoint_, repository_, digest_, part.begin,
-                                           part.end - part.begin, std::move(sink));
-    if (!st) {
-      if (!error_) Fail(st.error());
-      co_return;
-    }
-  }
-}
-
-Status BlobFetch::OnBytes(size_t index, const char* data, size_t size) {
+Status BlobFetch::Write(const char* data, size_t size, uint64_t offset) {
   if (error_) return *error_;
-  Part& part = parts_[index];
-  if (part.done + size > part.end - part.begin) {
-    return MakeError(ErrorCode::kProtocol,
-                     "upstream sent more bytes than asked for " + digest_.str());
+  if (!writer_ || offset > size_ || size > size_ - offset) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "write of " + std::to_string(size) + " bytes at " + std::to_string(offset) +
+                         " is outside blob " + digest_.str());
   }
-  if (auto st = writer_->PWrite(data, size, part.begin + part.done); !st) {
+  if (auto st = writer_->PWrite(data, size, offset); !st) {
     Fail(st.error());
     return st;
   }
-  part.done += size;
-  if (counters_.upstream_bytes) counters_.upstream_bytes(size);
-  if (index == frontier_) AdvanceContiguous();
+  Filled(offset, offset + size);
   return Ok();
 }
 
-void BlobFetch::AdvanceContiguous() {
-  while (frontier_ < parts_.size() &&
-         parts_[frontier_].done == parts_[frontier_].end - parts_[frontier_].begin) {
-    ++frontier_;
+void BlobFetch::Filled(uint64_t begin, uint64_t end) {
+  if (error_ || complete_ || begin >= end) return;
+  end = std::min(end, size_);
+  // Merge [begin, end) with every range it touches; count only bytes not filled before.
+  const uint64_t b0 = begin, e0 = end;
+  auto it = filled_.upper_bound(begin);
+  if (it != filled_.begin() && std::prev(it)->second >= begin) --it;
+  uint64_t covered = 0;
+  while (it != filled_.end() && it->first <= e0) {
+    uint64_t lo = std::max(b0, it->first), hi = std::min(e0, it->second);
+    if (hi > lo) covered += hi - lo;
+    begin = std::min(begin, it->first);
+    end = std::max(end, it->second);
+    it = filled_.erase(it);
   }
-  contiguous_ =
-      frontier_ < parts_.size() ? parts_[frontier_].begin + parts_[frontier_].done : size_;
+  filled_bytes_ += (e0 - b0) - covered;
+  filled_.emplace(begin, end);
+  AdvanceContiguous();
+}
+
+void BlobFetch::AdvanceContiguous() {
+  contiguous_ = (!filled_.empty() && filled_.begin()->first == 0) ? filled_.begin()->second : 0;
   if (contiguous_ - notified_at_ >= kNotifyStep || contiguous_ == size_) {
     notified_at_ = contiguous_;
     notifier_.NotifyAll();
@@ -169,8 +139,8 @@ void BlobFetch::Verify() {
   Digest actual = sha_.Final();
   if (actual != digest_) {
     Fail(MakeError(ErrorCode::kDigestMismatch,
-                   "upstream " + endpoint_.base.str() + " sent " + std::to_string(size_) +
-                       " bytes for " + digest_.str() + " that hash to " + actual.str()));
+                   "the " + std::to_string(size_) + " bytes received for " + digest_.str() +
+                       " hash to " + actual.str()));
     return;
   }
   hashing_ = true;  // no further hashing; keeps MaybeHash idle while committing
@@ -196,22 +166,17 @@ void BlobFetch::Complete() {
   complete_ = true;
   spdlog::info("blob {} verified and cached ({} bytes)", digest_.str(), size_);
   notifier_.NotifyAll();
-  if (counters_.finished) counters_.finished("ok");
-  if (on_done_) on_done_();
+  if (on_end_) on_end_(true);
 }
 
 void BlobFetch::Fail(Error error) {
   if (error_ || complete_) return;
-  spdlog::error("fetch of {} from {} failed: {}", digest_.str(), endpoint_.base.str(),
-                error.ToString());
-  if (counters_.finished) {
-    counters_.finished(error.code == ErrorCode::kDigestMismatch ? "digest_mismatch" : "error");
-  }
+  spdlog::error("fetch of {} failed: {}", digest_.str(), error.ToString());
   error_ = std::move(error);
   if (!start_status_) start_status_ = *error_;
   if (writer_) writer_->Abort();
   notifier_.NotifyAll();
-  if (on_done_) on_done_();
+  if (on_end_) on_end_(false);
 }
 
 uint64_t BlobFetch::SafeEnd() const {

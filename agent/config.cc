@@ -32,13 +32,41 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_TAG_TTL")
       ->check(CLI::Range(0, 86400))
       ->capture_default_str();
-  app.add_option("--range-streams", c.range_streams, "Parallel Range requests per upstream blob")
+  app.add_option("--range-streams", c.range_streams,
+                 "Chunks of one blob worked on at once (upstream Range requests or torrents)")
       ->envname("SHOAL_RANGE_STREAMS")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--part-size-mib", c.part_size_mib, "MiB per upstream Range request")
+  app.add_option("--part-size-mib", c.part_size_mib,
+                 "Chunk size in MiB when no tracker dictates one (one Range request each)")
       ->envname("SHOAL_PART_SIZE_MIB")
       ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--tracker", c.trackers,
+                 "Tracker replica base URL (repeatable or comma-separated), e.g. "
+                 "http://shoal-tracker:7070; none = no swarm, every blob from upstream")
+      ->envname("SHOAL_TRACKERS")
+      ->delimiter(',');
+  app.add_option("--agent-id", c.agent_id, "This agent's identity in leases (default host-pid)")
+      ->envname("SHOAL_AGENT_ID");
+  app.add_option("--swarm-listen", c.swarm_listen,
+                 "BitTorrent listen address IP:port; use the node IP (0.0.0.0 announces once "
+                 "per interface)")
+      ->envname("SHOAL_SWARM_LISTEN")
+      ->capture_default_str();
+  app.add_option("--lease-wait-ms", c.lease_wait_ms, "Long-poll per lease request")
+      ->envname("SHOAL_LEASE_WAIT_MS")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
+  app.add_option("--tracker-grace-ms", c.tracker_grace_ms,
+                 "How long tracker errors are retried before fetching from upstream directly")
+      ->envname("SHOAL_TRACKER_GRACE_MS")
+      ->check(CLI::Range(0, 600000))
+      ->capture_default_str();
+  app.add_option("--peer-stall-ms", c.peer_stall_ms,
+                 "A chunk with no verified piece from peers for this long is re-leased")
+      ->envname("SHOAL_PEER_STALL_MS")
+      ->check(CLI::Range(100, 600000))
       ->capture_default_str();
   app.add_option("--log-format", c.log_format, "json or text")
       ->envname("SHOAL_LOG_FORMAT")

@@ -21,8 +21,14 @@ struct AgentConfig {
   std::string credentials_file;                // docker config.json with per-registry auth
   std::string ca_file;                         // extra CA bundle for upstream TLS
   int tag_ttl_s = 30;
-  int range_streams = 4;
-  uint64_t part_size_mib = 16;
+  int range_streams = 4;        // chunks of one blob in flight (upstream Range GETs or torrents)
+  uint64_t part_size_mib = 16;  // chunk size when no tracker dictates one
+  std::vector<std::string> trackers;          // tracker replica base URLs; empty = no swarm
+  std::string agent_id;                       // identity in leases; default hostname-pid
+  std::string swarm_listen = "0.0.0.0:6881";  // libtorrent listen address (use the node IP)
+  int lease_wait_ms = 5000;                   // long-poll per lease request
+  int tracker_grace_ms = 10000;  // tracker errors tolerated before fetching upstream directly
+  int peer_stall_ms = 30000;     // a chunk with no verified piece for this long is re-leased
   std::string log_format = "json";
   std::string log_level = "info";
 };

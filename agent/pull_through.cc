@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 
 #include "lib/oci/manifest.h"
 #include "lib/oci/media_types.h"
@@ -52,12 +54,13 @@ bool Transient(const Error& e) {
 }  // namespace
 
 PullThrough::PullThrough(asio::io_context& ioc, asio::thread_pool& pool, store::BlobStore& store,
-                         upstream::RegistryClient& client, PullThroughOptions options,
+                         FetchServices& services, PullThroughOptions options,
                          prometheus::Registry& metrics)
     : ioc_(ioc),
       pool_(pool),
       store_(store),
-      client_(client),
+      client_(services.client),
+      services_(services),
       options_(std::move(options)),
       cache_hits_(prometheus::BuildCounter()
                       .Name("shoal_cache_blob_hits_total")
@@ -69,14 +72,9 @@ PullThrough::PullThrough(asio::io_context& ioc, asio::thread_pool& pool, store::
                         .Help("Blob requests that found no complete cached blob")
                         .Register(metrics)
                         .Add({})),
-      upstream_bytes_(prometheus::BuildCounter()
-                          .Name("shoal_upstream_blob_bytes_total")
-                          .Help("Blob bytes received from upstream registries")
-                          .Register(metrics)
-                          .Add({})),
       fetches_(prometheus::BuildCounter()
                    .Name("shoal_upstream_blob_fetches_total")
-                   .Help("Blob fetches from upstream, by result")
+                   .Help("Blob fetches into the cache (from upstream and/or peers), by result")
                    .Register(metrics)),
       manifest_upstream_(prometheus::BuildCounter()
                              .Name("shoal_manifest_requests_total")
@@ -124,6 +122,7 @@ awaitable<Result<shim::ManifestResult>> PullThrough::FetchManifest(
                                                   " is invalid: " + parsed.error().message);
   }
   std::string media_type = parsed.value().media_type;
+  NoteSizes(parsed.value());
   if (auto st = store_.PutManifest(m.digest, m.body, media_type); !st) {
     spdlog::warn("could not cache manifest {}: {}", m.digest.str(), st.error().ToString());
   }
@@ -139,6 +138,7 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
   if (ref.value().IsDigest()) {
     const Digest& d = *ref.value().digest;
     if (auto cached = store_.GetManifest(d)) {
+      if (auto parsed = oci::ParseManifest(cached->body, cached->media_type)) NoteSizes(parsed.value());
       manifest_cache_.Increment();
       co_return shim::ManifestResult{std::move(cached->body), cached->media_type, d};
     }
@@ -150,6 +150,7 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
   if (!ref.value().IsDigest() && tag != tags_.end() &&
       std::chrono::steady_clock::now() - tag->second.fetched < options_.tag_ttl) {
     if (auto cached = store_.GetManifest(tag->second.digest)) {
+      if (auto parsed = oci::ParseManifest(cached->body, cached->media_type)) NoteSizes(parsed.value());
       manifest_cache_.Increment();
       co_return shim::ManifestResult{std::move(cached->body), cached->media_type,
                                      tag->second.digest};
@@ -177,6 +178,26 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
   co_return fetched.error();
 }
 
+void PullThrough::NoteSizes(const oci::Manifest& manifest) {
+  if (sizes_.size() > 100'000) sizes_.clear();
+  auto note = [this](const oci::Descriptor& d) {
+    if (d.size >= 0) sizes_.insert_or_assign(d.digest, static_cast<uint64_t>(d.size));
+  };
+  if (manifest.config) note(*manifest.config);
+  for (const auto& d : manifest.layers) note(d);
+}
+
+awaitable<Result<uint64_t>> PullThrough::SizeOf(const shim::RepoRef& repo,
+                                                const upstream::RegistryEndpoint& ep,
+                                                const Digest& digest) {
+  if (auto it = sizes_.find(digest); it != sizes_.end()) co_return it->second;
+  if (services_.tracker != nullptr && services_.tracker->enabled()) {
+    auto table = co_await services_.tracker->FindTable(digest);
+    if (table) co_return table.value().layout.blob_size;
+  }
+  co_return co_await client_.StatBlob(ep, repo.repository, digest);
+}
+
 awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
     const shim::RepoRef& repo, const Digest& digest) {
   // Stat, open and the in-flight lookup happen without suspending, so a fetch that completes
@@ -199,23 +220,31 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
   }
   auto ep = EndpointFor(repo.registry);
   if (!ep) co_return ep.error();
-  FetchCounters counters{[this](uint64_t n) { upstream_bytes_.Increment(static_cast<double>(n)); },
-                         [this](std::string_view result) {
-                           fetches_.Add({{"result", std::string(result)}}).Increment();
-                         }};
-  fetch = std::make_shared<BlobFetch>(ioc_, pool_, store_, client_, ep.value(), repo.repository,
-                                      digest, options_.fetch, std::move(counters));
-  inflight_.emplace(digest, fetch);
-  inflight_gauge_.Set(static_cast<double>(inflight_.size()));
-  // A named callback, not a temporary: GCC 12 destroys lambda temporaries inside a co_await
-  // expression twice.
-  std::function<void()> on_done = [this, digest, raw = fetch.get()] {
+  std::function<void(bool)> on_end = [this, digest](bool ok) {
     auto it = inflight_.find(digest);
-    if (it != inflight_.end() && it->second.get() == raw) inflight_.erase(it);
+    std::string result = "ok";
+    if (!ok) {
+      bool mismatch = it != inflight_.end() && it->second->error() &&
+                      it->second->error()->code == ErrorCode::kDigestMismatch;
+      result = mismatch ? "digest_mismatch" : "error";
+    }
+    fetches_.Add({{"result", result}}).Increment();
+    if (it != inflight_.end() && it->second->ended()) inflight_.erase(it);
     inflight_gauge_.Set(static_cast<double>(inflight_.size()));
   };
-  auto st = co_await fetch->Start(std::move(on_done));
-  if (!st) co_return st.error();
+  fetch = std::make_shared<BlobFetch>(ioc_, pool_, store_, digest, std::move(on_end));
+  inflight_.emplace(digest, fetch);
+  inflight_gauge_.Set(static_cast<double>(inflight_.size()));
+  auto size = co_await SizeOf(repo, ep.value(), digest);
+  if (!size) {
+    fetch->Fail(size.error());
+    co_return size.error();
+  }
+  if (auto st = fetch->Open(size.value()); !st) co_return st.error();
+  spdlog::info("fetching {} ({} bytes) for {}", digest.str(), size.value(), repo.str());
+  BlobSource source{size.value(), repo.registry, repo.repository};
+  asio::co_spawn(ioc_, RunChunkFetch(services_, fetch, ep.value(), std::move(source)),
+                 asio::detached);
   co_return std::shared_ptr<shim::BlobReader>(std::make_shared<InflightReader>(fetch));
 }
 

@@ -18,6 +18,8 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "agent/blob_fetch.h"
+#include "agent/chunk_fetcher.h"
+#include "lib/oci/manifest.h"
 #include "lib/store/blob_store.h"
 #include "lib/upstream/registry_client.h"
 #include "registry-shim/backend.h"
@@ -31,7 +33,6 @@ struct PullThroughOptions {
   bool allow_unmapped_registries = true;
   // How long a tag -> digest resolution is trusted before asking upstream again.
   std::chrono::seconds tag_ttl{30};
-  FetchOptions fetch;
 };
 
 // Network-thread only (see docs/architecture.md, threading model).
@@ -39,8 +40,7 @@ class PullThrough : public shim::Backend {
  public:
   // All references must outlive this object.
   PullThrough(boost::asio::io_context& ioc, boost::asio::thread_pool& pool, store::BlobStore& store,
-              upstream::RegistryClient& client, PullThroughOptions options,
-              prometheus::Registry& metrics);
+              FetchServices& services, PullThroughOptions options, prometheus::Registry& metrics);
 
   boost::asio::awaitable<Result<shim::ManifestResult>> GetManifest(
       const shim::RepoRef& repo, const std::string& reference,
@@ -62,18 +62,25 @@ class PullThrough : public shim::Backend {
   boost::asio::awaitable<Result<shim::ManifestResult>> FetchManifest(
       const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep,
       const std::string& reference);
+  // Remembers the sizes of the blobs a manifest lists, so a blob miss needs no upstream HEAD.
+  void NoteSizes(const oci::Manifest& manifest);
+  // The blob's size: from a manifest seen before, the tracker's table, or an upstream HEAD.
+  boost::asio::awaitable<Result<uint64_t>> SizeOf(const shim::RepoRef& repo,
+                                                  const upstream::RegistryEndpoint& ep,
+                                                  const Digest& digest);
 
   boost::asio::io_context& ioc_;
   boost::asio::thread_pool& pool_;
   store::BlobStore& store_;
   upstream::RegistryClient& client_;
+  FetchServices& services_;
   PullThroughOptions options_;
+  std::unordered_map<Digest, uint64_t> sizes_;  // from manifests; bounded (cleared when full)
   std::unordered_map<Digest, std::shared_ptr<BlobFetch>> inflight_;
   std::map<std::string, TagEntry> tags_;  // "registry/repo:tag"
 
   prometheus::Counter& cache_hits_;
   prometheus::Counter& cache_misses_;
-  prometheus::Counter& upstream_bytes_;
   prometheus::Family<prometheus::Counter>& fetches_;
   prometheus::Counter& manifest_upstream_;
   prometheus::Counter& manifest_cache_;

@@ -50,6 +50,39 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_MAX_CONNECTIONS")
       ->check(CLI::Range(1, 1'000'000))
       ->capture_default_str();
+  app.add_option("--chunk-size-kib", c.chunk_size_kib,
+                 "Chunk size of every blob's chunk table, in KiB: a multiple of the piece size")
+      ->envname("SHOAL_CHUNK_SIZE_KIB")
+      ->check(CLI::Range(uint64_t{16}, uint64_t{1} << 32))
+      ->capture_default_str();
+  app.add_option("--piece-size-kib", c.piece_size_kib,
+                 "Piece size of the chunk torrents, in KiB: a power of two from 16 to 65536")
+      ->envname("SHOAL_PIECE_SIZE_KIB")
+      ->check(CLI::Range(16u, 65536u))
+      ->capture_default_str();
+  app.add_option("--max-upstream-fetchers", c.max_upstream_fetchers,
+                 "Upstream leases active at once in the whole cluster: at most this many agents "
+                 "fetch chunks from the registries at a time")
+      ->envname("SHOAL_MAX_UPSTREAM_FETCHERS")
+      ->check(CLI::Range(1u, 100'000u))
+      ->capture_default_str();
+  app.add_option("--max-leases-per-agent", c.max_leases_per_agent,
+                 "Upstream leases one agent may hold at once")
+      ->envname("SHOAL_MAX_LEASES_PER_AGENT")
+      ->check(CLI::Range(1u, 10'000u))
+      ->capture_default_str();
+  app.add_option("--lease-ttl-s", c.lease_ttl_s,
+                 "Seconds an upstream lease lives without a renewal; then the chunk goes to the "
+                 "next agent that asks")
+      ->envname("SHOAL_LEASE_TTL_S")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  app.add_option("--max-blobs", c.max_blobs,
+                 "Blob chunk tables kept; beyond, the least recently used one without an active "
+                 "lease is dropped")
+      ->envname("SHOAL_MAX_BLOBS")
+      ->check(CLI::Range(static_cast<size_t>(1), static_cast<size_t>(100'000'000)))
+      ->capture_default_str();
   app.add_option("--log-format", c.log_format, "json or text")
       ->envname("SHOAL_LOG_FORMAT")
       ->check(CLI::IsMember({"json", "text"}))

@@ -21,6 +21,13 @@ struct TrackerConfig {
   size_t max_peers = 4'000'000;
   bool trust_ip_param = false;  // believe the announce's ip= (only behind a trusted proxy)
   int max_connections = 4096;
+  // Chunk tables and upstream leases (the blob API).
+  uint64_t chunk_size_kib = 65536;      // 64 MiB chunks
+  uint32_t piece_size_kib = 4096;       // 4 MiB pieces in each chunk torrent
+  uint32_t max_upstream_fetchers = 16;  // active leases in the whole cluster
+  uint32_t max_leases_per_agent = 2;
+  int lease_ttl_s = 15;
+  size_t max_blobs = 100'000;
   std::string log_format = "json";
   std::string log_level = "info";
 };

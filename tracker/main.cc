@@ -1,4 +1,4 @@
-// shoal-tracker: the cluster's BitTorrent tracker (later also chunk leases and manifest cache).
+// shoal-tracker: the cluster's BitTorrent tracker and upstream-lease service.
 #include <CLI/CLI.hpp>
 
 #include "tracker/config.h"

@@ -80,4 +80,33 @@ void TrackerMetrics::SetTotals(const SwarmTotals& totals) {
   seeders.Set(static_cast<double>(totals.seeders));
 }
 
+BlobMetrics BlobMetrics::Create(prometheus::Registry& registry) {
+  auto counter = [&](const char* name, const char* help) -> prometheus::Counter& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(registry).Add({});
+  };
+  auto gauge = [&](const char* name, const char* help) -> prometheus::Gauge& {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+  };
+  return BlobMetrics{
+      counter("shoal_tracker_leases_granted_total", "Upstream leases granted (not renewals)"),
+      counter("shoal_tracker_leases_expired_total",
+              "Upstream leases that expired without being renewed, released or published"),
+      counter("shoal_tracker_leases_released_total",
+              "Upstream leases ended by their holder, or because the chunk was published"),
+      counter("shoal_tracker_chunks_published_total", "Chunks that became ready (metainfo kept)"),
+      counter("shoal_tracker_lease_waits_total",
+              "Lease requests first answered with wait (long-polled or not)"),
+      gauge("shoal_tracker_leases_active", "Upstream leases active now, over all blobs"),
+      gauge("shoal_tracker_blobs", "Blob chunk tables kept"),
+      prometheus::BuildCounter()
+          .Name("shoal_tracker_blob_api_requests_total")
+          .Help("Blob API requests answered, by route and status")
+          .Register(registry),
+  };
+}
+
+void BlobMetrics::CountRequest(std::string_view route, unsigned status) {
+  requests.Add({{"route", std::string(route)}, {"code", std::to_string(status)}}).Increment();
+}
+
 }  // namespace shoal::tracker

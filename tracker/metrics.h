@@ -38,4 +38,22 @@ struct TrackerMetrics {
   void SetTotals(const SwarmTotals& totals);
 };
 
+// Metrics of the blob API (chunk tables and upstream leases). Same ownership and thread-safety
+// as TrackerMetrics.
+struct BlobMetrics {
+  prometheus::Counter& leases_granted;                // shoal_tracker_leases_granted_total
+  prometheus::Counter& leases_expired;                // shoal_tracker_leases_expired_total
+  prometheus::Counter& leases_released;               // shoal_tracker_leases_released_total
+  prometheus::Counter& chunks_published;              // shoal_tracker_chunks_published_total
+  prometheus::Counter& lease_waits;                   // shoal_tracker_lease_waits_total
+  prometheus::Gauge& leases_active;                   // shoal_tracker_leases_active
+  prometheus::Gauge& blobs;                           // shoal_tracker_blobs
+  prometheus::Family<prometheus::Counter>& requests;  // shoal_tracker_blob_api_requests_total
+
+  // Registers the families on registry.
+  static BlobMetrics Create(prometheus::Registry& registry);
+  // Counts one answered blob API request by route name and status.
+  void CountRequest(std::string_view route, unsigned status);
+};
+
 }  // namespace shoal::tracker

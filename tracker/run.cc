@@ -17,6 +17,8 @@
 
 #include "lib/core/error.h"
 #include "lib/core/log.h"
+#include "lib/swarm/chunk_torrent.h"
+#include "tracker/blob_api.h"
 #include "tracker/server.h"
 #include "tracker/service.h"
 
@@ -79,12 +81,28 @@ int RunTracker(const TrackerConfig& config) {
   options.table.limits.max_peers_per_swarm = config.max_peers_per_swarm;
   options.table.limits.max_peers = config.max_peers;
 
+  BlobApiOptions blob_options;
+  blob_options.table.chunk_size = config.chunk_size_kib << 10;
+  blob_options.table.piece_size = config.piece_size_kib << 10;
+  blob_options.table.max_upstream_fetchers = config.max_upstream_fetchers;
+  blob_options.table.max_leases_per_agent = config.max_leases_per_agent;
+  blob_options.table.lease_ttl = std::chrono::seconds(config.lease_ttl_s);
+  blob_options.table.max_blobs = config.max_blobs;
+  swarm::ChunkLayout layout{1, blob_options.table.chunk_size, blob_options.table.piece_size};
+  if (Status valid = layout.Validate(); !valid) {
+    return fail(MakeError(ErrorCode::kInvalidArgument,
+                          "--chunk-size-kib " + std::to_string(config.chunk_size_kib) +
+                              " / --piece-size-kib " + std::to_string(config.piece_size_kib) +
+                              ": " + valid.error().message));
+  }
+
   asio::io_context ioc(1);
   prometheus::Registry registry;
   TrackerService service(options, registry);
+  BlobApi blobs(blob_options, registry, BlobApi::NewTrackerId());
   ServerOptions server_options;
   server_options.max_connections = config.max_connections;
-  Server server(ioc, service, server_options);
+  Server server(ioc, service, blobs, server_options);
   server.SetMetricsHandler(
       [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
   auto port = server.Listen(listen.value().first, listen.value().second);
@@ -98,6 +116,12 @@ int RunTracker(const TrackerConfig& config) {
       "tracker listening on {}:{}; announce interval {} s, min interval {} s, peer ttl {} s",
       listen.value().first, port.value(), options.announce_interval.count(),
       options.min_interval.count(), service.table().options().peer_ttl.count());
+  spdlog::info(
+      "tracker id {}; chunks of {} KiB with {} KiB pieces; at most {} upstream leases ({} per "
+      "agent), lease ttl {} s, at most {} blob tables",
+      blobs.tracker_id(), config.chunk_size_kib, config.piece_size_kib,
+      config.max_upstream_fetchers, config.max_leases_per_agent, config.lease_ttl_s,
+      config.max_blobs);
 
   // Upkeep: drop silent peers. A tenth of the TTL keeps the overshoot small and the cost low
   // (one pass over the peers).
@@ -108,6 +132,7 @@ int RunTracker(const TrackerConfig& config) {
     sweep.async_wait([&](boost::system::error_code ec) {
       if (ec) return;
       service.Sweep(TrackerClock::now());
+      blobs.Sweep(TrackerClock::now());
       schedule_sweep();
     });
   };
@@ -130,6 +155,7 @@ int RunTracker(const TrackerConfig& config) {
     if (ec) return;
     spdlog::info("signal {}: shutting down", sig);
     server.Stop();
+    blobs.Shutdown();
     sweep.cancel();
     deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     drain_check();

@@ -1,6 +1,7 @@
 #include "tracker/server.h"
 
 #include <spdlog/spdlog.h>
+#include <boost/algorithm/string/predicate.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -20,9 +21,12 @@ namespace {
 
 // Announce queries are ~300 bytes; nothing legitimate needs large headers.
 constexpr uint32_t kHeaderLimit = 8 * 1024;
+// Blob API bodies are small JSON; a publish carries one chunk's metainfo (about 20 bytes per
+// piece, base64-encoded).
+constexpr uint64_t kBodyLimit = 8u << 20;
 constexpr char kServerName[] = "shoal-tracker";
 
-using Request = http::request<http::empty_body>;
+using Request = http::request<http::string_body>;
 using StringResponse = http::response<http::string_body>;
 
 enum class Route { kAnnounce, kScrape, kMetrics, kHealth, kStatus, kNotFound };
@@ -71,10 +75,11 @@ StringResponse MakeResponse(unsigned version, bool keep_alive, http::status stat
 // frees in the registry shim), so no co_await here takes a non-trivial temporary.
 class Connection {
  public:
-  Connection(tcp::socket socket, TrackerService& service, const ServerOptions& options,
-             const std::function<std::string()>& metrics_text)
+  Connection(tcp::socket socket, TrackerService& service, BlobApi& blobs,
+             const ServerOptions& options, const std::function<std::string()>& metrics_text)
       : stream_(std::move(socket)),
         service_(service),
+        blobs_(blobs),
         options_(options),
         metrics_text_(metrics_text) {
     beast::error_code ec;
@@ -84,13 +89,38 @@ class Connection {
   awaitable<void> Run() {
     beast::flat_buffer buffer;
     for (;;) {
-      http::request_parser<http::empty_body> parser;
+      http::request_parser<http::string_body> parser;
       parser.header_limit(kHeaderLimit);
+      parser.body_limit(kBodyLimit);
       beast::error_code ec;
       stream_.expires_after(options_.idle_timeout);
-      co_await http::async_read(stream_, buffer, parser, asio::redirect_error(use_awaitable, ec));
+      co_await http::async_read_header(stream_, buffer, parser,
+                                       asio::redirect_error(use_awaitable, ec));
+      if (!ec && boost::iequals(parser.get()[http::field::expect], "100-continue")) {
+        http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
+        co_await http::async_write(stream_, go_on, asio::redirect_error(use_awaitable, ec));
+      }
+      if (!ec) {
+        co_await http::async_read(stream_, buffer, parser, asio::redirect_error(use_awaitable, ec));
+      }
       if (ec == http::error::end_of_stream || ec == asio::error::eof ||
           ec == beast::error::timeout || ec == asio::error::connection_reset) {
+        break;
+      }
+      if (ec == http::error::body_limit) {
+        std::string message =
+            "request body is larger than " + std::to_string(kBodyLimit) + " bytes";
+        std::string_view target = parser.get().target();
+        StringResponse res =
+            MakeResponse(parser.get().version(), false, http::status::payload_too_large,
+                         message + "\n", "text/plain");
+        if (BlobApi::Owns(target.substr(0, target.find('?')))) {
+          BlobResponse answer = blobs_.Error(413, std::move(message));
+          res = MakeResponse(parser.get().version(), false, http::status::payload_too_large,
+                             std::move(answer.body), "application/json");
+        }
+        service_.metrics().CountRequest("other", res.result_int());
+        co_await Write(std::move(res));
         break;
       }
       if (ec) {
@@ -103,7 +133,7 @@ class Connection {
       }
       Request req = parser.release();
       stream_.expires_never();
-      StringResponse res = Dispatch(req);
+      StringResponse res = co_await Dispatch(req);
       bool keep = req.keep_alive() && res.keep_alive();
       bool written = co_await Write(std::move(res));
       if (!written || !keep) break;
@@ -121,23 +151,34 @@ class Connection {
     co_return !ec;
   }
 
-  // Every route is answered synchronously today; routes that wait (lease long-polls) will make
-  // this a coroutine.
-  StringResponse Dispatch(const Request& req) {
+  // A coroutine because lease long-polls wait; every other route answers synchronously.
+  awaitable<StringResponse> Dispatch(const Request& req) {
     std::string_view target = req.target();
     size_t q = target.find('?');
     std::string_view path = target.substr(0, q);
     std::string_view query =
         q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
-    Route route = RouteOf(path);
-    StringResponse res = Answer(req, route, query);
+    StringResponse res;
+    std::string_view route_name;
+    if (BlobApi::Owns(path)) {
+      BlobRequest blob_req{req.method(), path, query, req.body()};
+      BlobResponse answer = co_await blobs_.Handle(blob_req);
+      res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
+                         std::move(answer.body), "application/json");
+      if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
+      route_name = "blobs";
+    } else {
+      Route route = RouteOf(path);
+      res = Answer(req, route, query);
+      route_name = RouteName(route);
+    }
     if (req.method() == http::verb::head) {
       size_t size = res.body().size();
       res.body().clear();
       res.content_length(size);
     }
-    service_.metrics().CountRequest(RouteName(route), res.result_int());
-    return res;
+    service_.metrics().CountRequest(route_name, res.result_int());
+    co_return res;
   }
 
   StringResponse Answer(const Request& req, Route route, std::string_view query) {
@@ -159,13 +200,16 @@ class Connection {
         return MakeResponse(v, keep, http::status::ok, service_.Scrape(query), "text/plain");
       case Route::kMetrics:
         service_.UpdateGauges();
+        blobs_.Sweep(TrackerClock::now());
         return MakeResponse(v, keep, http::status::ok, metrics_text_ ? metrics_text_() : "",
                             "text/plain; version=0.0.4");
       case Route::kHealth:
         return MakeResponse(v, keep, http::status::ok, "ok\n", "text/plain");
       case Route::kStatus:
-        return MakeResponse(v, keep, http::status::ok, service_.StatusPage(),
-                            "text/plain; charset=utf-8");
+        return MakeResponse(
+            v, keep, http::status::ok,
+            service_.StatusPage() + "\n" + blobs_.StatusSection(TrackerClock::now()),
+            "text/plain; charset=utf-8");
       case Route::kNotFound:
         break;
     }
@@ -176,6 +220,7 @@ class Connection {
 
   beast::tcp_stream stream_;
   TrackerService& service_;
+  BlobApi& blobs_;
   const ServerOptions& options_;
   const std::function<std::string()>& metrics_text_;
   tcp::endpoint remote_;
@@ -183,8 +228,9 @@ class Connection {
 
 }  // namespace
 
-Server::Server(asio::io_context& ioc, TrackerService& service, ServerOptions options)
-    : ioc_(ioc), service_(service), options_(std::move(options)), acceptor_(ioc) {}
+Server::Server(asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
+               ServerOptions options)
+    : ioc_(ioc), service_(service), blobs_(blobs), options_(std::move(options)), acceptor_(ioc) {}
 
 Result<uint16_t> Server::Listen(const std::string& address, uint16_t port) {
   beast::error_code ec;
@@ -234,7 +280,7 @@ awaitable<void> Server::AcceptLoop() {
 awaitable<void> Server::Session(tcp::socket socket) {
   ++active_;
   service_.metrics().connections.Set(active_);
-  Connection conn(std::move(socket), service_, options_, metrics_text_);
+  Connection conn(std::move(socket), service_, blobs_, options_, metrics_text_);
   try {
     co_await conn.Run();
   } catch (const std::exception& e) {

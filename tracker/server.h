@@ -1,7 +1,7 @@
 #pragma once
 // The tracker's HTTP server on Boost.Beast, one coroutine per connection: GET /announce,
-// /scrape (BitTorrent), /metrics (Prometheus), /healthz and / (status page). Routes for chunk
-// tables and leases will be added to the dispatch in server.cc.
+// /scrape (BitTorrent), /metrics (Prometheus), /healthz and / (status page), and the blob API
+// under /v1/blobs (JSON; lease long-polls suspend their connection's coroutine only).
 
 #include <utility>
 
@@ -15,6 +15,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "lib/core/error.h"
+#include "tracker/blob_api.h"
 #include "tracker/service.h"
 
 namespace shoal::tracker {
@@ -31,8 +32,9 @@ struct ServerOptions {
 // Lives on one io_context; all methods must be called on that context's (single) thread.
 class Server {
  public:
-  // service must outlive the server.
-  Server(boost::asio::io_context& ioc, TrackerService& service, ServerOptions options);
+  // service and blobs must outlive the server.
+  Server(boost::asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
+         ServerOptions options);
 
   // Binds address:port (port 0 picks a free one) and returns the bound port. Errors:
   // kInvalidArgument for a bad address, kIo when binding fails.
@@ -54,6 +56,7 @@ class Server {
 
   boost::asio::io_context& ioc_;
   TrackerService& service_;
+  BlobApi& blobs_;
   ServerOptions options_;
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> metrics_text_;

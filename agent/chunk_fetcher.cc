@@ -1,0 +1,439 @@
+#include "agent/chunk_fetcher.h"
+
+#include <utility>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace shoal::agent {
+namespace asio = boost::asio;
+using asio::awaitable;
+using Clock = std::chrono::steady_clock;
+
+ChunkFetchMetrics::ChunkFetchMetrics(prometheus::Registry& registry)
+    : upstream_bytes(prometheus::BuildCounter()
+                         .Name("shoal_upstream_blob_bytes_total")
+                         .Help("Blob bytes received from upstream registries")
+                         .Register(registry)
+                         .Add({})),
+      peer_bytes(prometheus::BuildCounter()
+                     .Name("shoal_swarm_peer_bytes_total")
+                     .Help("Blob bytes received from peers (pieces that passed their hash check)")
+                     .Register(registry)
+                     .Add({})),
+      chunks(prometheus::BuildCounter()
+                 .Name("shoal_swarm_chunks_total")
+                 .Help("Chunks filled, by source (peers, upstream_lease, upstream_direct)")
+                 .Register(registry)),
+      fallbacks(prometheus::BuildCounter()
+                    .Name("shoal_swarm_fallback_total")
+                    .Help("Chunks fetched straight from upstream because no tracker answered, "
+                          "by reason")
+                    .Register(registry)),
+      leases(prometheus::BuildCounter()
+                 .Name("shoal_swarm_leases_granted_total")
+                 .Help("Upstream leases this agent was granted")
+                 .Register(registry)
+                 .Add({})),
+      lease_lost(prometheus::BuildCounter()
+                     .Name("shoal_swarm_leases_lost_total")
+                     .Help("Leases the tracker took back while this agent held them")
+                     .Register(registry)
+                     .Add({})),
+      stalls(prometheus::BuildCounter()
+                 .Name("shoal_swarm_peer_stalls_total")
+                 .Help("Chunk downloads from peers that made no progress for --peer-stall-ms")
+                 .Register(registry)
+                 .Add({})) {}
+
+namespace {
+
+awaitable<void> Sleep(asio::io_context& ioc, std::chrono::milliseconds d) {
+  asio::steady_timer timer(ioc);
+  timer.expires_after(d);
+  boost::system::error_code ec;
+  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
+
+bool Fatal(const Error& e) {
+  return e.code == ErrorCode::kNotFound || e.code == ErrorCode::kDenied ||
+         e.code == ErrorCode::kUnauthorized || e.code == ErrorCode::kIo ||
+         e.code == ErrorCode::kDigestMismatch || e.code == ErrorCode::kInvalidArgument;
+}
+
+// The fetch of one blob's chunks. Owned by the coroutines working on it.
+class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
+ public:
+  ChunkFetcher(FetchServices& s, std::shared_ptr<BlobFetch> fetch,
+               upstream::RegistryEndpoint endpoint, BlobSource source)
+      : s_(s),
+        fetch_(std::move(fetch)),
+        endpoint_(std::move(endpoint)),
+        source_(std::move(source)) {}
+
+  awaitable<void> Run();
+
+ private:
+  enum class Origin { kNone, kPeers, kUpstream };
+
+  awaitable<void> Worker();
+  awaitable<void> Chunk(uint32_t k);
+  // Fetches chunk k from upstream (under lease_id when not empty), then seeds and publishes it.
+  awaitable<Status> Upstream(uint32_t k, std::string lease_id, std::chrono::milliseconds ttl);
+  awaitable<Status> FromPeers(uint32_t k, const std::string& metainfo);
+  awaitable<void> RenewLoop(uint32_t k, std::string lease_id, std::chrono::milliseconds ttl,
+                            std::shared_ptr<uint64_t> progress, std::shared_ptr<bool> done);
+  awaitable<void> Finish();
+  // Adds chunk k's torrent over our file: as a seed, or to download (spec callbacks set).
+  Status SeedChunk(uint32_t k, const swarm::ChunkTorrent& torrent, swarm::ChunkSpec spec);
+  std::string ChunkName(uint32_t k) const {
+    return fetch_->digest().hex() + "." + std::to_string(k);
+  }
+
+  FetchServices& s_;
+  std::shared_ptr<BlobFetch> fetch_;
+  upstream::RegistryEndpoint endpoint_;
+  BlobSource source_;
+  swarm::ChunkLayout layout_;
+  bool use_tracker_ = false;
+  bool hash_pieces_ = false;  // build torrents for what we fetch (only with a swarm)
+  std::shared_ptr<swarm::BlobFile> file_;
+  uint32_t next_ = 0;
+  int workers_ = 0;
+  std::vector<Origin> origin_;
+  std::vector<std::string> metainfo_;  // per chunk, once known
+  std::vector<swarm::Sha1> added_;     // torrents this fetch put into the swarm
+  Clock::time_point tracker_ok_ = Clock::now();
+};
+
+awaitable<void> ChunkFetcher::Run() {
+  auto self = shared_from_this();
+  use_tracker_ = s_.tracker != nullptr && s_.tracker->enabled();
+  if (use_tracker_) {
+    auto deadline = Clock::now() + s_.options.tracker_grace;
+    for (;;) {
+      auto table = co_await s_.tracker->Table(fetch_->digest(), source_);
+      if (table) {
+        layout_ = table.value().layout;
+        break;
+      }
+      if (table.error().code != ErrorCode::kUnavailable || Clock::now() >= deadline) {
+        spdlog::warn("no usable tracker for {} ({}); fetching it straight from upstream",
+                     fetch_->digest().str(), table.error().message);
+        s_.metrics.fallbacks
+            .Add({{"reason", table.error().code == ErrorCode::kUnavailable ? "tracker_unreachable"
+                                                                           : "tracker_error"}})
+            .Increment();
+        use_tracker_ = false;
+        break;
+      }
+      co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+    }
+  }
+  if (!use_tracker_) {
+    layout_ = s_.options.local_layout;
+    layout_.blob_size = fetch_->size();
+  }
+  if (layout_.blob_size != fetch_->size()) {
+    fetch_->Fail(MakeError(ErrorCode::kProtocol,
+                           "tracker says " + fetch_->digest().str() + " is " +
+                               std::to_string(layout_.blob_size) + " bytes, upstream says " +
+                               std::to_string(fetch_->size())));
+    co_return;
+  }
+  if (fetch_->size() == 0) co_return;  // verified at Open
+  hash_pieces_ = s_.swarm != nullptr;
+  if (hash_pieces_) {
+    int fd = ::dup(fetch_->fd());
+    if (fd < 0) {
+      fetch_->Fail(MakeError(ErrorCode::kIo, "dup of the temp file descriptor failed"));
+      co_return;
+    }
+    auto file = swarm::BlobFile::Adopt(fd);
+    if (!file) {
+      fetch_->Fail(file.error());
+      co_return;
+    }
+    file_ = file.value();
+  }
+  uint32_t count = layout_.chunk_count();
+  origin_.assign(count, Origin::kNone);
+  metainfo_.assign(count, "");
+  int workers = std::max(1, std::min<int>(s_.options.window, static_cast<int>(count)));
+  workers_ = workers;
+  for (int i = 0; i < workers; ++i) asio::co_spawn(s_.ioc, Worker(), asio::detached);
+  // Wait for the end, then seed or clean up.
+  while (!fetch_->ended()) co_await fetch_->changes().Wait();
+  co_await Finish();
+}
+
+awaitable<void> ChunkFetcher::Worker() {
+  auto self = shared_from_this();
+  while (!fetch_->ended() && next_ < layout_.chunk_count()) {
+    uint32_t k = next_++;
+    co_await Chunk(k);
+  }
+  --workers_;
+}
+
+awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
+  if (!use_tracker_) {
+    Status st = Ok();
+    const std::string no_lease;
+    for (int attempt = 0; attempt < s_.options.upstream_attempts && !fetch_->ended(); ++attempt) {
+      st = co_await Upstream(k, no_lease, std::chrono::milliseconds(0));
+      if (st || Fatal(st.error())) break;
+    }
+    if (!st) fetch_->Fail(st.error());
+    co_return;
+  }
+  int upstream_failures = 0;
+  while (!fetch_->ended()) {
+    auto started = Clock::now();
+    auto answer = co_await s_.tracker->Lease(fetch_->digest(), k, source_, s_.options.lease_wait);
+    if (!answer) {
+      const Error& e = answer.error();
+      if (e.code == ErrorCode::kUnavailable &&
+          Clock::now() - tracker_ok_ < s_.options.tracker_grace) {
+        co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+        continue;
+      }
+      spdlog::warn("chunk {} of {}: no tracker answer ({}); fetching it straight from upstream", k,
+                   fetch_->digest().str(), e.message);
+      s_.metrics.fallbacks
+          .Add({{"reason", e.code == ErrorCode::kUnavailable ? "tracker_unreachable"
+                                                             : "tracker_error"}})
+          .Increment();
+      const std::string no_lease;
+      Status st = co_await Upstream(k, no_lease, std::chrono::milliseconds(0));
+      if (!st) fetch_->Fail(st.error());
+      co_return;
+    }
+    tracker_ok_ = Clock::now();
+    LeaseAnswer& a = answer.value();
+    if (a.layout.chunk_size != layout_.chunk_size || a.layout.piece_size != layout_.piece_size) {
+      fetch_->Fail(MakeError(ErrorCode::kProtocol, "tracker changed the chunk layout of " +
+                                                       fetch_->digest().str() + " mid-fetch"));
+      co_return;
+    }
+    switch (a.kind) {
+      case LeaseAnswer::Kind::kReady: {
+        Status st = co_await FromPeers(k, a.metainfo);
+        if (st) co_return;
+        spdlog::warn("chunk {} of {} from peers: {}", k, fetch_->digest().str(),
+                     st.error().message);
+        break;
+      }
+      case LeaseAnswer::Kind::kGranted: {
+        s_.metrics.leases.Increment();
+        Status st = co_await Upstream(k, a.lease_id, a.ttl);
+        if (st) co_return;
+        if (Fatal(st.error()) || ++upstream_failures >= s_.options.upstream_attempts) {
+          fetch_->Fail(st.error());
+          co_return;
+        }
+        break;
+      }
+      case LeaseAnswer::Kind::kWait:
+        // The tracker long-polls; an early answer (e.g. the cluster cap) asks us to back off.
+        if (Clock::now() - started < std::chrono::milliseconds(200)) {
+          auto pause = std::clamp(a.retry_after, std::chrono::milliseconds(100),
+                                  std::chrono::milliseconds(2000));
+          co_await Sleep(s_.ioc, pause);
+        }
+        break;
+    }
+  }
+}
+
+Status ChunkFetcher::SeedChunk(uint32_t k, const swarm::ChunkTorrent& torrent,
+                               swarm::ChunkSpec spec) {
+  spec.torrent = torrent;
+  spec.range = swarm::FileRange{file_, layout_.chunk_begin(k), layout_.chunk_length(k)};
+  spec.sequential = !spec.seed;
+  if (s_.tracker != nullptr) spec.tracker_urls = s_.tracker->AnnounceUrls();
+  // A torrent left from an earlier failed attempt on this chunk is replaced.
+  if (s_.swarm->HasChunk(torrent.info_hash)) s_.swarm->RemoveChunk(torrent.info_hash);
+  auto added = s_.swarm->AddChunk(std::move(spec));
+  if (!added) return added.error();
+  added_.push_back(torrent.info_hash);
+  return Ok();
+}
+
+awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
+                                         std::chrono::milliseconds ttl) {
+  auto self = shared_from_this();
+  const uint64_t begin = layout_.chunk_begin(k), length = layout_.chunk_length(k);
+  std::optional<swarm::PieceHasher> hasher;
+  if (hash_pieces_) hasher.emplace(length, layout_.piece_size);
+  auto progress = std::make_shared<uint64_t>(0);
+  auto done = std::make_shared<bool>(false);
+  if (!lease_id.empty())
+    asio::co_spawn(s_.ioc, RenewLoop(k, lease_id, ttl, progress, done), asio::detached);
+  upstream::BodySink sink = [this, begin, &hasher, progress](const char* data, size_t n) -> Status {
+    if (auto st = fetch_->Write(data, n, begin + *progress); !st) return st;
+    if (hasher) {
+      if (auto st = hasher->Update(data, n); !st) return st;
+    }
+    *progress += n;
+    s_.metrics.upstream_bytes.Increment(static_cast<double>(n));
+    return Ok();
+  };
+  Status st = co_await s_.client.FetchBlob(endpoint_, source_.repository, fetch_->digest(), begin,
+                                           length, std::move(sink));
+  *done = true;
+  if (!st) {
+    if (!lease_id.empty()) {
+      auto released = co_await s_.tracker->Release(fetch_->digest(), k, lease_id);
+      (void)released;
+    }
+    co_return st.error();
+  }
+  origin_[k] = Origin::kUpstream;
+  s_.metrics.chunks.Add({{"source", lease_id.empty() ? "upstream_direct" : "upstream_lease"}})
+      .Increment();
+  if (!hasher) co_return Ok();
+  auto hashes = hasher->Finish();
+  if (!hashes) co_return hashes.error();
+  auto torrent =
+      swarm::BuildChunkTorrent(ChunkName(k), length, layout_.piece_size, std::move(hashes.value()));
+  if (!torrent) co_return torrent.error();
+  metainfo_[k] = torrent.value().metainfo;
+  swarm::ChunkSpec seed_spec;
+  seed_spec.seed = true;
+  if (auto seeded = SeedChunk(k, torrent.value(), std::move(seed_spec)); !seeded) {
+    spdlog::warn("cannot seed chunk {} of {}: {}", k, fetch_->digest().str(),
+                 seeded.error().message);
+  }
+  if (use_tracker_) {
+    Status published = co_await s_.tracker->Publish(fetch_->digest(), k, source_, lease_id,
+                                                    torrent.value().metainfo);
+    if (!published) {
+      spdlog::warn("cannot publish chunk {} of {}: {}", k, fetch_->digest().str(),
+                   published.error().message);
+    }
+  }
+  co_return Ok();
+}
+
+awaitable<void> ChunkFetcher::RenewLoop(uint32_t k, std::string lease_id,
+                                        std::chrono::milliseconds ttl,
+                                        std::shared_ptr<uint64_t> progress,
+                                        std::shared_ptr<bool> done) {
+  auto self = shared_from_this();
+  auto period = std::max(std::chrono::milliseconds(200), ttl / 3);
+  uint64_t last = 0;
+  while (!*done && !fetch_->ended()) {
+    co_await Sleep(s_.ioc, period);
+    if (*done || fetch_->ended()) break;
+    if (*progress == last && *progress != 0) continue;  // stalled: let the lease run out
+    last = *progress;
+    Status st = co_await s_.tracker->Renew(fetch_->digest(), k, lease_id, *progress);
+    if (!st && st.error().code == ErrorCode::kDenied) {
+      spdlog::warn("lease on chunk {} of {} was lost; finishing the fetch anyway", k,
+                   fetch_->digest().str());
+      s_.metrics.lease_lost.Increment();
+      break;
+    }
+  }
+}
+
+awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainfo) {
+  auto self = shared_from_this();
+  const uint64_t begin = layout_.chunk_begin(k);
+  auto torrent = swarm::ParseChunkTorrent(metainfo, layout_.chunk_length(k), layout_.piece_size);
+  if (!torrent) co_return torrent.error();
+  if (s_.swarm == nullptr || !file_)
+    co_return MakeError(ErrorCode::kUnsupported, "this agent has no swarm session");
+  struct State {
+    explicit State(asio::io_context& ioc) : notifier(ioc.get_executor()) {}
+    Notifier notifier;
+    bool complete = false;
+    std::optional<Error> error;
+    Clock::time_point progress = Clock::now();
+  };
+  auto state = std::make_shared<State>(s_.ioc);
+  swarm::ChunkSpec spec;
+  std::weak_ptr<BlobFetch> weak_fetch = fetch_;
+  ChunkFetchMetrics* metrics = &s_.metrics;
+  spec.on_piece = [state, weak_fetch, begin, metrics](uint32_t, uint64_t b, uint64_t e) {
+    state->progress = Clock::now();
+    metrics->peer_bytes.Increment(static_cast<double>(e - b));
+    if (auto f = weak_fetch.lock()) f->Filled(begin + b, begin + e);
+  };
+  spec.on_complete = [state] {
+    state->complete = true;
+    state->notifier.NotifyAll();
+  };
+  spec.on_error = [state](const Error& e) {
+    state->error = e;
+    state->notifier.NotifyAll();
+  };
+  if (auto st = SeedChunk(k, torrent.value(), std::move(spec)); !st) co_return st;
+  while (!state->complete && !state->error && !fetch_->ended()) {
+    co_await state->notifier.Wait(std::chrono::milliseconds(500));
+    if (!state->complete && Clock::now() - state->progress > s_.options.peer_stall) {
+      s_.metrics.stalls.Increment();
+      state->error = MakeError(ErrorCode::kUnavailable,
+                               "no piece from peers for " +
+                                   std::to_string(s_.options.peer_stall.count()) + " ms");
+    }
+  }
+  if (state->complete) {
+    origin_[k] = Origin::kPeers;
+    metainfo_[k] = torrent.value().metainfo;
+    s_.metrics.chunks.Add({{"source", "peers"}}).Increment();
+    co_return Ok();
+  }
+  s_.swarm->RemoveChunk(torrent.value().info_hash);
+  if (fetch_->ended()) co_return MakeError(ErrorCode::kCancelled, "blob fetch ended");
+  // Let the tracker re-lease the chunk: its seeders are gone or serve garbage.
+  const std::string info_hash = swarm::Sha1Hex(torrent.value().info_hash);
+  auto reported = co_await s_.tracker->ReportBad(fetch_->digest(), k, info_hash);
+  (void)reported;
+  co_return *state->error;
+}
+
+awaitable<void> ChunkFetcher::Finish() {
+  auto self = shared_from_this();
+  if (!fetch_->failed()) {
+    if (s_.seeds != nullptr && hash_pieces_) {
+      bool all = std::all_of(metainfo_.begin(), metainfo_.end(),
+                             [](const std::string& m) { return !m.empty(); });
+      if (all) s_.seeds->Add(SeedEntry{fetch_->digest(), source_, layout_, metainfo_});
+    }
+    co_return;
+  }
+  for (const auto& ih : added_) s_.swarm->RemoveChunk(ih);
+  if (fetch_->error()->code == ErrorCode::kDigestMismatch && use_tracker_) {
+    // Some published chunk was wrong: drop what we took from peers so it is fetched again.
+    for (uint32_t k = 0; k < origin_.size(); ++k) {
+      if (origin_[k] != Origin::kPeers) continue;
+      auto t = swarm::ParseChunkTorrent(metainfo_[k], layout_.chunk_length(k), layout_.piece_size);
+      if (!t) continue;
+      const std::string info_hash = swarm::Sha1Hex(t.value().info_hash);
+      auto reported = co_await s_.tracker->ReportBad(fetch_->digest(), k, info_hash);
+      (void)reported;
+    }
+  }
+}
+
+}  // namespace
+
+awaitable<void> RunChunkFetch(FetchServices& services, std::shared_ptr<BlobFetch> fetch,
+                              upstream::RegistryEndpoint endpoint, BlobSource source) {
+  auto fetcher =
+      std::make_shared<ChunkFetcher>(services, std::move(fetch), std::move(endpoint), std::move(source));
+  co_await fetcher->Run();
+}
+
+}  // namespace shoal::agent

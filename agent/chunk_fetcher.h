@@ -1,0 +1,69 @@
+#pragma once
+// Fills one BlobFetch chunk by chunk. Each chunk comes from peers (its torrent is ready), from
+// upstream under a tracker lease (we fetch it, hash its pieces, seed it and publish its
+// metainfo), or waits for whoever holds the lease. While the tracker is healthy this agent never
+// fetches from upstream on its own; when no tracker answers for `tracker_grace` it fetches
+// straight from upstream (never worse than no mirror) and says so in logs and metrics.
+// Without a tracker configured every chunk comes from upstream.
+
+#include <utility>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include "agent/blob_fetch.h"
+#include "agent/seed_book.h"
+#include "agent/tracker_client.h"
+#include "lib/swarm/chunk_torrent.h"
+#include "lib/swarm/session.h"
+#include "lib/upstream/registry_client.h"
+
+namespace shoal::agent {
+
+struct ChunkFetchOptions {
+  // Chunk and piece sizes used when no tracker dictates them (blob_size is set per blob).
+  swarm::ChunkLayout local_layout;
+  int window = 4;  // chunks of one blob worked on at once
+  std::chrono::milliseconds lease_wait{5000};
+  std::chrono::milliseconds tracker_grace{10000};  // tracker errors tolerated before going direct
+  std::chrono::milliseconds peer_stall{30000};     // no verified piece for this long: re-lease
+  int upstream_attempts = 3;                       // per chunk, before the blob fails
+};
+
+// The agent's counters for where blob bytes came from and how chunk fetching went.
+struct ChunkFetchMetrics {
+  explicit ChunkFetchMetrics(prometheus::Registry& registry);
+  prometheus::Counter& upstream_bytes;  // shoal_upstream_blob_bytes_total
+  prometheus::Counter& peer_bytes;      // shoal_swarm_peer_bytes_total (verified pieces)
+  prometheus::Family<prometheus::Counter>& chunks;     // shoal_swarm_chunks_total{source}
+  prometheus::Family<prometheus::Counter>& fallbacks;  // shoal_swarm_fallback_total{reason}
+  prometheus::Counter& leases;                         // shoal_swarm_leases_granted_total
+  prometheus::Counter& lease_lost;                     // shoal_swarm_leases_lost_total
+  prometheus::Counter& stalls;                         // shoal_swarm_peer_stalls_total
+};
+
+// What every blob fetch shares; owned by the agent. tracker/swarm/seeds may be null (no swarm).
+struct FetchServices {
+  boost::asio::io_context& ioc;
+  upstream::RegistryClient& client;
+  TrackerClient* tracker;
+  swarm::Swarm* swarm;
+  SeedBook* seeds;
+  ChunkFetchOptions options;
+  ChunkFetchMetrics& metrics;
+};
+
+// Learns the blob's layout (tracker table, else local), then works through its chunks until the
+// fetch ends. Call after fetch->Open(size). Network thread only.
+boost::asio::awaitable<void> RunChunkFetch(FetchServices& services, std::shared_ptr<BlobFetch> fetch,
+                                           upstream::RegistryEndpoint endpoint, BlobSource source);
+
+}  // namespace shoal::agent

@@ -1,0 +1,59 @@
+#pragma once
+// Every verified blob this agent seeds, with its chunk torrents. Persisted beside the cache (one
+// JSON file per blob) so that a restarted agent seeds again, and re-published to the tracker
+// when it restarts: the tracker keeps no database, the agents are its memory.
+
+#include <utility>
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include "agent/tracker_client.h"
+#include "lib/core/digest.h"
+#include "lib/store/blob_store.h"
+#include "lib/swarm/chunk_torrent.h"
+#include "lib/swarm/session.h"
+
+namespace shoal::agent {
+
+struct SeedEntry {
+  Digest digest;
+  BlobSource source;
+  swarm::ChunkLayout layout;
+  std::vector<std::string> metainfo;  // per chunk, bencoded
+};
+
+// Network thread only.
+class SeedBook {
+ public:
+  // dir is created if missing. tracker may be null.
+  SeedBook(std::string dir, store::BlobStore& store, swarm::Swarm& swarm, TrackerClient* tracker);
+
+  // Records a verified blob whose chunk torrents are already in the swarm, and persists it.
+  void Add(SeedEntry entry);
+  // Re-adds every persisted blob still in the store to the swarm as a seed; drops records of
+  // blobs no longer cached. Returns how many blobs are seeded.
+  size_t Restore();
+  // Publishes every chunk of every seeded blob (no lease): at start and after a tracker restart.
+  boost::asio::awaitable<void> RepublishAll();
+  bool Has(const Digest& digest) const { return entries_.count(digest.hex()) > 0; }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  std::string PathOf(const std::string& hex) const;
+  Status Seed(const SeedEntry& entry);
+
+  std::string dir_;
+  store::BlobStore& store_;
+  swarm::Swarm& swarm_;
+  TrackerClient* tracker_;
+  std::map<std::string, SeedEntry> entries_;  // by digest hex
+  bool republishing_ = false;
+  bool republish_again_ = false;
+};
+
+}  // namespace shoal::agent

@@ -1,0 +1,43 @@
+#include "agent/swarm_metrics.h"
+
+namespace shoal::agent {
+namespace {
+
+prometheus::Counter& MakeCounter(prometheus::Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+void AddDelta(prometheus::Counter& c, uint64_t now, uint64_t before) {
+  if (now > before) c.Increment(static_cast<double>(now - before));
+}
+
+}  // namespace
+
+SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
+    : downloaded_(MakeCounter(registry, "shoal_swarm_payload_downloaded_bytes_total",
+                              "Payload bytes received from peers (including failed pieces)")),
+      uploaded_(MakeCounter(registry, "shoal_swarm_payload_uploaded_bytes_total",
+                            "Payload bytes sent to peers")),
+      hash_failures_(MakeCounter(registry, "shoal_swarm_hash_failures_total",
+                                 "Pieces from peers that failed their hash check")),
+      banned_(MakeCounter(registry, "shoal_swarm_peers_banned_total",
+                          "Peers banned for sending corrupt data")),
+      torrents_(prometheus::BuildGauge()
+                    .Name("shoal_swarm_torrents")
+                    .Help("Chunk torrents in the session (seeding or downloading)")
+                    .Register(registry)
+                    .Add({})) {}
+
+void SwarmMetrics::Update(const swarm::SwarmStats& s) {
+  AddDelta(downloaded_, s.downloaded, last_.downloaded);
+  AddDelta(uploaded_, s.uploaded, last_.uploaded);
+  AddDelta(hash_failures_, s.hash_failures, last_.hash_failures);
+  AddDelta(banned_, s.peers_banned, last_.peers_banned);
+  torrents_.Set(static_cast<double>(s.torrents));
+  last_.downloaded = s.downloaded;
+  last_.uploaded = s.uploaded;
+  last_.hash_failures = s.hash_failures;
+  last_.peers_banned = s.peers_banned;
+}
+
+}  // namespace shoal::agent

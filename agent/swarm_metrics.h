@@ -1,0 +1,29 @@
+#pragma once
+// Prometheus counters mirrored from the libtorrent session's cumulative stats.
+
+#include <cstdint>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include "lib/swarm/session.h"
+
+namespace shoal::agent {
+
+class SwarmMetrics {
+ public:
+  explicit SwarmMetrics(prometheus::Registry& registry);
+  // Adds what changed since the last call (stats are cumulative since the session started).
+  void Update(const swarm::SwarmStats& stats);
+
+ private:
+  prometheus::Counter& downloaded_;
+  prometheus::Counter& uploaded_;
+  prometheus::Counter& hash_failures_;
+  prometheus::Counter& banned_;
+  prometheus::Gauge& torrents_;
+  swarm::SwarmStats last_;
+};
+
+}  // namespace shoal::agent

@@ -1,0 +1,292 @@
+#include "agent/tracker_client.h"
+
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "lib/core/base64.h"
+#include "lib/core/sha256.h"
+
+namespace shoal::agent {
+namespace asio = boost::asio;
+namespace http_ = boost::beast::http;
+using asio::awaitable;
+using nlohmann::json;
+
+namespace {
+
+constexpr size_t kMaxReply = 16u << 20;
+
+uint64_t Score(const http::Url& tracker, const Digest& digest) {
+  std::string key = tracker.str() + "|" + digest.hex();
+  std::string hex = Sha256::Of(key).hex().substr(0, 16);
+  return std::stoull(hex, nullptr, 16);
+}
+
+Error ReplyError(unsigned status, const std::string& body, const std::string& what) {
+  std::string message = what + ": tracker answered " + std::to_string(status);
+  try {
+    json j = json::parse(body);
+    if (j.contains("error") && j["error"].is_string())
+      message += " (" + j["error"].get<std::string>() + ")";
+  } catch (const std::exception&) {
+  }
+  ErrorCode code = ErrorCode::kProtocol;
+  if (status == 404) code = ErrorCode::kNotFound;
+  if (status == 409) code = ErrorCode::kDenied;
+  if (status == 400) code = ErrorCode::kInvalidArgument;
+  if (status >= 500) code = ErrorCode::kUnavailable;
+  return MakeError(code, message);
+}
+
+Result<swarm::ChunkLayout> LayoutOf(const json& j) {
+  swarm::ChunkLayout layout;
+  layout.blob_size = j.at("size").get<uint64_t>();
+  layout.chunk_size = j.at("chunk_size").get<uint64_t>();
+  layout.piece_size = j.at("piece_size").get<uint32_t>();
+  if (auto st = layout.Validate(); !st) {
+    return MakeError(ErrorCode::kProtocol, "tracker chunk layout: " + st.error().message);
+  }
+  return layout;
+}
+
+Result<std::string> MetainfoOf(const json& j) {
+  auto decoded = Base64Decode(j.at("metainfo").get<std::string>());
+  if (!decoded) return MakeError(ErrorCode::kProtocol, "tracker metainfo is not base64");
+  return std::move(*decoded);
+}
+
+json SourceJson(const std::string& agent, const BlobSource& source) {
+  return json{{"agent", agent},
+              {"size", source.size},
+              {"registry", source.registry},
+              {"repository", source.repository}};
+}
+
+Result<ChunkTable> ParseTable(const std::string& body) {
+  try {
+    json j = json::parse(body);
+    auto layout = LayoutOf(j);
+    if (!layout) return layout.error();
+    ChunkTable table;
+    table.layout = layout.value();
+    const json& chunks = j.at("chunks");
+    if (!chunks.is_array() || chunks.size() != table.layout.chunk_count()) {
+      return MakeError(ErrorCode::kProtocol, "tracker chunk table has the wrong chunk count");
+    }
+    for (const json& c : chunks) {
+      if (c.value("state", "") == "ready") {
+        auto m = MetainfoOf(c);
+        if (!m) return m.error();
+        table.metainfo.push_back(std::move(m.value()));
+      } else {
+        table.metainfo.emplace_back();
+      }
+    }
+    return table;
+  } catch (const std::exception& e) {
+    return MakeError(ErrorCode::kProtocol, std::string("tracker chunk table: ") + e.what());
+  }
+}
+
+}  // namespace
+
+TrackerClient::TrackerClient(asio::any_io_executor executor, TrackerClientOptions options)
+    : options_(std::move(options)), tracker_ids_(options_.trackers.size()) {
+  http::ClientConfig config;
+  config.connect_timeout = options_.connect_timeout;
+  // Longer than the longest long-poll the tracker will hold (10 s).
+  config.idle_timeout = std::chrono::milliseconds(20000);
+  http_ = std::make_unique<http::Client>(std::move(executor), config);
+}
+
+std::vector<std::string> TrackerClient::AnnounceUrls() const {
+  std::vector<std::string> out;
+  for (const auto& t : options_.trackers) {
+    http::Url u = t;
+    u.target = "/announce";
+    out.push_back(u.str());
+  }
+  return out;
+}
+
+std::vector<size_t> TrackerClient::Order(const Digest& digest) const {
+  std::vector<std::pair<uint64_t, size_t>> scored;
+  for (size_t i = 0; i < options_.trackers.size(); ++i)
+    scored.emplace_back(Score(options_.trackers[i], digest), i);
+  std::sort(scored.begin(), scored.end(), std::greater<>());
+  std::vector<size_t> out;
+  for (auto& [score, i] : scored) out.push_back(i);
+  return out;
+}
+
+void TrackerClient::NoteTrackerId(size_t replica, const std::string& body) {
+  std::string id;
+  try {
+    json j = json::parse(body);
+    if (j.contains("tracker_id") && j["tracker_id"].is_string()) id = j["tracker_id"];
+  } catch (const std::exception&) {
+    return;
+  }
+  if (id.empty()) return;
+  std::string& known = tracker_ids_[replica];
+  bool restarted = !known.empty() && known != id;
+  known = id;
+  if (restarted) {
+    spdlog::warn("tracker {} restarted (new id {}); re-publishing what this agent holds",
+                 options_.trackers[replica].str(), id);
+    if (on_restart_) on_restart_(replica);
+  }
+}
+
+awaitable<Result<TrackerClient::Reply>> TrackerClient::Call(const Digest& digest,
+                                                            http_::verb method, std::string target,
+                                                            std::string body) {
+  if (options_.trackers.empty()) co_return MakeError(ErrorCode::kUnavailable, "no tracker");
+  std::optional<Error> last;
+  for (size_t replica : Order(digest)) {
+    http::Request req;
+    req.method = method;
+    req.url = options_.trackers[replica];
+    req.url.target = target;
+    req.body = body;
+    if (!body.empty()) req.headers.set(http_::field::content_type, "application/json");
+    auto opened = co_await http_->Open(req);
+    if (!opened) {
+      spdlog::debug("tracker {} did not answer: {}", req.url.str(), opened.error().message);
+      last = opened.error();
+      continue;
+    }
+    auto& resp = *opened.value();
+    auto read = co_await resp.ReadAll(kMaxReply);
+    if (!read) {
+      last = read.error();
+      continue;
+    }
+    if (resp.status() >= 502 && resp.status() <= 504) {  // a proxy in front of a dead replica
+      last = MakeError(ErrorCode::kUnavailable, "tracker " + req.url.str() + " answered " +
+                                                    std::to_string(resp.status()));
+      continue;
+    }
+    NoteTrackerId(replica, read.value());
+    co_return Reply{resp.status(), std::move(read.value()), replica};
+  }
+  co_return MakeError(ErrorCode::kUnavailable,
+                      "no tracker answered (" + (last ? last->message : std::string("?")) + ")");
+}
+
+awaitable<Result<ChunkTable>> TrackerClient::Table(const Digest& digest,
+                                                   const BlobSource& source) {
+  std::string body = SourceJson(options_.agent_id, source).dump();
+  std::string target = "/v1/blobs/" + digest.str();
+  auto reply = co_await Call(digest, http_::verb::post, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "chunk table " + digest.str());
+  co_return ParseTable(reply.value().body);
+}
+
+awaitable<Result<ChunkTable>> TrackerClient::FindTable(const Digest& digest) {
+  std::string target = "/v1/blobs/" + digest.str(), body;
+  auto reply = co_await Call(digest, http_::verb::get, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "chunk table " + digest.str());
+  co_return ParseTable(reply.value().body);
+}
+
+awaitable<Result<LeaseAnswer>> TrackerClient::Lease(const Digest& digest, uint32_t k,
+                                                    const BlobSource& source,
+                                                    std::chrono::milliseconds wait) {
+  std::string target = "/v1/blobs/" + digest.str() + "/chunks/" + std::to_string(k) +
+                       "/lease?wait_ms=" + std::to_string(wait.count());
+  std::string body = SourceJson(options_.agent_id, source).dump();
+  auto reply = co_await Call(digest, http_::verb::post, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200) {
+    co_return ReplyError(reply.value().status, reply.value().body,
+                         "lease for chunk " + std::to_string(k) + " of " + digest.str());
+  }
+  try {
+    json j = json::parse(reply.value().body);
+    LeaseAnswer out;
+    auto layout = LayoutOf(j);
+    if (!layout) co_return layout.error();
+    out.layout = layout.value();
+    std::string state = j.at("state").get<std::string>();
+    if (state == "ready") {
+      out.kind = LeaseAnswer::Kind::kReady;
+      auto m = MetainfoOf(j);
+      if (!m) co_return m.error();
+      out.metainfo = std::move(m.value());
+    } else if (state == "granted") {
+      out.kind = LeaseAnswer::Kind::kGranted;
+      out.lease_id = j.at("lease_id").get<std::string>();
+      out.ttl = std::chrono::milliseconds(j.at("ttl_ms").get<int64_t>());
+    } else if (state == "wait") {
+      out.kind = LeaseAnswer::Kind::kWait;
+      out.retry_after = std::chrono::milliseconds(j.value("retry_after_ms", int64_t{1000}));
+      out.reason = j.value("reason", "");
+    } else {
+      co_return MakeError(ErrorCode::kProtocol, "tracker lease state \"" + state + "\" unknown");
+    }
+    co_return out;
+  } catch (const std::exception& e) {
+    co_return MakeError(ErrorCode::kProtocol, std::string("tracker lease answer: ") + e.what());
+  }
+}
+
+awaitable<Status> TrackerClient::Renew(const Digest& digest, uint32_t k,
+                                       const std::string& lease_id, uint64_t bytes) {
+  json j{{"agent", options_.agent_id}, {"lease_id", lease_id}, {"bytes", bytes}};
+  std::string target = "/v1/blobs/" + digest.str() + "/chunks/" + std::to_string(k) + "/renew";
+  std::string body = j.dump();
+  auto reply = co_await Call(digest, http_::verb::post, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "lease renewal");
+  co_return Ok();
+}
+
+awaitable<Status> TrackerClient::Publish(const Digest& digest, uint32_t k,
+                                         const BlobSource& source, const std::string& lease_id,
+                                         const std::string& metainfo) {
+  json j = SourceJson(options_.agent_id, source);
+  if (!lease_id.empty()) j["lease_id"] = lease_id;
+  j["metainfo"] = Base64Encode(metainfo);
+  std::string target = "/v1/blobs/" + digest.str() + "/chunks/" + std::to_string(k);
+  std::string body = j.dump();
+  auto reply = co_await Call(digest, http_::verb::put, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "publish");
+  co_return Ok();
+}
+
+awaitable<Status> TrackerClient::Release(const Digest& digest, uint32_t k,
+                                         const std::string& lease_id) {
+  std::string target = "/v1/blobs/" + digest.str() + "/chunks/" + std::to_string(k) +
+                       "/lease?agent=" + http::QueryEscape(options_.agent_id) +
+                       "&lease_id=" + http::QueryEscape(lease_id);
+  std::string body;
+  auto reply = co_await Call(digest, http_::verb::delete_, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "lease release");
+  co_return Ok();
+}
+
+awaitable<Status> TrackerClient::ReportBad(const Digest& digest, uint32_t k,
+                                           const std::string& info_hash_hex) {
+  json j{{"agent", options_.agent_id}, {"info_hash", info_hash_hex}};
+  std::string target = "/v1/blobs/" + digest.str() + "/chunks/" + std::to_string(k) + "/bad";
+  std::string body = j.dump();
+  auto reply = co_await Call(digest, http_::verb::post, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "bad chunk report");
+  co_return Ok();
+}
+
+}  // namespace shoal::agent

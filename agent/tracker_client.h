@@ -1,0 +1,116 @@
+#pragma once
+// The agent's client for the tracker's blob API (tracker/blob_api.h): chunk tables, upstream
+// leases, publishing chunk metainfo. With several tracker replicas, each blob has an owner
+// replica by rendezvous hashing of its digest over the replica URLs; when the owner does not
+// answer, the next replica in that blob's order is asked. No database is involved: a replica
+// that restarts (new tracker_id) is re-taught by the agents (see OnRestart).
+
+#include <utility>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include "lib/core/digest.h"
+#include "lib/core/error.h"
+#include "lib/http/client.h"
+#include "lib/http/url.h"
+#include "lib/swarm/chunk_torrent.h"
+
+namespace shoal::agent {
+
+// Where a blob comes from upstream, so whichever agent holds a lease can fetch it.
+struct BlobSource {
+  uint64_t size = 0;
+  std::string registry;
+  std::string repository;
+};
+
+// A blob's chunk table as the tracker has it.
+struct ChunkTable {
+  swarm::ChunkLayout layout;
+  std::vector<std::string> metainfo;  // per chunk: the bencoded torrent, empty unless ready
+};
+
+// The tracker's answer to a lease request for one chunk.
+struct LeaseAnswer {
+  enum class Kind { kReady, kGranted, kWait };
+  Kind kind = Kind::kWait;
+  swarm::ChunkLayout layout;
+  std::string metainfo;  // kReady: the chunk's bencoded torrent
+  std::string lease_id;  // kGranted
+  std::chrono::milliseconds ttl{0};          // kGranted: renew well before this passes
+  std::chrono::milliseconds retry_after{0};  // kWait
+  std::string reason;                        // kWait: "leased", "cluster_cap", "agent_cap"
+};
+
+struct TrackerClientOptions {
+  std::vector<http::Url> trackers;  // replica base URLs, e.g. http://10.0.0.5:7070
+  std::string agent_id;             // this agent's identity in leases
+  std::chrono::milliseconds connect_timeout{2000};
+};
+
+// Thread-affine: use from the agent's network thread.
+class TrackerClient {
+ public:
+  TrackerClient(boost::asio::any_io_executor executor, TrackerClientOptions options);
+
+  bool enabled() const { return !options_.trackers.empty(); }
+  const std::string& agent_id() const { return options_.agent_id; }
+  // Announce URLs of every replica (base + "/announce"), for the chunk torrents.
+  std::vector<std::string> AnnounceUrls() const;
+  // Replica indexes in the rendezvous order for digest (owner first).
+  std::vector<size_t> Order(const Digest& digest) const;
+
+  // Creates (or reads) the chunk table. Errors: kUnavailable when no replica answers,
+  // kProtocol for an answer we cannot use, kInvalidArgument/kDenied for a 4xx.
+  boost::asio::awaitable<Result<ChunkTable>> Table(const Digest& digest, const BlobSource& source);
+  // Reads a table without creating it; kNotFound when the tracker does not know the blob.
+  boost::asio::awaitable<Result<ChunkTable>> FindTable(const Digest& digest);
+  // Asks for chunk k: ready (metainfo), granted (we fetch it from upstream) or wait. With wait > 0
+  // the tracker holds the request up to that long for a change.
+  boost::asio::awaitable<Result<LeaseAnswer>> Lease(const Digest& digest, uint32_t k,
+                                                    const BlobSource& source,
+                                                    std::chrono::milliseconds wait);
+  // Extends a lease. Errors: kDenied when the lease was lost (expired or re-granted).
+  boost::asio::awaitable<Status> Renew(const Digest& digest, uint32_t k,
+                                       const std::string& lease_id, uint64_t bytes);
+  // Publishes chunk k's metainfo (releasing the lease when lease_id is not empty).
+  boost::asio::awaitable<Status> Publish(const Digest& digest, uint32_t k,
+                                         const BlobSource& source, const std::string& lease_id,
+                                         const std::string& metainfo);
+  // Gives a lease back after a failed upstream fetch.
+  boost::asio::awaitable<Status> Release(const Digest& digest, uint32_t k,
+                                         const std::string& lease_id);
+  // Reports chunk metainfo whose data did not verify, so the tracker drops it and re-leases.
+  boost::asio::awaitable<Status> ReportBad(const Digest& digest, uint32_t k,
+                                           const std::string& info_hash_hex);
+
+  // Called (on the network thread) when a replica answers with a tracker_id different from the
+  // one it gave before: it restarted and lost its tables.
+  void OnRestart(std::function<void(size_t replica)> callback) { on_restart_ = std::move(callback); }
+
+ private:
+  struct Reply {
+    unsigned status = 0;
+    std::string body;
+    size_t replica = 0;
+  };
+  // Sends to the replicas in digest's order until one answers (any HTTP status).
+  boost::asio::awaitable<Result<Reply>> Call(const Digest& digest, boost::beast::http::verb method,
+                                             std::string target, std::string body);
+  void NoteTrackerId(size_t replica, const std::string& body);
+
+  TrackerClientOptions options_;
+  std::vector<std::string> tracker_ids_;  // per replica, last seen
+  std::unique_ptr<http::Client> http_;
+  std::function<void(size_t)> on_restart_;
+};
+
+}  // namespace shoal::agent

@@ -1,0 +1,610 @@
+#include "lib/swarm/range_disk_io.h"
+
+#include <utility>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <libtorrent/add_torrent_params.hpp>
+#include <libtorrent/disk_buffer_holder.hpp>
+#include <libtorrent/disk_observer.hpp>
+#include <libtorrent/error_code.hpp>
+#include <libtorrent/file_storage.hpp>
+#include <libtorrent/hasher.hpp>
+#include <libtorrent/performance_counters.hpp>
+#include <libtorrent/settings_pack.hpp>
+#include <libtorrent/storage_defs.hpp>
+#include <spdlog/spdlog.h>
+
+namespace shoal::swarm {
+namespace {
+
+// A move-only nullary callable (std::function needs copyable targets; jobs own buffers).
+class Task {
+ public:
+  Task() = default;
+  template <typename F>
+  explicit Task(F f) : impl_(std::make_unique<Model<F>>(std::move(f))) {}
+  void operator()() { impl_->Run(); }
+  explicit operator bool() const { return impl_ != nullptr; }
+
+ private:
+  struct Concept {
+    virtual ~Concept() = default;
+    virtual void Run() = 0;
+  };
+  template <typename F>
+  struct Model final : Concept {
+    explicit Model(F fn) : f(std::move(fn)) {}
+    void Run() override { f(); }
+    F f;
+  };
+  std::unique_ptr<Concept> impl_;
+};
+
+lt::error_code SysError(int err) { return lt::error_code(err, boost::system::system_category()); }
+
+lt::storage_error StorageError(lt::error_code ec, lt::operation_t op) {
+  return lt::storage_error(ec, lt::file_index_t(0), op);
+}
+
+// Reads exactly len bytes at off. A short file is an eof error; *got says how much was read.
+lt::error_code PreadFull(int fd, char* buf, size_t len, uint64_t off, size_t* got = nullptr) {
+  size_t done = 0;
+  while (done < len) {
+    ssize_t n = ::pread(fd, buf + done, len - done, static_cast<off_t>(off + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (got) *got = done;
+      return SysError(errno);
+    }
+    if (n == 0) {
+      if (got) *got = done;
+      return boost::asio::error::eof;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (got) *got = done;
+  return {};
+}
+
+lt::error_code PwriteFull(int fd, const char* buf, size_t len, uint64_t off) {
+  while (len > 0) {
+    ssize_t n = ::pwrite(fd, buf, len, static_cast<off_t>(off));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return SysError(errno);
+    }
+    if (n == 0) return SysError(EIO);
+    buf += n;
+    len -= static_cast<size_t>(n);
+    off += static_cast<uint64_t>(n);
+  }
+  return {};
+}
+
+// One chunk torrent's storage.
+struct Storage {
+  Sha1 info_hash{};
+  std::string name;
+  FileRange range;       // range.file is null when the storage is unusable
+  lt::error_code error;  // why it is unusable
+  uint32_t piece_length = 0;
+  int num_pieces = 0;
+  std::atomic<bool> write_error_logged{false};  // log the first failed write only
+
+  // The fields below are guarded by RangeDiskIo::mu_.
+  // Writes issued for a piece that have not landed in the file yet.
+  std::unordered_map<int, int> pending_writes;
+  // Hash jobs waiting for a piece's pending writes.
+  std::unordered_map<int, std::vector<Task>> parked;
+  // Every job gets a sequence number; the ones not completed yet are in `inflight`.
+  uint64_t next_seq = 0;
+  std::set<uint64_t> inflight;
+  // (F, action): run action once every job with a sequence number below F has completed.
+  std::deque<std::pair<uint64_t, Task>> fences;
+};
+using StoragePtr = std::shared_ptr<Storage>;
+
+class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator_interface {
+ public:
+  RangeDiskIo(lt::io_context& ioc, const lt::settings_interface& settings, lt::counters& counters,
+              RangeDiskIoOptions options)
+      : ioc_(ioc), settings_(settings), counters_(counters), options_(std::move(options)) {
+    if (!options_.registry) options_.registry = std::make_shared<FileRangeRegistry>();
+    settings_updated();
+    int n = std::max(1, options_.threads);
+    running_ = n;
+    for (int i = 0; i < n; ++i) {
+      // Each thread keeps libtorrent's io_context alive until it exits, so completions posted
+      // while the session shuts down still run (the same contract as libtorrent's own disk I/O).
+      threads_.emplace_back(
+          [this, guard = boost::asio::make_work_guard(ioc_)]() mutable { ThreadMain(guard); });
+    }
+  }
+
+  ~RangeDiskIo() override {
+    Stop();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+  // ---- buffer_allocator_interface
+  void free_disk_buffer(char* b) override { delete[] b; }
+
+  // ---- disk_interface
+  lt::storage_holder new_torrent(const lt::storage_params& p,
+                                 const std::shared_ptr<void>&) override {
+    auto st = std::make_shared<Storage>();
+    std::copy(p.info_hash.begin(), p.info_hash.end(), st->info_hash.begin());
+    st->name = p.files.name();
+    st->piece_length = static_cast<uint32_t>(p.files.piece_length());
+    st->num_pieces = p.files.num_pieces();
+    uint64_t total = static_cast<uint64_t>(p.files.total_size());
+    std::optional<FileRange> range = options_.registry->Find(st->info_hash);
+    if (!range) {
+      st->error = SysError(ENOENT);
+      spdlog::error("swarm disk: no file range registered for chunk torrent {} (info-hash {}); "
+                    "its storage fails every operation",
+                    st->name, Sha1Hex(st->info_hash));
+    } else if (range->length != total) {
+      st->error = SysError(EINVAL);
+      spdlog::error("swarm disk: file range of chunk torrent {} (info-hash {}) is {} bytes, the "
+                    "torrent is {} bytes; its storage fails every operation",
+                    st->name, Sha1Hex(st->info_hash), range->length, total);
+    } else {
+      st->range = std::move(*range);
+    }
+    lt::storage_index_t idx;
+    if (free_slots_.empty()) {
+      idx = lt::storage_index_t(static_cast<std::uint32_t>(torrents_.size()));
+      torrents_.push_back(std::move(st));
+    } else {
+      idx = free_slots_.back();
+      free_slots_.pop_back();
+      torrents_[static_cast<std::uint32_t>(idx)] = std::move(st);
+    }
+    return lt::storage_holder(idx, *this);
+  }
+
+  void remove_torrent(lt::storage_index_t idx) override {
+    // Jobs in flight hold their own reference to the storage.
+    torrents_[static_cast<std::uint32_t>(idx)].reset();
+    free_slots_.push_back(idx);
+  }
+
+  void async_read(lt::storage_index_t storage, const lt::peer_request& r,
+                  std::function<void(lt::disk_buffer_holder, const lt::storage_error&)> handler,
+                  lt::disk_job_flags_t) override {
+    StoragePtr st = Get(storage);
+    if (st->error) {
+      PostResult([h = std::move(handler), e = st->error]() {
+        h(lt::disk_buffer_holder(), StorageError(e, lt::operation_t::file_open));
+      });
+      return;
+    }
+    auto off = MapPieceRequest(st->range, st->piece_length, static_cast<int>(r.piece), r.start,
+                               r.length);
+    if (!off) {
+      PostResult([h = std::move(handler)]() {
+        h(lt::disk_buffer_holder(), StorageError(SysError(EINVAL), lt::operation_t::file_read));
+      });
+      return;
+    }
+    uint64_t seq = Begin(*st);
+    size_t len = static_cast<size_t>(r.length);
+    Submit(Task([this, st, seq, len, off = off.value(), h = std::move(handler)]() mutable {
+      char* buf = new char[len];
+      lt::error_code ec = PreadFull(st->range.file->fd(), buf, len, off);
+      lt::disk_buffer_holder holder;
+      if (ec) {
+        delete[] buf;
+      } else {
+        holder = lt::disk_buffer_holder(*this, buf, static_cast<int>(len));
+        counters_.inc_stats_counter(lt::counters::num_blocks_read);
+      }
+      PostResult([h = std::move(h), holder = std::move(holder), ec]() mutable {
+        h(std::move(holder), ec ? StorageError(ec, lt::operation_t::file_read) : lt::storage_error());
+      });
+      Finish(*st, seq, std::nullopt, 0);
+    }));
+  }
+
+  bool async_write(lt::storage_index_t storage, const lt::peer_request& r, const char* buf,
+                   std::shared_ptr<lt::disk_observer> o,
+                   std::function<void(const lt::storage_error&)> handler,
+                   lt::disk_job_flags_t) override {
+    StoragePtr st = Get(storage);
+    if (st->error) {
+      PostResult([h = std::move(handler), e = st->error]() {
+        h(StorageError(e, lt::operation_t::file_open));
+      });
+      return false;
+    }
+    auto off = MapPieceRequest(st->range, st->piece_length, static_cast<int>(r.piece), r.start,
+                               r.length);
+    if (!off) {
+      PostResult([h = std::move(handler)]() {
+        h(StorageError(SysError(EINVAL), lt::operation_t::file_write));
+      });
+      return false;
+    }
+    // libtorrent's buffer is only valid during this call.
+    size_t len = static_cast<size_t>(r.length);
+    std::unique_ptr<char[]> copy(new char[len]);
+    std::memcpy(copy.get(), buf, len);
+    int piece = static_cast<int>(r.piece);
+    bool exceeded = false;
+    uint64_t seq;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      seq = BeginLocked(*st);
+      ++st->pending_writes[piece];
+      queued_write_bytes_ += static_cast<int64_t>(len);
+      if (queued_write_bytes_ > max_queued_bytes_.load()) {
+        exceeded_ = true;
+        exceeded = true;
+        if (o) observers_.push_back(std::move(o));
+      }
+    }
+    Submit(Task([this, st, seq, piece, len, off = off.value(), copy = std::move(copy),
+                 h = std::move(handler)]() mutable {
+      lt::error_code ec = PwriteFull(st->range.file->fd(), copy.get(), len, off);
+      copy.reset();
+      if (ec) {
+        if (!st->write_error_logged.exchange(true)) {
+          spdlog::warn("swarm disk: writing {} bytes at offset {} for chunk {} failed: {}", len,
+                       off, st->name, ec.message());
+        }
+      } else {
+        counters_.inc_stats_counter(lt::counters::num_blocks_written);
+        if (options_.on_write_landed) options_.on_write_landed(st->info_hash, off, len);
+      }
+      PostResult([h = std::move(h), ec]() {
+        h(ec ? StorageError(ec, lt::operation_t::file_write) : lt::storage_error());
+      });
+      Finish(*st, seq, piece, static_cast<int64_t>(len));
+    }));
+    return exceeded;
+  }
+
+  void async_hash(lt::storage_index_t storage, lt::piece_index_t piece, lt::span<lt::sha256_hash>,
+                  lt::disk_job_flags_t flags,
+                  std::function<void(lt::piece_index_t, const lt::sha1_hash&,
+                                     const lt::storage_error&)>
+                      handler) override {
+    StoragePtr st = Get(storage);
+    if (st->error) {
+      PostResult([h = std::move(handler), e = st->error, piece]() {
+        h(piece, lt::sha1_hash(), StorageError(e, lt::operation_t::file_open));
+      });
+      return;
+    }
+    int p = static_cast<int>(piece);
+    if (p < 0 || p >= st->num_pieces) {
+      PostResult([h = std::move(handler), piece]() {
+        h(piece, lt::sha1_hash(), StorageError(SysError(EINVAL), lt::operation_t::file_read));
+      });
+      return;
+    }
+    bool v1 = bool(flags & lt::disk_interface::v1_hash);
+    Task job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      uint64_t seq = BeginLocked(*st);
+      job = Task([this, st, seq, piece, v1, h = std::move(handler)]() mutable {
+        lt::sha1_hash hash;
+        lt::error_code ec;
+        if (v1) ec = HashPiece(*st, static_cast<int>(piece), hash);
+        PostResult([h = std::move(h), piece, hash, ec]() {
+          h(piece, hash, ec ? StorageError(ec, lt::operation_t::file_read) : lt::storage_error());
+        });
+        Finish(*st, seq, std::nullopt, 0);
+      });
+      // libtorrent asks for the hash as soon as the piece's last block was handed to
+      // async_write: wait until every write of the piece has landed, so the hash (and
+      // piece_finished_alert after it) reflects what is in the file.
+      auto it = st->pending_writes.find(p);
+      if (it != st->pending_writes.end() && it->second > 0) {
+        st->parked[p].push_back(std::move(job));
+        return;
+      }
+    }
+    Submit(std::move(job));
+  }
+
+  void async_hash2(lt::storage_index_t, lt::piece_index_t piece, int, lt::disk_job_flags_t,
+                   std::function<void(lt::piece_index_t, const lt::sha256_hash&,
+                                      const lt::storage_error&)>
+                       handler) override {
+    PostResult([h = std::move(handler), piece]() {
+      h(piece, lt::sha256_hash(),
+        StorageError(SysError(EOPNOTSUPP), lt::operation_t::file_read));
+    });
+  }
+
+  void async_move_storage(lt::storage_index_t, std::string p, lt::move_flags_t,
+                          std::function<void(lt::status_t, const std::string&,
+                                             const lt::storage_error&)>
+                              handler) override {
+    PostResult([h = std::move(handler), p = std::move(p)]() {
+      h(lt::status_t::fatal_disk_error, p,
+        StorageError(SysError(EOPNOTSUPP), lt::operation_t::file_rename));
+    });
+  }
+
+  void async_release_files(lt::storage_index_t storage, std::function<void()> handler) override {
+    Fence(Get(storage), std::move(handler));
+  }
+
+  void async_check_files(lt::storage_index_t storage, const lt::add_torrent_params*,
+                         lt::aux::vector<std::string, lt::file_index_t>,
+                         std::function<void(lt::status_t, const lt::storage_error&)> handler)
+      override {
+    StoragePtr st = Get(storage);
+    lt::error_code e = st->error;
+    PostResult([h = std::move(handler), e]() {
+      if (e) {
+        h(lt::status_t::fatal_disk_error, StorageError(e, lt::operation_t::file_open));
+      } else {
+        h(lt::status_t::no_error, lt::storage_error());
+      }
+    });
+  }
+
+  void async_stop_torrent(lt::storage_index_t storage, std::function<void()> handler) override {
+    Fence(Get(storage), std::move(handler));
+  }
+
+  void async_rename_file(lt::storage_index_t, lt::file_index_t index, std::string name,
+                         std::function<void(const std::string&, lt::file_index_t,
+                                            const lt::storage_error&)>
+                             handler) override {
+    PostResult([h = std::move(handler), index, name = std::move(name)]() {
+      h(name, index, lt::storage_error(SysError(EOPNOTSUPP), index, lt::operation_t::file_rename));
+    });
+  }
+
+  void async_delete_files(lt::storage_index_t, lt::remove_flags_t,
+                          std::function<void(const lt::storage_error&)> handler) override {
+    PostResult([h = std::move(handler)]() {
+      h(StorageError(SysError(EOPNOTSUPP), lt::operation_t::file_remove));
+    });
+  }
+
+  void async_set_file_priority(
+      lt::storage_index_t, lt::aux::vector<lt::download_priority_t, lt::file_index_t> prio,
+      std::function<void(const lt::storage_error&,
+                         lt::aux::vector<lt::download_priority_t, lt::file_index_t>)>
+          handler) override {
+    PostResult([h = std::move(handler), prio = std::move(prio)]() mutable {
+      h(lt::storage_error(), std::move(prio));
+    });
+  }
+
+  void async_clear_piece(lt::storage_index_t storage, lt::piece_index_t index,
+                         std::function<void(lt::piece_index_t)> handler) override {
+    Fence(Get(storage), [h = std::move(handler), index]() { h(index); });
+  }
+
+  void update_stats_counters(lt::counters& c) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    c.set_value(lt::counters::queued_disk_jobs, static_cast<int64_t>(queue_.size()));
+  }
+
+  std::vector<lt::open_file_state> get_status(lt::storage_index_t) const override { return {}; }
+
+  void abort(bool wait) override {
+    Stop();
+    if (wait) {
+      for (auto& t : threads_) {
+        if (t.joinable()) t.join();
+      }
+    }
+  }
+
+  void submit_jobs() override {}
+
+  void settings_updated() override {
+    int64_t max = settings_.get_int(lt::settings_pack::max_queued_disk_bytes);
+    max_queued_bytes_.store(std::max<int64_t>(max, 4 * lt::default_block_size));
+  }
+
+ private:
+  StoragePtr Get(lt::storage_index_t idx) const { return torrents_[static_cast<std::uint32_t>(idx)]; }
+
+  template <typename F>
+  void PostResult(F f) {
+    boost::asio::post(ioc_, std::move(f));
+  }
+
+  uint64_t BeginLocked(Storage& st) {
+    uint64_t seq = st.next_seq++;
+    st.inflight.insert(seq);
+    return seq;
+  }
+  uint64_t Begin(Storage& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return BeginLocked(st);
+  }
+
+  // Runs `t` on the pool; inline once every pool thread has exited (after abort).
+  void Submit(Task t) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_ > 0) {
+        queue_.push_back(std::move(t));
+        cv_.notify_one();
+        return;
+      }
+    }
+    t();
+  }
+
+  // Runs `handler` on libtorrent's thread once every job issued for `st` so far has completed.
+  template <typename F>
+  void Fence(const StoragePtr& st, F handler) {
+    Task post([this, handler = std::move(handler)]() mutable {
+      if constexpr (std::is_same_v<F, std::function<void()>>) {
+        if (!handler) return;
+      }
+      PostResult(std::move(handler));
+    });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!st->inflight.empty()) {
+        st->fences.emplace_back(st->next_seq, std::move(post));
+        return;
+      }
+    }
+    post();
+  }
+
+  // A job of `st` finished (its result already posted). For writes, `written_piece` and
+  // `written_bytes` release the piece's parked hash jobs and the write queue's memory.
+  void Finish(Storage& st, uint64_t seq, std::optional<int> written_piece,
+              int64_t written_bytes) {
+    std::vector<Task> resubmit;
+    std::vector<Task> fences;
+    std::vector<std::shared_ptr<lt::disk_observer>> observers;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (written_piece) {
+        queued_write_bytes_ -= written_bytes;
+        auto it = st.pending_writes.find(*written_piece);
+        if (it != st.pending_writes.end() && --it->second <= 0) {
+          st.pending_writes.erase(it);
+          auto pk = st.parked.find(*written_piece);
+          if (pk != st.parked.end()) {
+            resubmit = std::move(pk->second);
+            st.parked.erase(pk);
+          }
+        }
+        if (exceeded_ && queued_write_bytes_ <= max_queued_bytes_.load() / 2) {
+          exceeded_ = false;
+          observers.swap(observers_);
+        }
+      }
+      st.inflight.erase(seq);
+      while (!st.fences.empty() &&
+             (st.inflight.empty() || *st.inflight.begin() >= st.fences.front().first)) {
+        fences.push_back(std::move(st.fences.front().second));
+        st.fences.pop_front();
+      }
+    }
+    for (auto& t : resubmit) Submit(std::move(t));
+    for (auto& f : fences) f();
+    for (auto& o : observers) {
+      PostResult([o = std::move(o)]() { o->on_disk(); });
+    }
+  }
+
+  lt::error_code HashPiece(const Storage& st, int piece, lt::sha1_hash& out) {
+    constexpr size_t kSlice = 1u << 20;
+    thread_local std::vector<char> buf;
+    if (buf.size() < kSlice) buf.resize(kSlice);
+    uint64_t begin = static_cast<uint64_t>(piece) * st.piece_length;
+    uint64_t end = std::min<uint64_t>(begin + st.piece_length, st.range.length);
+    lt::hasher h;
+    for (uint64_t pos = begin; pos < end;) {
+      size_t take = static_cast<size_t>(std::min<uint64_t>(kSlice, end - pos));
+      size_t got = 0;
+      lt::error_code ec =
+          PreadFull(st.range.file->fd(), buf.data(), take, st.range.offset + pos, &got);
+      // Past the end of a file that is not full size yet: hash zeros, as a sparse file would
+      // read. The piece then fails its check instead of putting the torrent in error.
+      if (ec == boost::asio::error::eof) {
+        std::memset(buf.data() + got, 0, take - got);
+      } else if (ec) {
+        return ec;
+      }
+      h.update(buf.data(), static_cast<int>(take));
+      pos += take;
+    }
+    out = h.final();
+    return {};
+  }
+
+  void ThreadMain(boost::asio::executor_work_guard<lt::io_context::executor_type>& guard) {
+    for (;;) {
+      Task t;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) {
+          // Stopping and drained. A job still running on another thread may queue more work
+          // (a parked hash); that thread keeps going until the queue is empty.
+          --running_;
+          break;
+        }
+        t = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      t();
+    }
+    guard.reset();
+  }
+
+  void Stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+
+  lt::io_context& ioc_;
+  const lt::settings_interface& settings_;
+  lt::counters& counters_;
+  RangeDiskIoOptions options_;
+  std::atomic<int64_t> max_queued_bytes_{1 << 20};
+
+  // Touched on libtorrent's network thread only.
+  std::vector<StoragePtr> torrents_;
+  std::vector<lt::storage_index_t> free_slots_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  int running_ = 0;
+  bool stopping_ = false;
+  int64_t queued_write_bytes_ = 0;
+  bool exceeded_ = false;
+  std::vector<std::shared_ptr<lt::disk_observer>> observers_;
+
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<lt::disk_interface> MakeRangeDiskIo(lt::io_context& ioc,
+                                                    const lt::settings_interface& settings,
+                                                    lt::counters& counters,
+                                                    RangeDiskIoOptions options) {
+  return std::make_unique<RangeDiskIo>(ioc, settings, counters, std::move(options));
+}
+
+lt::disk_io_constructor_type RangeDiskIoConstructor(RangeDiskIoOptions options) {
+  return [options = std::move(options)](lt::io_context& ioc, const lt::settings_interface& s,
+                                        lt::counters& c) {
+    return MakeRangeDiskIo(ioc, s, c, options);
+  };
+}
+
+}  // namespace shoal::swarm

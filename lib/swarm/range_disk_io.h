@@ -1,0 +1,65 @@
+#pragma once
+// A libtorrent disk subsystem (lt::disk_interface) that stores each chunk torrent in a byte range
+// of a larger blob file. libtorrent's own storages map a torrent onto whole files only.
+//
+// - When libtorrent creates a torrent's storage (new_torrent), the torrent's v1 info-hash is
+//   looked up in a FileRangeRegistry. An unregistered torrent gets a storage that fails every
+//   operation with ENOENT: adding it fails its file check and the torrent is left in error
+//   (file_error_alert). The same happens when the registered range's length is not the
+//   torrent's size.
+// - Reads (pread into a freshly allocated 16 KiB buffer), writes (pwrite of a copy of the
+//   block) and piece hashing (pread + SHA-1) run on a small thread pool of our own. Completions
+//   are posted to libtorrent's io_context.
+// - Writes are bounded in memory: once more than max_queued_disk_bytes (libtorrent setting) are
+//   waiting, async_write returns true and libtorrent stops reading from that peer until we call
+//   its disk_observer back, when the queue has drained to half of that.
+// - A hash job for a piece waits until every write issued for that piece has landed in the
+//   file. So when libtorrent reports a piece as passed (piece_finished_alert), its bytes are
+//   already in the blob file (in the page cache; nothing here fsyncs).
+// - Fence-like jobs (clear_piece, stop_torrent, release_files) complete once every job issued
+//   for that torrent before them has completed.
+// - move_storage, rename_file and delete_files answer operation_not_supported: the blob file
+//   belongs to the embedding code and is never moved or deleted through libtorrent. Setting
+//   file priorities is accepted and ignored; check_files answers no_error (the embedding code
+//   says which pieces it has through add_torrent_params).
+// - Only v1 hashes are computed (chunk torrents are v1-only); async_hash2 answers an error.
+
+#include <utility>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include <libtorrent/disk_interface.hpp>
+#include <libtorrent/io_context.hpp>
+#include <libtorrent/session_params.hpp>
+
+#include "lib/swarm/file_range.h"
+
+namespace shoal::swarm {
+
+namespace lt = libtorrent;
+
+struct RangeDiskIoOptions {
+  // Chunk torrents' info-hash -> file range. Required.
+  std::shared_ptr<FileRangeRegistry> registry;
+  // Threads doing pread/pwrite/hashing.
+  int threads = 2;
+  // Optional: called on a disk thread after a block was written into the blob file, before
+  // libtorrent hears of it, with the file offset and length written. Must be quick and
+  // thread-safe. (A piece's completion still comes from libtorrent's piece_finished_alert.)
+  std::function<void(const Sha1& info_hash, uint64_t file_offset, uint64_t length)>
+      on_write_landed;
+};
+
+// Creates the disk subsystem directly (tests drive it without a session). `ioc` is libtorrent's
+// network io_context, `settings` the session's settings (read in settings_updated only).
+std::unique_ptr<lt::disk_interface> MakeRangeDiskIo(lt::io_context& ioc,
+                                                    const lt::settings_interface& settings,
+                                                    lt::counters& counters,
+                                                    RangeDiskIoOptions options);
+
+// For session_params::disk_io_constructor.
+lt::disk_io_constructor_type RangeDiskIoConstructor(RangeDiskIoOptions options);
+
+}  // namespace shoal::swarm

@@ -1,0 +1,469 @@
+#include "lib/swarm/session.h"
+
+#include <utility>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
+#include <libtorrent/add_torrent_params.hpp>
+#include <libtorrent/alert_types.hpp>
+#include <libtorrent/ip_filter.hpp>
+#include <libtorrent/session.hpp>
+#include <libtorrent/session_params.hpp>
+#include <libtorrent/settings_pack.hpp>
+#include <libtorrent/socket_type.hpp>
+#include <libtorrent/torrent_flags.hpp>
+#include <libtorrent/torrent_handle.hpp>
+#include <libtorrent/torrent_info.hpp>
+#include <libtorrent/torrent_status.hpp>
+#include <spdlog/spdlog.h>
+
+#include "lib/swarm/range_disk_io.h"
+
+namespace shoal::swarm {
+namespace {
+
+Sha1 FromLt(const lt::sha1_hash& h) {
+  Sha1 out{};
+  std::copy(h.begin(), h.end(), out.begin());
+  return out;
+}
+
+std::string Endpoint(const lt::tcp::endpoint& ep) {
+  return ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+// lt::socket_type_name is not exported by libtorrent 2.0.8.
+const char* SocketTypeName(lt::socket_type_t t) {
+  switch (t) {
+    case lt::socket_type_t::tcp: return "tcp";
+    case lt::socket_type_t::utp: return "udp";
+    default: return "other";
+  }
+}
+
+// Settings for a private LAN swarm of chunk torrents, from high_performance_seed().
+lt::settings_pack MakeSettings(const SwarmOptions& o) {
+  lt::settings_pack s = lt::high_performance_seed();
+  s.set_str(lt::settings_pack::user_agent, "shoal/0.1 libtorrent/" LIBTORRENT_VERSION);
+  s.set_str(lt::settings_pack::listen_interfaces, o.listen_interface);
+  s.set_bool(lt::settings_pack::enable_dht, false);
+  s.set_bool(lt::settings_pack::enable_lsd, false);
+  s.set_bool(lt::settings_pack::enable_upnp, false);
+  s.set_bool(lt::settings_pack::enable_natpmp, false);
+  s.set_bool(lt::settings_pack::enable_outgoing_utp, false);
+  s.set_bool(lt::settings_pack::enable_incoming_utp, false);
+  s.set_bool(lt::settings_pack::enable_outgoing_tcp, true);
+  s.set_bool(lt::settings_pack::enable_incoming_tcp, true);
+  s.set_bool(lt::settings_pack::allow_multiple_connections_per_ip,
+             o.allow_multiple_connections_per_ip);
+  s.set_int(lt::settings_pack::alert_mask,
+            lt::alert_category::error | lt::alert_category::status |
+                lt::alert_category::piece_progress | lt::alert_category::peer |
+                lt::alert_category::tracker | lt::alert_category::storage);
+  s.set_int(lt::settings_pack::alert_queue_size, o.alert_queue_size);
+  // Trackers: re-announce at least this often; give every replica (and tier) the full view.
+  s.set_int(lt::settings_pack::min_announce_interval, o.min_announce_interval_s);
+  s.set_bool(lt::settings_pack::announce_to_all_trackers, true);
+  s.set_bool(lt::settings_pack::announce_to_all_tiers, true);
+  s.set_int(lt::settings_pack::stop_tracker_timeout, 2);
+  s.set_int(lt::settings_pack::tracker_completion_timeout, 10);
+  s.set_int(lt::settings_pack::tracker_receive_timeout, 5);
+  // Connections: fewer than a seed box, but a LAN peer can take many in parallel.
+  s.set_int(lt::settings_pack::connections_limit, o.connections_limit);
+  s.set_int(lt::settings_pack::unchoke_slots_limit, o.unchoke_slots);
+  s.set_int(lt::settings_pack::choking_algorithm, lt::settings_pack::fixed_slots_choker);
+  // high_performance_seed gives up on a peer after one failure; LAN peers restart and come back.
+  s.set_int(lt::settings_pack::max_failcount, 3);
+  // Bounded memory for blocks on their way to the blob file (range_disk_io reads this).
+  s.set_int(lt::settings_pack::max_queued_disk_bytes, o.max_queued_disk_bytes);
+  // There is no read cache to suggest pieces from.
+  s.set_int(lt::settings_pack::suggest_mode, lt::settings_pack::no_piece_suggestions);
+  // Prefer pieces next to the ones being downloaded (longer sequential writes).
+  s.set_bool(lt::settings_pack::piece_extent_affinity, true);
+  // A chunk has few pieces: don't hold back its last ones waiting for one slow peer.
+  s.set_bool(lt::settings_pack::strict_end_game_mode, false);
+  return s;
+}
+
+// Every address in the global peer class only: by default libtorrent puts 10/8, 172.16/12,
+// 192.168/16 and loopback in the "local" class, which ignores unchoke slots and rate limits.
+lt::ip_filter GlobalOnlyPeerClassFilter() {
+  lt::ip_filter f;
+  std::uint32_t global = 1u << static_cast<std::uint32_t>(lt::session::global_peer_class_id);
+  f.add_rule(boost::asio::ip::make_address("0.0.0.0"),
+             boost::asio::ip::make_address("255.255.255.255"), global);
+  f.add_rule(boost::asio::ip::make_address("::"),
+             boost::asio::ip::make_address("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), global);
+  return f;
+}
+
+}  // namespace
+
+struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
+  struct Chunk {
+    lt::torrent_handle handle;
+    std::string name;
+    uint64_t length = 0;
+    uint32_t piece_size = 0;
+    uint32_t piece_count = 0;
+    std::vector<bool> reported;  // pieces we have: downloaded and reported, or given at add
+    uint32_t reported_count = 0;
+    bool complete = false;
+    bool errored = false;
+    std::function<void(uint32_t, uint64_t, uint64_t)> on_piece;
+    std::function<void()> on_complete;
+    std::function<void(const Error&)> on_error;
+  };
+
+  Impl(boost::asio::io_context& context, SwarmOptions o) : ioc(context), options(std::move(o)) {}
+
+  boost::asio::io_context& ioc;
+  SwarmOptions options;
+  std::shared_ptr<FileRangeRegistry> registry = std::make_shared<FileRangeRegistry>();
+  std::unique_ptr<lt::session> session;
+  uint16_t port = 0;
+  std::map<Sha1, Chunk> chunks;
+  std::map<lt::torrent_handle, Sha1> by_handle;
+  // Totals of removed chunks, so Stats() keeps counting them.
+  uint64_t removed_downloaded = 0;
+  uint64_t removed_uploaded = 0;
+  uint64_t hash_failures = 0;
+  uint64_t peers_banned = 0;
+  std::vector<lt::alert*> alerts;
+
+  Chunk* Find(const lt::torrent_handle& h) {
+    auto it = by_handle.find(h);
+    if (it == by_handle.end()) return nullptr;
+    auto c = chunks.find(it->second);
+    return c == chunks.end() ? nullptr : &c->second;
+  }
+
+  void InstallNotify() {
+    std::weak_ptr<Impl> weak = weak_from_this();
+    boost::asio::io_context* ctx = &ioc;
+    // Runs on libtorrent's thread when its alert queue becomes non-empty: only post.
+    session->set_alert_notify([weak, ctx] {
+      boost::asio::post(*ctx, [weak] {
+        if (auto self = weak.lock()) self->Pump();
+      });
+    });
+  }
+
+  void Pump() {
+    if (!session) return;
+    session->pop_alerts(&alerts);
+    // `alerts` points into the session's alert storage, valid until the next pop_alerts: a
+    // callback that stops the session ends the loop.
+    for (lt::alert* a : alerts) {
+      if (!session) break;
+      Dispatch(a);
+    }
+    alerts.clear();
+  }
+
+  void Dispatch(lt::alert* a) {
+    if (auto* p = lt::alert_cast<lt::piece_finished_alert>(a)) {
+      OnPiece(p->handle, static_cast<int>(p->piece_index));
+    } else if (auto* f = lt::alert_cast<lt::hash_failed_alert>(a)) {
+      ++hash_failures;
+      Chunk* c = Find(f->handle);
+      spdlog::warn("swarm: piece {} of chunk {} failed its hash check; re-downloading it",
+                   static_cast<int>(f->piece_index), c ? c->name : f->torrent_name());
+    } else if (auto* b = lt::alert_cast<lt::peer_ban_alert>(a)) {
+      ++peers_banned;
+      Chunk* c = Find(b->handle);
+      spdlog::warn("swarm: banned peer {} of chunk {} for sending data that failed hash checks",
+                   Endpoint(b->endpoint), c ? c->name : b->torrent_name());
+    } else if (auto* fe = lt::alert_cast<lt::file_error_alert>(a)) {
+      Fail(fe->handle, ErrorCode::kIo,
+           std::string("disk error (") + lt::operation_name(fe->op) + "): " +
+               fe->error.message());
+    } else if (auto* te = lt::alert_cast<lt::torrent_error_alert>(a)) {
+      Fail(te->handle, ErrorCode::kIo, "torrent error: " + te->error.message());
+    } else if (auto* tr = lt::alert_cast<lt::tracker_error_alert>(a)) {
+      Chunk* c = Find(tr->handle);
+      std::string reason = tr->failure_reason();
+      std::string msg = reason.empty() ? tr->error.message() : reason;
+      if (tr->times_in_row <= 1) {
+        spdlog::warn("swarm: tracker {} failed for chunk {}: {}", tr->tracker_url(),
+                     c ? c->name : tr->torrent_name(), msg);
+      } else {
+        spdlog::debug("swarm: tracker {} failed for chunk {} ({} times in a row): {}",
+                      tr->tracker_url(), c ? c->name : tr->torrent_name(), tr->times_in_row, msg);
+      }
+    } else if (auto* tw = lt::alert_cast<lt::tracker_warning_alert>(a)) {
+      spdlog::warn("swarm: tracker {} warns about chunk {}: {}", tw->tracker_url(),
+                   tw->torrent_name(), tw->warning_message());
+    } else if (auto* rep = lt::alert_cast<lt::tracker_reply_alert>(a)) {
+      spdlog::debug("swarm: tracker {} returned {} peers for chunk {}", rep->tracker_url(),
+                    rep->num_peers, rep->torrent_name());
+    } else if (auto* ls = lt::alert_cast<lt::listen_succeeded_alert>(a)) {
+      // libtorrent also opens a UDP socket (uTP and UDP trackers) even with uTP off.
+      spdlog::log(ls->socket_type == lt::socket_type_t::tcp ? spdlog::level::info
+                                                            : spdlog::level::debug,
+                  "swarm: listening on {}:{} ({})", ls->address.to_string(), ls->port,
+                  SocketTypeName(ls->socket_type));
+    } else if (auto* lf = lt::alert_cast<lt::listen_failed_alert>(a)) {
+      spdlog::error("swarm: cannot listen on {}:{} ({}): {}", lf->address.to_string(), lf->port,
+                    SocketTypeName(lf->socket_type), lf->error.message());
+    } else if (lt::alert_cast<lt::alerts_dropped_alert>(a)) {
+      spdlog::warn("swarm: libtorrent dropped alerts (queue full); resyncing piece state");
+      Resync();
+    } else if (auto* perf = lt::alert_cast<lt::performance_alert>(a)) {
+      spdlog::debug("swarm: {}", perf->message());
+    }
+  }
+
+  void OnPiece(const lt::torrent_handle& h, int piece) {
+    Chunk* c = Find(h);
+    if (!c || piece < 0 || static_cast<uint32_t>(piece) >= c->piece_count) return;
+    if (c->reported[static_cast<size_t>(piece)]) return;
+    c->reported[static_cast<size_t>(piece)] = true;
+    ++c->reported_count;
+    Sha1 key = by_handle[h];
+    uint64_t begin = uint64_t{static_cast<uint32_t>(piece)} * c->piece_size;
+    uint64_t end = std::min<uint64_t>(begin + c->piece_size, c->length);
+    // Copy the callback: it may remove the chunk (and so destroy the stored one).
+    if (c->on_piece) {
+      auto cb = c->on_piece;
+      cb(static_cast<uint32_t>(piece), begin, end);
+    }
+    MaybeComplete(key);
+  }
+
+  void MaybeComplete(const Sha1& key) {
+    auto it = chunks.find(key);
+    if (it == chunks.end()) return;
+    Chunk& c = it->second;
+    if (c.complete || c.reported_count != c.piece_count) return;
+    c.complete = true;
+    spdlog::debug("swarm: chunk {} complete", c.name);
+    if (c.on_complete) {
+      auto cb = c.on_complete;
+      cb();
+    }
+  }
+
+  void Fail(const lt::torrent_handle& h, ErrorCode code, std::string message) {
+    Chunk* c = Find(h);
+    if (!c) return;
+    std::string full = "chunk " + c->name + ": " + message;
+    if (c->errored) {
+      spdlog::debug("swarm: {}", full);
+      return;
+    }
+    spdlog::error("swarm: {}", full);
+    c->errored = true;
+    if (c->on_error) {
+      auto cb = c->on_error;
+      cb(MakeError(code, full));
+    }
+  }
+
+  // After lost alerts: report pieces libtorrent has that we did not report yet.
+  void Resync() {
+    std::vector<Sha1> keys;
+    for (auto& [k, c] : chunks) {
+      if (!c.complete) keys.push_back(k);
+    }
+    for (const Sha1& k : keys) {
+      auto it = chunks.find(k);
+      if (it == chunks.end() || !session) continue;
+      lt::torrent_handle h = it->second.handle;
+      lt::torrent_status st = h.status(lt::torrent_handle::query_pieces);
+      if (st.errc) Fail(h, ErrorCode::kIo, "torrent error: " + st.errc.message());
+      for (int i = 0; i < st.pieces.size(); ++i) {
+        if (st.pieces.get_bit(lt::piece_index_t(i))) OnPiece(h, i);
+      }
+    }
+  }
+
+  Status Start() {
+    if (session) return MakeError(ErrorCode::kInternal, "swarm already started");
+    lt::session_params params(MakeSettings(options));
+    params.disk_io_constructor =
+        RangeDiskIoConstructor(RangeDiskIoOptions{registry, options.disk_threads});
+    try {
+      session = std::make_unique<lt::session>(std::move(params));
+    } catch (const std::exception& e) {
+      return MakeError(ErrorCode::kInvalidArgument, std::string("cannot start libtorrent: ") + e.what());
+    }
+    session->set_peer_class_filter(GlobalOnlyPeerClassFilter());
+    InstallNotify();
+    port = session->listen_port();
+    if (port == 0) {
+      // Collect libtorrent's reason before giving up.
+      std::string why = "no listen socket";
+      std::vector<lt::alert*> pending;
+      session->pop_alerts(&pending);
+      for (lt::alert* a : pending) {
+        if (auto* lf = lt::alert_cast<lt::listen_failed_alert>(a)) why = lf->message();
+      }
+      StopSession();
+      return MakeError(ErrorCode::kUnavailable,
+                       "swarm cannot listen on " + options.listen_interface + ": " + why);
+    }
+    spdlog::info("swarm: started, peers port {}", port);
+    return Ok();
+  }
+
+  void StopSession() {
+    if (!session) return;
+    session->pause();
+    lt::session_proxy proxy = session->abort();  // also clears the alert notify function
+    session.reset();
+    // proxy's destructor waits for libtorrent's threads (network and disk) to finish.
+  }
+
+  void Stop() {
+    if (!session) return;
+    StopSession();
+    chunks.clear();
+    by_handle.clear();
+    registry->Clear();
+    port = 0;
+    spdlog::info("swarm: stopped");
+  }
+
+  Result<ChunkHandle> AddChunk(ChunkSpec spec) {
+    if (!session) return MakeError(ErrorCode::kUnavailable, "swarm is not started");
+    const ChunkTorrent& t = spec.torrent;
+    const Sha1 key = t.info_hash;
+    if (chunks.count(key)) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "chunk " + t.name + " (" + Sha1Hex(key) + ") is already added");
+    }
+    auto valid = ValidateFileRange(spec.range);
+    if (!valid) return valid.error();
+    if (spec.range.length != t.length) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "chunk " + t.name + " is " + std::to_string(t.length) +
+                           " bytes, its file range " + std::to_string(spec.range.length));
+    }
+    uint32_t pieces = static_cast<uint32_t>(t.piece_hashes.size());
+    if (!spec.have_pieces.empty() && spec.have_pieces.size() != pieces) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "have_pieces has " + std::to_string(spec.have_pieces.size()) +
+                           " entries, chunk " + t.name + " has " + std::to_string(pieces) +
+                           " pieces");
+    }
+    lt::error_code ec;
+    auto ti = std::make_shared<lt::torrent_info>(
+        lt::span<const char>(t.metainfo.data(), static_cast<long>(t.metainfo.size())), ec,
+        lt::from_span);
+    if (ec) return MakeError(ErrorCode::kProtocol, "chunk " + t.name + ": " + ec.message());
+    if (FromLt(ti->info_hashes().v1) != key || static_cast<uint32_t>(ti->num_pieces()) != pieces) {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "chunk " + t.name + ": metainfo does not match its parsed fields");
+    }
+
+    Chunk c;
+    c.name = t.name;
+    c.length = t.length;
+    c.piece_size = t.piece_size;
+    c.piece_count = pieces;
+    c.reported.assign(pieces, spec.seed);
+    if (!spec.seed && !spec.have_pieces.empty()) c.reported = spec.have_pieces;
+    c.reported_count = static_cast<uint32_t>(std::count(c.reported.begin(), c.reported.end(), true));
+    c.complete = c.reported_count == pieces;
+    c.on_piece = std::move(spec.on_piece);
+    c.on_complete = std::move(spec.on_complete);
+    c.on_error = std::move(spec.on_error);
+
+    lt::add_torrent_params atp;
+    atp.ti = std::move(ti);
+    atp.save_path = ".";  // unused: range_disk_io maps the torrent onto spec.range
+    atp.flags &= ~(lt::torrent_flags::auto_managed | lt::torrent_flags::paused);
+    atp.flags |= lt::torrent_flags::duplicate_is_error;
+    if (spec.sequential) atp.flags |= lt::torrent_flags::sequential_download;
+    if (c.reported_count > 0) {
+      // The embedder verified these bytes (the whole blob's sha256 for a seed): no hashing.
+      atp.have_pieces.resize(static_cast<int>(pieces), false);
+      for (uint32_t i = 0; i < pieces; ++i) {
+        if (c.reported[i]) atp.have_pieces.set_bit(lt::piece_index_t(static_cast<int>(i)));
+      }
+      atp.flags |= lt::torrent_flags::no_verify_files;
+    }
+    atp.trackers = spec.tracker_urls;
+    atp.tracker_tiers.assign(spec.tracker_urls.size(), 0);
+
+    if (auto reg = registry->Register(key, spec.range); !reg) return reg.error();
+    lt::torrent_handle h = session->add_torrent(std::move(atp), ec);
+    if (ec) {
+      registry->Unregister(key);
+      return MakeError(ErrorCode::kInternal,
+                       "libtorrent refused chunk " + t.name + ": " + ec.message());
+    }
+    if (!spec.tracker_urls.empty()) {
+      h.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+    }
+    c.handle = h;
+    spdlog::debug("swarm: added chunk {} ({}, {} pieces, {})", c.name, Sha1Hex(key), pieces,
+                  spec.seed ? "seeding" : "downloading");
+    by_handle[h] = key;
+    chunks.emplace(key, std::move(c));
+    return ChunkHandle{key};
+  }
+
+  void RemoveChunk(const Sha1& key) {
+    auto it = chunks.find(key);
+    if (it == chunks.end() || !session) return;
+    lt::torrent_handle h = it->second.handle;
+    lt::torrent_status st = h.status({});
+    removed_downloaded += static_cast<uint64_t>(std::max<int64_t>(0, st.total_payload_download));
+    removed_uploaded += static_cast<uint64_t>(std::max<int64_t>(0, st.total_payload_upload));
+    session->remove_torrent(h);
+    by_handle.erase(h);
+    chunks.erase(it);
+    registry->Unregister(key);
+  }
+
+  SwarmStats Stats() {
+    SwarmStats out;
+    out.downloaded = removed_downloaded;
+    out.uploaded = removed_uploaded;
+    out.hash_failures = hash_failures;
+    out.peers_banned = peers_banned;
+    out.torrents = chunks.size();
+    if (!session) return out;
+    std::vector<lt::torrent_status> all =
+        session->get_torrent_status([](const lt::torrent_status&) { return true; }, {});
+    for (const lt::torrent_status& st : all) {
+      auto key = by_handle.find(st.handle);
+      if (key == by_handle.end()) continue;  // removed, counted above
+      const Chunk& c = chunks.at(key->second);
+      ChunkStats cs;
+      cs.info_hash = key->second;
+      cs.name = c.name;
+      cs.downloaded = static_cast<uint64_t>(std::max<int64_t>(0, st.total_payload_download));
+      cs.uploaded = static_cast<uint64_t>(std::max<int64_t>(0, st.total_payload_upload));
+      cs.pieces_have = static_cast<uint32_t>(std::max(0, st.num_pieces));
+      cs.pieces_total = c.piece_count;
+      cs.peers = st.num_peers;
+      cs.seeding = st.is_seeding;
+      out.downloaded += cs.downloaded;
+      out.uploaded += cs.uploaded;
+      out.chunks.push_back(std::move(cs));
+    }
+    return out;
+  }
+};
+
+Swarm::Swarm(boost::asio::io_context& ioc, SwarmOptions options)
+    : impl_(std::make_shared<Impl>(ioc, std::move(options))) {}
+
+Swarm::~Swarm() { Stop(); }
+
+Status Swarm::Start() { return impl_->Start(); }
+uint16_t Swarm::listen_port() const { return impl_->port; }
+void Swarm::Stop() { impl_->Stop(); }
+Result<ChunkHandle> Swarm::AddChunk(ChunkSpec spec) { return impl_->AddChunk(std::move(spec)); }
+void Swarm::RemoveChunk(const Sha1& info_hash) { impl_->RemoveChunk(info_hash); }
+bool Swarm::HasChunk(const Sha1& info_hash) const { return impl_->chunks.count(info_hash) > 0; }
+SwarmStats Swarm::Stats() { return impl_->Stats(); }
+
+}  // namespace shoal::swarm

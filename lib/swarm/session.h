@@ -1,0 +1,146 @@
+#pragma once
+// Swarm: the agent's one libtorrent session, set up for a private LAN swarm of chunk torrents
+// (see chunk_torrent.h). Every chunk torrent's data is a byte range of one blob file
+// (range_disk_io.h), so a blob is downloaded by adding all its chunks over the same file.
+//
+// Threading: every method must be called from the thread running the io_context given to the
+// constructor (the embedder's network thread). libtorrent runs its own network thread and disk
+// threads; its alerts are popped and dispatched on the embedder's io_context, so every callback
+// (on_piece, on_complete, on_error) runs on that thread too. Callbacks may call back into the
+// Swarm (AddChunk, RemoveChunk, even Stop). Some methods make a synchronous call into
+// libtorrent's network thread (AddChunk, RemoveChunk, Stats, Start, Stop): they block the
+// caller for about a millisecond; Stop() blocks until the session has shut down (up to the
+// stop-announce timeout of 2 s when a tracker does not answer).
+//
+// Settings (private LAN): no DHT, LSD, UPnP or NAT-PMP; TCP only (uTP is far slower on a
+// LAN); LAN peers are *not* put in libtorrent's unlimited "local" peer class, so unchoke slots
+// apply to them; tuned from lt::high_performance_seed(); torrents are never auto-managed
+// (no queueing); every tracker of a chunk is announced to (one tier, announce_to_all_*).
+
+#include <utility>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "lib/core/error.h"
+#include "lib/swarm/chunk_torrent.h"
+#include "lib/swarm/file_range.h"
+
+namespace shoal::swarm {
+
+struct SwarmOptions {
+  // "IP:port" to listen on; port 0 picks a free one (see Swarm::listen_port). Use the node's
+  // IP: 0.0.0.0 opens one socket per interface, and each of them announces.
+  std::string listen_interface = "0.0.0.0:0";
+  // Several sessions on one host (tests) need this; a cluster node has one agent per IP.
+  bool allow_multiple_connections_per_ip = false;
+  // Threads doing the chunk torrents' disk I/O (pread, pwrite, piece hashing).
+  int disk_threads = 2;
+  // Peer connections of the whole session.
+  int connections_limit = 400;
+  // Peers unchoked at once (uploading to them); -1 unchokes everyone.
+  int unchoke_slots = 16;
+  // Bytes received from peers and not yet written to the blob file before we stop reading
+  // from sockets.
+  int max_queued_disk_bytes = 16 << 20;
+  // Lower bound on the re-announce interval, in seconds (the tracker's interval wins if larger).
+  int min_announce_interval_s = 30;
+  // Alerts libtorrent keeps before dropping; piece alerts must not be lost (we resync if they
+  // are, see Swarm), so this is generous.
+  int alert_queue_size = 100000;
+};
+
+// One chunk torrent to download or seed.
+struct ChunkSpec {
+  ChunkTorrent torrent;  // parsed and validated (ParseChunkTorrent / BuildChunkTorrent)
+  FileRange range;       // where its bytes live; range.length must equal torrent.length
+  // True when every byte of the range is already there and verified (e.g. the blob's sha256
+  // matched): the chunk is added as a seed with no hashing at all.
+  bool seed = false;
+  // Without `seed`: pieces already in the range and verified by the embedder (empty = none),
+  // e.g. after a restart. They are not hashed and not reported through on_piece.
+  std::vector<bool> have_pieces;
+  // Announce URLs, all in one tier (every one is announced to).
+  std::vector<std::string> tracker_urls;
+  // Download pieces in order (helps streaming the blob out while it downloads).
+  bool sequential = false;
+  // A piece passed its hash check and its bytes [begin, end) (offsets in the chunk) are in the
+  // file. Called exactly once per piece that was downloaded, never for seed/have_pieces ones.
+  std::function<void(uint32_t piece, uint64_t begin, uint64_t end)> on_piece;
+  // Every piece of the chunk is in the file (after the last on_piece). Not called for chunks
+  // added with seed = true or with every piece in have_pieces. The chunk keeps seeding.
+  std::function<void()> on_complete;
+  // The torrent stopped on an error (disk error, unregistered or mismatched range, torrent
+  // error). Called at most once per chunk; the chunk stays added until RemoveChunk.
+  std::function<void(const Error&)> on_error;
+};
+
+struct ChunkHandle {
+  Sha1 info_hash{};
+};
+
+struct ChunkStats {
+  Sha1 info_hash{};
+  std::string name;
+  uint64_t downloaded = 0;  // payload bytes received from peers (including failed/redundant)
+  uint64_t uploaded = 0;    // payload bytes sent to peers
+  uint32_t pieces_have = 0;
+  uint32_t pieces_total = 0;
+  int peers = 0;  // connected peers
+  bool seeding = false;
+};
+
+struct SwarmStats {
+  // Payload bytes from/to peers since Start(), including chunks removed since.
+  uint64_t downloaded = 0;
+  uint64_t uploaded = 0;
+  uint64_t hash_failures = 0;  // pieces that failed their hash check
+  uint64_t peers_banned = 0;   // peers banned for sending bad data
+  size_t torrents = 0;         // chunks currently added
+  std::vector<ChunkStats> chunks;
+};
+
+class Swarm {
+ public:
+  // `ioc` must outlive the Swarm; see the threading note above.
+  Swarm(boost::asio::io_context& ioc, SwarmOptions options);
+  // Calls Stop().
+  ~Swarm();
+  Swarm(const Swarm&) = delete;
+  Swarm& operator=(const Swarm&) = delete;
+
+  // Creates the session and starts listening. Errors: kUnavailable when the listen address
+  // cannot be bound (libtorrent's message), kInvalidArgument for a malformed one, kInternal
+  // when already started.
+  Status Start();
+  // The bound TCP port; 0 before Start() or after Stop().
+  uint16_t listen_port() const;
+  // Graceful shutdown: pauses every torrent, sends stop announces, aborts the session and stops
+  // the disk threads. Blocks until done. Idempotent. Chunks are forgotten without callbacks.
+  void Stop();
+
+  // Adds a chunk torrent over spec.range and starts it (not auto-managed, not paused), then
+  // announces to its trackers at once. Errors: kInvalidArgument when the info-hash is already
+  // added (remove it first) or the range is invalid or not the torrent's length; kProtocol
+  // when the metainfo does not load; kUnavailable when not started; kInternal when libtorrent
+  // refuses it.
+  Result<ChunkHandle> AddChunk(ChunkSpec spec);
+  // Removes the chunk torrent (never touches the file); no callbacks for it afterwards. No-op
+  // when absent. libtorrent drops the torrent asynchronously: re-adding the same info-hash
+  // right away may fail with kInternal (duplicate) for a moment.
+  void RemoveChunk(const Sha1& info_hash);
+  bool HasChunk(const Sha1& info_hash) const;
+
+  SwarmStats Stats();
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace shoal::swarm

@@ -1,0 +1,261 @@
+// The swarm end to end: a real shoal-tracker, several real shoal-agents (each its own cache,
+// shim port and BitTorrent port on 127.0.0.1), a real docker-registry upstream behind a counting
+// proxy, and real skopeo pulls through each agent.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "tests/support/agent.h"
+#include "tests/support/counting_proxy.h"
+#include "tests/support/image.h"
+#include "tests/support/process.h"
+#include "tests/support/registry.h"
+#include "tests/support/tracker.h"
+
+namespace shoal::testkit {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Small files (gzip), a 24 MiB file (gzip: several 2 MiB chunks), a zstd layer.
+ImageSpec SwarmImage(uint64_t seed) {
+  ImageSpec spec;
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 20, {}, seed});
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 2, {24ull << 20}, seed + 1});
+  spec.layers.push_back(LayerSpec{Compression::kZstd, 10, {1ull << 20}, seed + 2});
+  return spec;
+}
+
+struct SwarmWorld {
+  TempDir dir{"shoal-swarm"};
+  std::unique_ptr<Registry> registry;
+  std::unique_ptr<CountingProxy> proxy;
+  std::unique_ptr<TrackerProcess> tracker;
+  std::vector<std::unique_ptr<Agent>> agents;
+  BuiltImage image;
+  std::vector<std::string> agent_args;
+
+  explicit SwarmWorld(std::vector<std::string> tracker_args = {}, uint64_t seed = 11) {
+    auto reg = Registry::Start();
+    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+    registry = std::move(reg.value());
+    auto built = BuildImage(SwarmImage(seed), dir.Sub("layout"), "1");
+    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    image = built.value();
+    auto pushed = PushImage(*registry, image.layout_dir, "1", "demo/app");
+    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    auto p = CountingProxy::Start(registry->HostPort());
+    REQUIRE(p.has_value());
+    proxy = std::move(p.value());
+    std::vector<std::string> targs = {"--chunk-size-kib", "2048", "--piece-size-kib", "256",
+                                      "--lease-ttl-s",    "3"};
+    targs.insert(targs.end(), tracker_args.begin(), tracker_args.end());
+    auto t = TrackerProcess::Start(targs);
+    REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+    tracker = std::move(t.value());
+  }
+
+  Agent& AddAgent(std::vector<std::string> extra = {}, std::string tracker_url = "") {
+    AgentOptions opts;
+    opts.cache_dir = dir.Sub("cache" + std::to_string(agents.size()));
+    opts.upstreams = {"docker.io=" + proxy->Url()};
+    opts.extra_args = {"--tracker",
+                       tracker_url.empty() ? tracker->Url() : tracker_url,
+                       "--swarm-listen",
+                       "127.0.0.1:0",
+                       "--agent-id",
+                       "agent" + std::to_string(agents.size()),
+                       "--lease-wait-ms",
+                       "1000",
+                       "--tracker-grace-ms",
+                       "3000",
+                       "--peer-stall-ms",
+                       "3000"};
+    opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
+    auto a = Agent::Start(opts);
+    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    agents.push_back(std::move(a.value()));
+    return *agents.back();
+  }
+
+  Result<LayoutImage> Pull(size_t agent, const std::string& out) {
+    return SkopeoCopyToLayout(agents[agent]->HostPort() + "/demo/app:1", dir.Sub(out));
+  }
+
+  // Pulls through every agent at once; checks each result digest for digest.
+  void PullAll(const std::string& tag) {
+    std::vector<Result<LayoutImage>> results(agents.size(),
+                                             MakeError(ErrorCode::kInternal, "not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (!agents[i]) continue;
+      threads.emplace_back([&, i] { results[i] = Pull(i, tag + std::to_string(i)); });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < agents.size(); ++i) {
+      if (!agents[i]) continue;
+      REQUIRE_MESSAGE(results[i].has_value(),
+                      (results[i].error().ToString() + "\n" + agents[i]->LogTail()));
+      CheckSame(results[i].value());
+    }
+  }
+
+  void CheckSame(const LayoutImage& pulled) const {
+    CHECK(pulled.manifest_digest == image.manifest_digest);
+    CHECK(pulled.config_digest == image.config_digest);
+    CHECK(pulled.layer_digests == image.layer_digests);
+  }
+
+  std::string CachedPath(size_t agent, const Digest& d) const {
+    return dir.Sub("cache" + std::to_string(agent)) + "/blobs/sha256/" + d.hex().substr(0, 2) +
+           "/" + d.hex();
+  }
+
+  double Sum(const std::string& metric, const std::map<std::string, std::string>& labels = {}) {
+    double total = 0;
+    for (auto& a : agents)
+      if (a) total += a->Metric(metric, labels);
+    return total;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("swarm: a cold pull on 5 agents at once crosses from upstream about once") {
+  SwarmWorld w({"--max-upstream-fetchers", "4"});
+  for (int i = 0; i < 5; ++i) w.AddAgent();
+  w.PullAll("cold");
+  double upstream = static_cast<double>(w.proxy->BlobBytes());
+  double total = static_cast<double>(w.image.total_blob_bytes);
+  MESSAGE("upstream blob bytes " << upstream << " for an image of " << total << " blob bytes");
+  CHECK(upstream <= 1.1 * total);
+  CHECK(upstream >= total);
+  // Four agents got (nearly) everything from peers.
+  CHECK(w.Sum("shoal_swarm_peer_bytes_total") >= 3.0 * total);
+  CHECK(w.Sum("shoal_swarm_fallback_total") == 0);
+  // Every agent holds the verified big layer in its cache.
+  for (size_t i = 0; i < w.agents.size(); ++i)
+    CHECK(std::filesystem::exists(w.CachedPath(i, w.image.layer_digests[1])));
+}
+
+TEST_CASE("swarm: peers receive a large layer's bytes before any agent has all of it") {
+  SwarmWorld w({"--max-upstream-fetchers", "1"});
+  // A slow upstream: 24 MiB take several seconds, so the window is easy to see.
+  w.proxy->SetDelayPerMiB(milliseconds(150));
+  for (int i = 0; i < 3; ++i) w.AddAgent();
+  const Digest& big = w.image.layer_digests[1];
+  std::atomic<bool> done{false};
+  std::thread puller([&] {
+    w.PullAll("early");
+    done = true;
+  });
+  bool seen = false;
+  while (!done && !seen) {
+    bool any_complete = false;
+    for (size_t i = 0; i < w.agents.size(); ++i)
+      any_complete |= std::filesystem::exists(w.CachedPath(i, big));
+    double peer = w.Sum("shoal_swarm_peer_bytes_total");
+    // More than the small blobs: bytes of the big layer arrived from peers.
+    if (!any_complete && peer > 4.0 * (1 << 20)) seen = true;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  puller.join();
+  CHECK_MESSAGE(seen, "no agent received big-layer bytes from peers before one had it whole");
+}
+
+TEST_CASE("swarm: an agent killed mid-pull: the others finish and its lease passes on") {
+  SwarmWorld w({"--max-upstream-fetchers", "1", "--max-leases-per-agent", "1"});
+  w.proxy->SetDelayPerMiB(milliseconds(300));
+  for (int i = 0; i < 3; ++i) w.AddAgent();
+  std::vector<Result<LayoutImage>> results(3, MakeError(ErrorCode::kInternal, "not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 3; ++i)
+    threads.emplace_back([&, i] { results[i] = w.Pull(i, "k" + std::to_string(i)); });
+  // Kill whichever agent holds a lease (granted more than it finished) on a big-layer chunk.
+  std::optional<size_t> victim;
+  WaitUntil(
+      [&] {
+        for (size_t i = 0; i < 3; ++i) {
+          double granted = w.agents[i]->Metric("shoal_swarm_leases_granted_total");
+          double finished =
+              w.agents[i]->Metric("shoal_swarm_chunks_total", {{"source", "upstream_lease"}});
+          if (granted > finished && w.Sum("shoal_upstream_blob_bytes_total") > 2.0 * (1 << 20)) {
+            victim = i;
+            return true;
+          }
+        }
+        return false;
+      },
+      seconds(30), milliseconds(20));
+  REQUIRE_MESSAGE(victim.has_value(), "no agent was seen holding a lease");
+  w.agents[*victim]->Kill();
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < 3; ++i) {
+    if (i == *victim) continue;
+    REQUIRE_MESSAGE(results[i].has_value(),
+                    (results[i].error().ToString() + "\n" + w.agents[i]->LogTail()));
+    w.CheckSame(results[i].value());
+  }
+  CHECK(w.tracker->Metric("shoal_tracker_leases_expired_total") >= 1);
+  // The dead agent's chunk was fetched again by a survivor: upstream served a bit more than 1x.
+  CHECK(static_cast<double>(w.proxy->BlobBytes()) <= 1.5 * w.image.total_blob_bytes);
+}
+
+TEST_CASE("swarm: the tracker restarted mid-pull: the pull completes") {
+  SwarmWorld w({"--max-upstream-fetchers", "2"});
+  w.proxy->SetDelayPerMiB(milliseconds(60));
+  for (int i = 0; i < 3; ++i) w.AddAgent();
+  std::atomic<bool> done{false};
+  std::thread puller([&] {
+    w.PullAll("restart");
+    done = true;
+  });
+  WaitUntil([&] { return w.Sum("shoal_swarm_peer_bytes_total") > 1.0 * (1 << 20); }, seconds(30));
+  REQUIRE(w.tracker->Restart().has_value());
+  puller.join();
+  // The restarted tracker learned the chunks again from the agents.
+  bool republished = WaitUntil(
+      [&] { return w.tracker->Metric("shoal_tracker_chunks_published_total") >= 1; }, seconds(10));
+  CHECK(republished);
+}
+
+TEST_CASE("swarm: with no tracker answering, agents fetch straight from upstream") {
+  SwarmWorld w;
+  uint16_t dead = FreePort();
+  for (int i = 0; i < 2; ++i) w.AddAgent({}, "http://127.0.0.1:" + std::to_string(dead));
+  w.PullAll("direct");
+  CHECK(w.Sum("shoal_swarm_fallback_total") >= 2);
+  CHECK(w.Sum("shoal_swarm_peer_bytes_total") == 0);
+}
+
+TEST_CASE("swarm: a peer serving corrupt data is detected and its bytes never reach a client") {
+  SwarmWorld w;
+  w.AddAgent();
+  auto first = w.Pull(0, "seed");
+  REQUIRE_MESSAGE(first.has_value(), first.error().ToString());
+  // Corrupt the seeder's cached copy of the big layer in place (its torrents read this file).
+  const Digest& big = w.image.layer_digests[1];
+  {
+    std::fstream f(w.CachedPath(0, big), std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    for (uint64_t off = 4096; off < w.image.layer_sizes[1]; off += 1 << 20) {
+      f.seekp(static_cast<std::streamoff>(off));
+      f.write("CORRUPT!", 8);
+    }
+  }
+  w.proxy->Reset();
+  w.AddAgent();
+  auto second = w.Pull(1, "victim");
+  REQUIRE_MESSAGE(second.has_value(), (second.error().ToString() + "\n" + w.agents[1]->LogTail()));
+  w.CheckSame(second.value());
+  CHECK(w.agents[1]->Metric("shoal_swarm_hash_failures_total") >= 1);
+  // The chunks the corrupt peer could not serve came again from upstream.
+  CHECK(w.proxy->BlobBytes() > 0);
+}
+
+}  // namespace shoal::testkit

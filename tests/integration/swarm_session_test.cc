@@ -1,0 +1,552 @@
+// lib/swarm's Swarm (libtorrent session + range disk I/O) with the real shoal-tracker: several
+// sessions in this process on 127.0.0.1, each on its own io_context thread, moving a blob split
+// into chunk torrents between byte ranges of single blob files.
+
+#include <doctest/doctest.h>
+
+#include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <libtorrent/bdecode.hpp>
+
+#include "lib/http/url.h"
+#include "lib/swarm/chunk_torrent.h"
+#include "lib/swarm/file_range.h"
+#include "lib/swarm/session.h"
+#include "tests/support/http_client.h"
+#include "tests/support/process.h"
+
+namespace shoal::testkit {
+namespace {
+
+namespace lt = libtorrent;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using swarm::ChunkLayout;
+using swarm::ChunkTorrent;
+using swarm::Sha1;
+using swarm::Swarm;
+
+// A running shoal-tracker on 127.0.0.1 with a port picked by the OS.
+struct Tracker {
+  std::unique_ptr<Process> process;
+  std::string base;  // http://127.0.0.1:<port>
+  std::string AnnounceUrl() const { return base + "/announce"; }
+};
+
+Tracker StartTracker(const TempDir& dir) {
+  std::string port_file = dir.Sub("tracker.port");
+  auto started = Process::Start({SHOAL_TRACKER_BIN, "--listen", "127.0.0.1:0", "--port-file",
+                                 port_file, "--log-format", "text", "--log-level", "debug"},
+                                dir.Sub("tracker.log"));
+  REQUIRE_MESSAGE(started.has_value(), started.error().message);
+  Tracker t{std::move(started.value()), ""};
+  bool up =
+      WaitUntil([&] { return !t.process->Running() || !ReadFile(port_file).empty(); }, seconds(20));
+  REQUIRE_MESSAGE(up, "tracker wrote no port file: " << t.process->LogTail());
+  REQUIRE_MESSAGE(t.process->Running(), "tracker exited: " << t.process->LogTail());
+  t.base = "http://127.0.0.1:" + std::to_string(std::stoi(ReadFile(port_file)));
+  REQUIRE(WaitForHttp(t.base + "/healthz", seconds(10)));
+  return t;
+}
+
+// The tracker's scrape "complete" count for a v1 info-hash; -1 on failure.
+int64_t ScrapeComplete(const Tracker& tracker, const Sha1& ih) {
+  std::string raw(reinterpret_cast<const char*>(ih.data()), ih.size());
+  auto res = HttpGet(tracker.base + "/scrape?info_hash=" + http::QueryEscape(raw), {}, seconds(5));
+  if (!res || res.value().status != 200) return -1;
+  const std::string& body = res.value().body;
+  lt::error_code ec;
+  lt::bdecode_node root = lt::bdecode(lt::span<const char>(body.data(), body.size()), ec);
+  if (ec || root.type() != lt::bdecode_node::dict_t) return -1;
+  lt::bdecode_node file =
+      root.dict_find_dict("files").dict_find_dict(lt::string_view(raw.data(), raw.size()));
+  return file ? file.dict_find_int_value("complete", -1) : -1;
+}
+
+std::string RandomBytes(size_t size, uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out(size, '\0');
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t v = rng();
+    std::memcpy(out.data() + i, &v, 8);
+  }
+  for (; i < size; ++i) out[i] = static_cast<char>(rng());
+  return out;
+}
+
+// The chunk torrents of `blob` under `layout`, built the way the fetching agent builds them.
+std::vector<ChunkTorrent> BuildTorrents(const std::string& blob, const ChunkLayout& layout) {
+  std::vector<ChunkTorrent> out;
+  for (uint32_t k = 0; k < layout.chunk_count(); ++k) {
+    swarm::PieceHasher hasher(layout.chunk_length(k), layout.piece_size);
+    REQUIRE(hasher.Update(blob.data() + layout.chunk_begin(k), layout.chunk_length(k)).has_value());
+    auto hashes = hasher.Finish();
+    REQUIRE(hashes.has_value());
+    auto t = swarm::BuildChunkTorrent("blob." + std::to_string(k), layout.chunk_length(k),
+                                      layout.piece_size, std::move(hashes.value()));
+    REQUIRE_MESSAGE(t.has_value(), t.error().message);
+    out.push_back(std::move(t.value()));
+  }
+  return out;
+}
+
+// `content` at `offset` of a new file at `path` (the bytes before it are junk).
+void WriteBlobFile(const std::string& path, const std::string& content, uint64_t offset) {
+  WriteFile(path, RandomBytes(offset, 99) + content);
+}
+
+// An empty (sparse) file of `size` bytes.
+void CreateSparseFile(const std::string& path, uint64_t size) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, static_cast<off_t>(size)) == 0);
+  ::close(fd);
+}
+
+std::string ReadRange(const std::string& path, uint64_t offset, size_t size) {
+  std::string all = ReadFile(path);
+  if (all.size() < offset) return "";
+  return all.substr(offset, size);
+}
+
+// What the callbacks of one chunk reported (written on the node's thread, read by the test).
+struct ChunkEvents {
+  std::vector<int> piece_calls;                           // per piece
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;      // per piece, last reported
+  int complete_calls = 0;
+  std::vector<std::string> errors;
+};
+
+// One agent's swarm on its own io_context thread. Swarm methods run on that thread via Call().
+class Node {
+ public:
+  explicit Node(swarm::SwarmOptions options) : work_(boost::asio::make_work_guard(ioc_)) {
+    thread_ = std::thread([this] { ioc_.run(); });
+    Call([&] { swarm_ = std::make_unique<Swarm>(ioc_, options); });
+  }
+  ~Node() {
+    Call([&] { swarm_.reset(); });
+    work_.reset();
+    thread_.join();
+  }
+
+  // Runs f on the node's thread and returns its result.
+  template <typename F>
+  auto Call(F f) -> decltype(f()) {
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto result = task.get_future();
+    boost::asio::post(ioc_, [&task] { task(); });
+    return result.get();
+  }
+
+  Swarm& swarm() { return *swarm_; }
+
+  void Start() {
+    auto s = Call([&] { return swarm_->Start(); });
+    REQUIRE_MESSAGE(s.has_value(), s.error().message);
+    CHECK(Call([&] { return swarm_->listen_port(); }) != 0);
+  }
+
+  // Adds chunk k over [offset, offset + length) of the file at `path`.
+  void AddChunk(const ChunkTorrent& t, uint32_t k, const std::string& path, uint64_t offset,
+                bool seed, const std::string& tracker_url, bool read_only = false) {
+    auto file = swarm::BlobFile::Open(path, !seed && !read_only);
+    REQUIRE_MESSAGE(file.has_value(), file.error().message);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ChunkEvents& ev = events_[k];
+      ev.piece_calls.assign(t.piece_hashes.size(), 0);
+      ev.ranges.assign(t.piece_hashes.size(), {0, 0});
+    }
+    swarm::ChunkSpec spec;
+    spec.torrent = t;
+    spec.range = swarm::FileRange{file.value(), offset, t.length};
+    spec.seed = seed;
+    spec.tracker_urls = {tracker_url};
+    spec.on_piece = [this, k](uint32_t piece, uint64_t begin, uint64_t end) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ChunkEvents& ev = events_[k];
+      if (piece < ev.piece_calls.size()) {
+        ++ev.piece_calls[piece];
+        ev.ranges[piece] = {begin, end};
+      }
+    };
+    spec.on_complete = [this, k] {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++events_[k].complete_calls;
+    };
+    spec.on_error = [this, k](const Error& e) {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_[k].errors.push_back(e.message);
+    };
+    auto added = Call([&] { return swarm_->AddChunk(std::move(spec)); });
+    REQUIRE_MESSAGE(added.has_value(), added.error().message);
+  }
+
+  ChunkEvents Events(uint32_t k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_[k];
+  }
+  bool AllComplete(uint32_t chunks) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t k = 0; k < chunks; ++k) {
+      if (events_[k].complete_calls == 0) return false;
+    }
+    return true;
+  }
+  std::string Errors() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out;
+    for (auto& [k, ev] : events_) {
+      for (auto& e : ev.errors) out += "chunk " + std::to_string(k) + ": " + e + "\n";
+    }
+    return out;
+  }
+  swarm::SwarmStats Stats() {
+    return Call([&] { return swarm_->Stats(); });
+  }
+  void Stop() {
+    Call([&] { swarm_->Stop(); });
+  }
+
+ private:
+  boost::asio::io_context ioc_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  std::thread thread_;
+  std::unique_ptr<Swarm> swarm_;
+  std::mutex mu_;
+  std::map<uint32_t, ChunkEvents> events_;
+};
+
+swarm::SwarmOptions LoopbackOptions() {
+  swarm::SwarmOptions o;
+  o.listen_interface = "127.0.0.1:0";
+  o.allow_multiple_connections_per_ip = true;
+  return o;
+}
+
+// Waits until the tracker lists a seeder for every chunk (so a later leecher gets it).
+void WaitForSeeders(const Tracker& tracker, const std::vector<ChunkTorrent>& torrents) {
+  bool seeded = WaitUntil(
+      [&] {
+        for (auto& t : torrents) {
+          if (ScrapeComplete(tracker, t.info_hash) < 1) return false;
+        }
+        return true;
+      },
+      seconds(10), milliseconds(50));
+  REQUIRE_MESSAGE(seeded, "seeder did not announce: " << tracker.process->LogTail());
+}
+
+// Every piece of every chunk reported exactly once with its range; every chunk complete once.
+void CheckCallbacks(Node& node, const ChunkLayout& layout) {
+  for (uint32_t k = 0; k < layout.chunk_count(); ++k) {
+    ChunkEvents ev = node.Events(k);
+    CHECK(ev.complete_calls == 1);
+    CHECK(ev.errors.empty());
+    REQUIRE(ev.piece_calls.size() == layout.piece_count(k));
+    for (uint32_t p = 0; p < layout.piece_count(k); ++p) {
+      CHECK_MESSAGE(ev.piece_calls[p] == 1, "chunk " << k << " piece " << p);
+      uint64_t begin = uint64_t{p} * layout.piece_size;
+      CHECK(ev.ranges[p].first == begin);
+      CHECK(ev.ranges[p].second == std::min<uint64_t>(begin + layout.piece_size,
+                                                      layout.chunk_length(k)));
+    }
+  }
+}
+
+const ChunkLayout kLayout{.blob_size = (24ull << 20) + 123,
+                          .chunk_size = 8ull << 20,
+                          .piece_size = 256u << 10};
+
+}  // namespace
+
+TEST_CASE("swarm session: a blob's chunk torrents download in parallel into one file") {
+  REQUIRE(kLayout.Validate().has_value());
+  TempDir dir("shoal-swarm");
+  Tracker tracker = StartTracker(dir);
+  const std::string blob = RandomBytes(kLayout.blob_size, 1);
+  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout);
+  REQUIRE(torrents.size() == 4);  // the last chunk is 123 bytes
+
+  // The seeder's blob sits at an offset inside its file; the downloader's file is empty.
+  const uint64_t kSeedOffset = 4096 + 17;
+  WriteBlobFile(dir.Sub("seed.blob"), blob, kSeedOffset);
+  CreateSparseFile(dir.Sub("leech.blob"), kLayout.blob_size);
+
+  Node seeder(LoopbackOptions());
+  seeder.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    seeder.AddChunk(torrents[k], k, dir.Sub("seed.blob"), kSeedOffset + kLayout.chunk_begin(k),
+                    true, tracker.AnnounceUrl());
+  }
+  CHECK(seeder.Stats().torrents == 4);
+  WaitForSeeders(tracker, torrents);
+
+  Node leecher(LoopbackOptions());
+  leecher.Start();
+  auto started = std::chrono::steady_clock::now();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    leecher.AddChunk(torrents[k], k, dir.Sub("leech.blob"), kLayout.chunk_begin(k), false,
+                     tracker.AnnounceUrl());
+  }
+  bool done = WaitUntil([&] { return leecher.AllComplete(4) || !leecher.Errors().empty(); },
+                        seconds(20), milliseconds(10));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  REQUIRE_MESSAGE(done, "download did not finish; tracker:\n" << tracker.process->LogTail());
+  REQUIRE_MESSAGE(leecher.Errors().empty(), leecher.Errors());
+  MESSAGE("24 MiB over 4 chunk torrents in " << secs << " s ("
+                                             << (kLayout.blob_size / secs / 1e6) << " MB/s)");
+
+  CHECK(ReadFile(dir.Sub("leech.blob")) == blob);
+  CHECK(ReadRange(dir.Sub("seed.blob"), kSeedOffset, blob.size()) == blob);  // untouched
+  CheckCallbacks(leecher, kLayout);
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    CHECK(seeder.Events(k).piece_calls == std::vector<int>(kLayout.piece_count(k), 0));
+    CHECK(seeder.Events(k).complete_calls == 0);
+  }
+  swarm::SwarmStats ls = leecher.Stats();
+  CHECK(ls.downloaded >= kLayout.blob_size);
+  CHECK(ls.hash_failures == 0);
+  CHECK(ls.torrents == 4);
+  REQUIRE(ls.chunks.size() == 4);
+  for (const auto& c : ls.chunks) {
+    CHECK(c.pieces_have == c.pieces_total);
+    CHECK(c.seeding);
+  }
+  CHECK(seeder.Stats().uploaded >= kLayout.blob_size);
+
+  // Removing a chunk keeps its bytes counted and the file untouched; it can be added again.
+  leecher.Call([&] { leecher.swarm().RemoveChunk(torrents[0].info_hash); });
+  CHECK_FALSE(leecher.Call([&] { return leecher.swarm().HasChunk(torrents[0].info_hash); }));
+  swarm::SwarmStats after = leecher.Stats();
+  CHECK(after.torrents == 3);
+  CHECK(after.downloaded == ls.downloaded);
+  CHECK(ReadFile(dir.Sub("leech.blob")) == blob);
+  leecher.AddChunk(torrents[0], 0, dir.Sub("leech.blob"), 0, true, tracker.AnnounceUrl());
+  CHECK(leecher.Stats().torrents == 4);
+
+  // Adding the same info-hash twice is an error.
+  auto file = swarm::BlobFile::Open(dir.Sub("leech.blob"), false);
+  REQUIRE(file.has_value());
+  auto dup = leecher.Call([&] {
+    swarm::ChunkSpec spec;
+    spec.torrent = torrents[1];
+    spec.range = swarm::FileRange{file.value(), kLayout.chunk_begin(1), torrents[1].length};
+    spec.seed = true;
+    return leecher.swarm().AddChunk(std::move(spec));
+  });
+  REQUIRE_FALSE(dup.has_value());
+  CHECK(dup.error().code == ErrorCode::kInvalidArgument);
+
+  leecher.Stop();
+  seeder.Stop();
+  CHECK(leecher.Call([&] { return leecher.swarm().listen_port(); }) == 0);
+}
+
+TEST_CASE("swarm session: a corrupt seeder's bad piece fails its hash and a good seeder fixes it") {
+  TempDir dir("shoal-swarm-corrupt");
+  Tracker tracker = StartTracker(dir);
+  const std::string blob = RandomBytes(kLayout.blob_size, 2);
+  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout);
+
+  // The bad seeder claims to have everything, but chunk 1's piece 5 has one flipped byte.
+  std::string corrupt = blob;
+  const uint64_t bad_at = kLayout.chunk_begin(1) + 5ull * kLayout.piece_size + 1000;
+  corrupt[bad_at] = static_cast<char>(corrupt[bad_at] ^ 0x55);
+  WriteBlobFile(dir.Sub("bad.blob"), corrupt, 0);
+  WriteBlobFile(dir.Sub("good.blob"), blob, 0);
+  CreateSparseFile(dir.Sub("leech.blob"), kLayout.blob_size);
+
+  Node bad(LoopbackOptions());
+  bad.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    bad.AddChunk(torrents[k], k, dir.Sub("bad.blob"), kLayout.chunk_begin(k), true,
+                 tracker.AnnounceUrl());
+  }
+  WaitForSeeders(tracker, torrents);
+
+  Node leecher(LoopbackOptions());
+  leecher.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    leecher.AddChunk(torrents[k], k, dir.Sub("leech.blob"), kLayout.chunk_begin(k), false,
+                     tracker.AnnounceUrl());
+  }
+  // Only the bad seeder so far: the piece fails, and the other chunks complete.
+  bool failed = WaitUntil([&] { return leecher.Stats().hash_failures >= 1; }, seconds(15),
+                          milliseconds(20));
+  REQUIRE_MESSAGE(failed, "no hash failure; tracker:\n" << tracker.process->LogTail());
+  bool others = WaitUntil(
+      [&] {
+        return leecher.Events(0).complete_calls == 1 && leecher.Events(2).complete_calls == 1 &&
+               leecher.Events(3).complete_calls == 1;
+      },
+      seconds(15), milliseconds(20));
+  CHECK(others);
+  CHECK(leecher.Events(1).complete_calls == 0);
+  CHECK(leecher.Events(1).piece_calls[5] == 0);
+
+  // A good seeder joins; the tracker hands it the leecher, which completes chunk 1 from it.
+  Node good(LoopbackOptions());
+  good.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    good.AddChunk(torrents[k], k, dir.Sub("good.blob"), kLayout.chunk_begin(k), true,
+                  tracker.AnnounceUrl());
+  }
+  bool done = WaitUntil([&] { return leecher.AllComplete(4); }, seconds(15), milliseconds(20));
+  REQUIRE_MESSAGE(done, "chunk 1 never completed; errors: " << leecher.Errors() << "tracker:\n"
+                                                            << tracker.process->LogTail());
+  CHECK(ReadFile(dir.Sub("leech.blob")) == blob);
+  CheckCallbacks(leecher, kLayout);
+  swarm::SwarmStats st = leecher.Stats();
+  CHECK(st.hash_failures >= 1);
+  MESSAGE("hash failures " << st.hash_failures << ", peers banned " << st.peers_banned);
+  CHECK(good.Stats().uploaded >= kLayout.piece_size);
+
+  leecher.Stop();
+  good.Stop();
+  bad.Stop();
+}
+
+TEST_CASE("swarm session: a downloader seeds what it downloaded to the next one") {
+  TempDir dir("shoal-swarm-chain");
+  Tracker tracker = StartTracker(dir);
+  const std::string blob = RandomBytes(kLayout.blob_size, 3);
+  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout);
+  WriteBlobFile(dir.Sub("a.blob"), blob, 0);
+  CreateSparseFile(dir.Sub("b.blob"), kLayout.blob_size);
+  CreateSparseFile(dir.Sub("c.blob"), kLayout.blob_size);
+
+  Node a(LoopbackOptions());
+  a.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    a.AddChunk(torrents[k], k, dir.Sub("a.blob"), kLayout.chunk_begin(k), true,
+               tracker.AnnounceUrl());
+  }
+  WaitForSeeders(tracker, torrents);
+
+  Node b(LoopbackOptions());
+  b.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    b.AddChunk(torrents[k], k, dir.Sub("b.blob"), kLayout.chunk_begin(k), false,
+               tracker.AnnounceUrl());
+  }
+  REQUIRE(WaitUntil([&] { return b.AllComplete(4); }, seconds(15), milliseconds(10)));
+  CHECK(ReadFile(dir.Sub("b.blob")) == blob);
+
+  // A leaves (its stop announce removes it from the tracker); B's completed announces made it
+  // a seeder of every chunk, so C can only get the blob from B.
+  a.Stop();
+  bool b_seeds = WaitUntil(
+      [&] {
+        for (auto& t : torrents) {
+          if (ScrapeComplete(tracker, t.info_hash) != 1) return false;
+        }
+        return true;
+      },
+      seconds(10), milliseconds(50));
+  REQUIRE_MESSAGE(b_seeds, tracker.process->LogTail());
+
+  Node c(LoopbackOptions());
+  c.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    c.AddChunk(torrents[k], k, dir.Sub("c.blob"), kLayout.chunk_begin(k), false,
+               tracker.AnnounceUrl());
+  }
+  bool done = WaitUntil([&] { return c.AllComplete(4); }, seconds(15), milliseconds(10));
+  REQUIRE_MESSAGE(done, "C did not finish; errors: " << c.Errors() << "tracker:\n"
+                                                     << tracker.process->LogTail());
+  CHECK(ReadFile(dir.Sub("c.blob")) == blob);
+  CheckCallbacks(c, kLayout);
+  CHECK(b.Stats().uploaded >= kLayout.blob_size);
+  CHECK(c.Stats().downloaded >= kLayout.blob_size);
+
+  c.Stop();
+  b.Stop();
+}
+
+TEST_CASE("swarm session: a disk error while downloading reaches on_error") {
+  TempDir dir("shoal-swarm-diskerr");
+  Tracker tracker = StartTracker(dir);
+  const std::string blob = RandomBytes(kLayout.blob_size, 5);
+  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout);
+  WriteBlobFile(dir.Sub("seed.blob"), blob, 0);
+  CreateSparseFile(dir.Sub("leech.blob"), kLayout.blob_size);
+
+  Node seeder(LoopbackOptions());
+  seeder.Start();
+  seeder.AddChunk(torrents[0], 0, dir.Sub("seed.blob"), 0, true, tracker.AnnounceUrl());
+  WaitForSeeders(tracker, {torrents[0]});
+
+  // The downloader's file is open read-only: every pwrite fails with EBADF.
+  Node leecher(LoopbackOptions());
+  leecher.Start();
+  leecher.AddChunk(torrents[0], 0, dir.Sub("leech.blob"), 0, false, tracker.AnnounceUrl(),
+                   /*read_only=*/true);
+  bool failed = WaitUntil([&] { return !leecher.Events(0).errors.empty(); }, seconds(15),
+                          milliseconds(20));
+  REQUIRE_MESSAGE(failed, "no error reported; tracker:\n" << tracker.process->LogTail());
+  ChunkEvents ev = leecher.Events(0);
+  CHECK(ev.errors.size() == 1);
+  CHECK(ev.errors[0].find("blob.0") != std::string::npos);
+  CHECK(ev.complete_calls == 0);
+  MESSAGE("on_error: " << ev.errors[0]);
+  CHECK(ReadFile(dir.Sub("leech.blob")) == std::string(kLayout.blob_size, '\0'));
+  leecher.Stop();
+  seeder.Stop();
+}
+
+// Not run by default (doctest --no-skip): loopback throughput for a larger blob.
+TEST_CASE("swarm session: throughput of a 512 MiB blob" * doctest::skip()) {
+  const ChunkLayout layout{.blob_size = 512ull << 20,
+                           .chunk_size = 64ull << 20,
+                           .piece_size = 4u << 20};
+  TempDir dir("shoal-swarm-perf");
+  Tracker tracker = StartTracker(dir);
+  const std::string blob = RandomBytes(layout.blob_size, 4);
+  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, layout);
+  WriteBlobFile(dir.Sub("seed.blob"), blob, 0);
+  CreateSparseFile(dir.Sub("leech.blob"), layout.blob_size);
+
+  Node seeder(LoopbackOptions());
+  seeder.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    seeder.AddChunk(torrents[k], k, dir.Sub("seed.blob"), layout.chunk_begin(k), true,
+                    tracker.AnnounceUrl());
+  }
+  WaitForSeeders(tracker, torrents);
+  Node leecher(LoopbackOptions());
+  leecher.Start();
+  auto started = std::chrono::steady_clock::now();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    leecher.AddChunk(torrents[k], k, dir.Sub("leech.blob"), layout.chunk_begin(k), false,
+                     tracker.AnnounceUrl());
+  }
+  REQUIRE(WaitUntil([&] { return leecher.AllComplete(layout.chunk_count()); }, seconds(120),
+                    milliseconds(10)));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  MESSAGE("512 MiB over " << layout.chunk_count() << " chunk torrents in " << secs << " s ("
+                          << (layout.blob_size / secs / 1e6) << " MB/s)");
+  CHECK(ReadFile(dir.Sub("leech.blob")) == blob);
+}
+
+}  // namespace shoal::testkit

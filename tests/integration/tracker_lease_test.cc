@@ -1,0 +1,380 @@
+// shoal-tracker's blob API over real HTTP: chunk tables, upstream leases, publication, and
+// lease long-polls that wake on publish, release and expiry (not when wait_ms runs out).
+
+#include <doctest/doctest.h>
+
+#include <utility>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/core/base64.h"
+#include "lib/swarm/chunk_torrent.h"
+#include "tests/support/http_client.h"
+#include "tests/support/process.h"
+
+namespace shoal::testkit {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kChunk = 64 << 10;
+constexpr uint32_t kPiece = 16 << 10;
+constexpr uint64_t kSize = 2 * kChunk + 1000;  // three chunks
+const std::string kDigest = "sha256:" + std::string(64, 'e');
+
+// A running shoal-tracker on 127.0.0.1 with 64 KiB chunks and 16 KiB pieces.
+struct Tracker {
+  std::unique_ptr<Process> process;
+  std::string base;  // http://127.0.0.1:<port>
+
+  std::string Blob(const std::string& digest = kDigest) const {
+    return base + "/v1/blobs/" + digest;
+  }
+  std::string Chunk(uint32_t k, const std::string& action = "") const {
+    return Blob() + "/chunks/" + std::to_string(k) + (action.empty() ? "" : "/" + action);
+  }
+};
+
+Tracker StartTracker(const TempDir& dir, std::vector<std::string> extra = {}) {
+  std::string port_file = dir.Sub("tracker.port");
+  std::vector<std::string> argv = {SHOAL_TRACKER_BIN,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--port-file",
+                                   port_file,
+                                   "--log-format",
+                                   "text",
+                                   "--log-level",
+                                   "debug",
+                                   "--chunk-size-kib",
+                                   "64",
+                                   "--piece-size-kib",
+                                   "16"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  auto started = Process::Start(argv, dir.Sub("tracker.log"));
+  REQUIRE_MESSAGE(started.has_value(), started.error().message);
+  Tracker t{std::move(started.value()), ""};
+  bool up =
+      WaitUntil([&] { return !t.process->Running() || !ReadFile(port_file).empty(); }, seconds(10));
+  REQUIRE_MESSAGE(up, "tracker wrote no port file: " << t.process->LogTail());
+  REQUIRE_MESSAGE(t.process->Running(), "tracker exited: " << t.process->LogTail());
+  t.base = "http://127.0.0.1:" + std::to_string(std::stoi(ReadFile(port_file)));
+  REQUIRE(WaitForHttp(t.base + "/healthz", seconds(5)));
+  return t;
+}
+
+struct Reply {
+  int status = 0;
+  json body;
+};
+
+// Sends a JSON request and parses the JSON answer (every blob API answer is a JSON object).
+Reply Send(const std::string& method, const std::string& url, const std::string& body = "",
+           milliseconds timeout = milliseconds(4000)) {
+  std::vector<std::pair<std::string, std::string>> headers;
+  if (!body.empty()) headers.emplace_back("Content-Type", "application/json");
+  auto res = HttpRequest(method, url, headers, body, timeout);
+  REQUIRE_MESSAGE(res.has_value(), method << " " << url << ": " << res.error().message);
+  INFO(method << " " << url << " -> " << res.value().status << " " << res.value().body);
+  CHECK(res.value().Header("content-type") == "application/json");
+  json j = json::parse(res.value().body, nullptr, false);
+  REQUIRE(j.is_object());
+  return Reply{res.value().status, std::move(j)};
+}
+
+std::string Source(const std::string& agent, uint64_t size = kSize) {
+  return json{{"agent", agent}, {"size", size}, {"registry", "r.test"}, {"repository", "demo/app"}}
+      .dump();
+}
+
+// Metainfo of a chunk of `length` bytes filled with `fill`.
+std::string Metainfo(uint64_t length, char fill = 'x') {
+  std::string data(length, fill);
+  swarm::PieceHasher hasher(length, kPiece);
+  REQUIRE(hasher.Update(data.data(), data.size()).has_value());
+  auto torrent = swarm::BuildChunkTorrent("chunk", length, kPiece, hasher.Finish().value());
+  REQUIRE(torrent.has_value());
+  return torrent.value().metainfo;
+}
+
+std::string PublishBody(const std::string& agent, const std::string& lease_id,
+                        const std::string& metainfo) {
+  json j = json::parse(Source(agent));
+  if (!lease_id.empty()) j["lease_id"] = lease_id;
+  j["metainfo"] = Base64Encode(metainfo);
+  return j.dump();
+}
+
+// A lease request long-polling on its own thread.
+class LongPoll {
+ public:
+  LongPoll(const std::string& url, std::string body) {
+    thread_ = std::thread([this, url, body = std::move(body)] {
+      auto res = HttpRequest("POST", url, {{"Content-Type", "application/json"}}, body,
+                             milliseconds(15000));
+      done_at_ = Clock::now();
+      if (res.has_value()) {
+        status_ = res.value().status;
+        body_ = res.value().body;
+      }
+    });
+  }
+  ~LongPoll() {
+    if (thread_.joinable()) thread_.join();
+  }
+  // Waits for the answer; returns its status and body.
+  Reply Join() {
+    thread_.join();
+    json j = json::parse(body_, nullptr, false);
+    return Reply{status_, j.is_discarded() ? json::object() : j};
+  }
+  Clock::time_point done_at() const { return done_at_; }
+
+ private:
+  std::thread thread_;
+  int status_ = 0;
+  std::string body_;
+  Clock::time_point done_at_;
+};
+
+// Waits until the status page shows `n` parked long-polls.
+bool WaitForPolls(const Tracker& t, int n) {
+  std::string want = std::to_string(n) + " lease requests long-polling";
+  return WaitUntil(
+      [&] {
+        auto page = HttpGet(t.base + "/", {}, seconds(2));
+        return page.has_value() && page.value().body.find(want) != std::string::npos;
+      },
+      seconds(3), milliseconds(10));
+}
+
+}  // namespace
+
+TEST_CASE("tracker lease: tables, grants, waits and publication over HTTP, with a tracker id") {
+  TempDir dir("shoal-tracker-lease");
+  Tracker t = StartTracker(dir, {"--max-upstream-fetchers", "2"});
+
+  Reply created = Send("POST", t.Blob(), Source("a1"));
+  REQUIRE(created.status == 200);
+  std::string id = created.body.value("tracker_id", "");
+  CHECK(id.size() == 16);
+  CHECK(created.body["digest"] == kDigest);
+  CHECK(created.body["size"] == kSize);
+  CHECK(created.body["chunk_size"] == kChunk);
+  CHECK(created.body["piece_size"] == kPiece);
+  REQUIRE(created.body["chunks"].size() == 3);
+  CHECK(created.body["chunks"][2]["state"] == "none");
+
+  Reply granted = Send("POST", t.Chunk(2, "lease"), Source("a1"));
+  REQUIRE(granted.status == 200);
+  REQUIRE(granted.body["state"] == "granted");
+  CHECK(granted.body["begin"] == 2 * kChunk);
+  CHECK(granted.body["length"] == 1000);
+  CHECK(granted.body["tracker_id"] == id);
+  std::string lease_id = granted.body["lease_id"];
+  // Asking again is idempotent.
+  CHECK(Send("POST", t.Chunk(2, "lease"), Source("a1")).body["lease_id"] == lease_id);
+
+  Reply leased = Send("POST", t.Chunk(2, "lease"), Source("a2"));
+  CHECK(leased.body["state"] == "wait");
+  CHECK(leased.body["reason"] == "leased");
+  CHECK(Send("POST", t.Chunk(0, "lease"), Source("a2")).body["state"] == "granted");
+  Reply capped = Send("POST", t.Chunk(1, "lease"), Source("a3"));
+  CHECK(capped.body["state"] == "wait");
+  CHECK(capped.body["reason"] == "cluster_cap");
+
+  Reply renewed = Send("POST", t.Chunk(2, "renew"),
+                       json{{"agent", "a1"}, {"lease_id", lease_id}, {"bytes", 500}}.dump());
+  CHECK(renewed.status == 200);
+  CHECK(renewed.body["ttl_ms"] == 15000);
+  Reply wrong = Send("POST", t.Chunk(2, "renew"),
+                     json{{"agent", "a1"}, {"lease_id", "nope"}, {"bytes", 1}}.dump());
+  CHECK(wrong.status == 409);
+  CHECK(wrong.body["tracker_id"] == id);
+
+  std::string metainfo = Metainfo(1000);
+  Reply published = Send("PUT", t.Chunk(2), PublishBody("a1", lease_id, metainfo));
+  CHECK(published.status == 200);
+  CHECK(published.body["state"] == "ready");
+  Reply kept = Send("PUT", t.Chunk(2), PublishBody("a2", "", Metainfo(1000, 'y')));
+  CHECK(kept.status == 200);
+  CHECK(kept.body["kept"] == "existing");
+
+  Reply table = Send("GET", t.Blob());
+  REQUIRE(table.status == 200);
+  CHECK(table.body["chunks"][0]["state"] == "leased");
+  CHECK(table.body["chunks"][2]["state"] == "ready");
+  CHECK(Base64Decode(table.body["chunks"][2]["metainfo"].get<std::string>()) == metainfo);
+  Reply ready = Send("POST", t.Chunk(2, "lease"), Source("a3"));
+  CHECK(ready.body["state"] == "ready");
+  CHECK(ready.body["size"] == kSize);
+
+  auto metrics = HttpGet(t.base + "/metrics");
+  REQUIRE(metrics.has_value());
+  CHECK(MetricSum(metrics.value().body, "shoal_tracker_leases_granted_total") == 2);
+  CHECK(MetricSum(metrics.value().body, "shoal_tracker_chunks_published_total") == 1);
+  CHECK(MetricSum(metrics.value().body, "shoal_tracker_leases_active") == 1);
+  CHECK(MetricSum(metrics.value().body, "shoal_tracker_blobs") == 1);
+  CHECK(MetricSum(metrics.value().body, "shoal_tracker_blob_api_requests_total",
+                  {{"route", "lease"}, {"code", "200"}}) >= 5);
+  auto page = HttpGet(t.base + "/");
+  REQUIRE(page.has_value());
+  CHECK(page.value().body.find("upstream leases 1 active") != std::string::npos);
+
+  CHECK(t.process->Stop() == 0);
+}
+
+TEST_CASE("tracker lease: malformed requests get 400 JSON errors; unknown blobs 404") {
+  TempDir dir("shoal-tracker-lease-bad");
+  Tracker t = StartTracker(dir);
+  struct Case {
+    std::string method, url, body;
+  };
+  json bad_metainfo = json::parse(PublishBody("a1", "", Metainfo(kChunk)));
+  bad_metainfo["metainfo"] = Base64Encode("not a torrent");
+  std::vector<Case> cases = {
+      {"POST", t.base + "/v1/blobs/sha256:1234", Source("a1")},
+      {"POST", t.base + "/v1/blobs/" + kDigest + "/chunks/x/lease", Source("a1")},
+      {"POST", t.Chunk(3, "lease"), Source("a1")},
+      {"POST", t.Chunk(0, "lease"), "{not json"},
+      {"POST", t.Chunk(0, "lease"), json{{"agent", "a1"}}.dump()},
+      {"POST", t.Chunk(0, "lease") + "?wait_ms=-5", Source("a1")},
+      {"PUT", t.Chunk(2), PublishBody("a1", "", Metainfo(kChunk))},  // chunk 2 is 1000 bytes
+      {"PUT", t.Chunk(0), bad_metainfo.dump()},
+  };
+  std::string id;
+  for (const Case& c : cases) {
+    Reply r = Send(c.method, c.url, c.body);
+    CHECK_MESSAGE(r.status == 400, c.method << " " << c.url << " " << c.body);
+    CHECK(!r.body.value("error", "").empty());
+    if (id.empty()) id = r.body.value("tracker_id", "");
+    CHECK(r.body.value("tracker_id", "") == id);
+  }
+  CHECK(id.size() == 16);
+  Reply unknown = Send("GET", t.Blob("sha256:" + std::string(64, '0')));
+  CHECK(unknown.status == 404);
+  CHECK(unknown.body["tracker_id"] == id);
+  CHECK(Send("DELETE", t.Chunk(0, "lease") + "?agent=a1&lease_id=none").status == 409);
+  // A body over the 8 MiB limit is refused without killing the server.
+  auto huge = HttpRequest("PUT", t.Chunk(0), {{"Content-Type", "application/json"}},
+                          std::string((8u << 20) + 10, ' '), seconds(10));
+  if (huge.has_value()) CHECK(huge.value().status == 413);
+  CHECK(WaitForHttp(t.base + "/healthz", seconds(2)));
+  CHECK(t.process->Stop() == 0);
+}
+
+TEST_CASE("tracker lease: a long-poll on a leased chunk answers right after the publish") {
+  TempDir dir("shoal-tracker-lease-poll");
+  Tracker t = StartTracker(dir);
+  Reply granted = Send("POST", t.Chunk(1, "lease"), Source("holder"));
+  REQUIRE(granted.body["state"] == "granted");
+
+  Clock::time_point asked = Clock::now();
+  LongPoll poll(t.Chunk(1, "lease") + "?wait_ms=8000", Source("waiter"));
+  REQUIRE_MESSAGE(WaitForPolls(t, 1), "the lease request was not parked");
+  // Other connections are served while it waits.
+  auto health = HttpGet(t.base + "/healthz", {}, seconds(1));
+  REQUIRE(health.has_value());
+  CHECK(health.value().status == 200);
+
+  Clock::time_point published_at = Clock::now();
+  Reply published =
+      Send("PUT", t.Chunk(1), PublishBody("holder", granted.body["lease_id"], Metainfo(kChunk)));
+  REQUIRE(published.status == 200);
+  Reply answer = poll.Join();
+  CHECK(answer.status == 200);
+  CHECK(answer.body["state"] == "ready");
+  CHECK(Base64Decode(answer.body.value("metainfo", "")) == Metainfo(kChunk));
+  auto after_publish = std::chrono::duration_cast<milliseconds>(poll.done_at() - published_at);
+  auto total = std::chrono::duration_cast<milliseconds>(poll.done_at() - asked);
+  MESSAGE("long-poll answered " << after_publish.count() << " ms after the publish, "
+                                << total.count() << " ms after it was sent");
+  CHECK(after_publish < milliseconds(1000));
+  CHECK(total < milliseconds(8000));
+  auto metrics = HttpGet(t.base + "/metrics");
+  REQUIRE(metrics.has_value());
+  CHECK(MetricSum(metrics.value().body, "shoal_tracker_lease_waits_total") == 1);
+  CHECK(t.process->Stop() == 0);
+}
+
+TEST_CASE("tracker lease: a long-poll held by the cluster cap gets the lease when one ends") {
+  TempDir dir("shoal-tracker-lease-cap");
+  Tracker t = StartTracker(dir, {"--max-upstream-fetchers", "1"});
+  Reply granted = Send("POST", t.Chunk(0, "lease"), Source("a1"));
+  REQUIRE(granted.body["state"] == "granted");
+
+  LongPoll poll(t.Chunk(1, "lease") + "?wait_ms=8000", Source("a2"));
+  REQUIRE(WaitForPolls(t, 1));
+  Clock::time_point released_at = Clock::now();
+  std::string lease_id = granted.body["lease_id"];
+  Reply released = Send("DELETE", t.Chunk(0, "lease") + "?agent=a1&lease_id=" + lease_id);
+  CHECK(released.status == 200);
+  Reply answer = poll.Join();
+  CHECK(answer.body["state"] == "granted");
+  CHECK(answer.body["begin"] == kChunk);
+  CHECK(poll.done_at() - released_at < milliseconds(1000));
+  // The first holder now waits for the cap in turn.
+  Reply capped = Send("POST", t.Chunk(0, "lease"), Source("a1"));
+  CHECK(capped.body["state"] == "wait");
+  CHECK(capped.body["reason"] == "cluster_cap");
+  CHECK(t.process->Stop() == 0);
+}
+
+TEST_CASE("tracker lease: a long-poll gets the lease of a holder that stopped renewing") {
+  TempDir dir("shoal-tracker-lease-expiry");
+  Tracker t = StartTracker(dir, {"--lease-ttl-s", "1"});
+  Clock::time_point granted_at = Clock::now();
+  Reply granted = Send("POST", t.Chunk(0, "lease"), Source("a1"));
+  REQUIRE(granted.body["state"] == "granted");
+  CHECK(granted.body["ttl_ms"] == 1000);
+
+  LongPoll poll(t.Chunk(0, "lease") + "?wait_ms=5000", Source("a2"));
+  Reply answer = poll.Join();
+  CHECK(answer.body["state"] == "granted");
+  CHECK(answer.body["lease_id"] != granted.body["lease_id"]);
+  auto waited = std::chrono::duration_cast<milliseconds>(poll.done_at() - granted_at);
+  MESSAGE("the expired lease was handed over after " << waited.count() << " ms");
+  CHECK(waited >= milliseconds(900));
+  CHECK(waited < milliseconds(2500));
+  Reply lost =
+      Send("POST", t.Chunk(0, "renew"),
+           json{{"agent", "a1"}, {"lease_id", granted.body["lease_id"]}, {"bytes", 1}}.dump());
+  CHECK(lost.status == 409);
+  auto metrics = HttpGet(t.base + "/metrics");
+  REQUIRE(metrics.has_value());
+  CHECK(MetricSum(metrics.value().body, "shoal_tracker_leases_expired_total") == 1);
+  CHECK(t.process->Stop() == 0);
+}
+
+TEST_CASE("tracker lease: a long-poll with nothing happening answers wait after wait_ms") {
+  TempDir dir("shoal-tracker-lease-timeout");
+  Tracker t = StartTracker(dir);
+  REQUIRE(Send("POST", t.Chunk(0, "lease"), Source("a1")).body["state"] == "granted");
+  Clock::time_point asked = Clock::now();
+  Reply answer = Send("POST", t.Chunk(0, "lease") + "?wait_ms=300", Source("a2"));
+  auto took = Clock::now() - asked;
+  CHECK(answer.body["state"] == "wait");
+  CHECK(answer.body["reason"] == "leased");
+  CHECK(took >= milliseconds(290));
+  CHECK(took < milliseconds(2000));
+  // SIGTERM while a long-poll waits: it is answered at once and the tracker exits cleanly.
+  LongPoll poll(t.Chunk(0, "lease") + "?wait_ms=10000", Source("a2"));
+  REQUIRE(WaitForPolls(t, 1));
+  Clock::time_point stopping = Clock::now();
+  CHECK(t.process->Stop() == 0);
+  Reply last = poll.Join();
+  CHECK(last.body["state"] == "wait");
+  CHECK(poll.done_at() - stopping < milliseconds(2000));
+}
+
+}  // namespace shoal::testkit

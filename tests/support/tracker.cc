@@ -1,0 +1,65 @@
+#include "tests/support/tracker.h"
+
+#include <filesystem>
+
+#include "tests/support/http_client.h"
+
+namespace shoal::testkit {
+
+Result<std::unique_ptr<TrackerProcess>> TrackerProcess::Start(std::vector<std::string> extra_args,
+                                                              uint16_t port) {
+  std::unique_ptr<TrackerProcess> t(new TrackerProcess(std::move(extra_args), port));
+  t->dir_ = std::make_unique<TempDir>("shoal-tracker");
+  if (auto st = t->Launch(); !st) return st.error();
+  return t;
+}
+
+TrackerProcess::~TrackerProcess() {
+  if (process_) process_->Stop();
+}
+
+Status TrackerProcess::Launch() {
+  std::string port_file = dir_->Sub("port");
+  std::filesystem::remove(port_file);
+  std::vector<std::string> argv = {SHOAL_TRACKER_BIN, "--listen",
+                                   "127.0.0.1:" + std::to_string(port_), "--port-file",
+                                   port_file,         "--log-format",
+                                   "text",            "--log-level",
+                                   "debug"};
+  argv.insert(argv.end(), args_.begin(), args_.end());
+  auto proc = Process::Start(argv, dir_->Sub("tracker." + std::to_string(launches_++) + ".log"));
+  if (!proc) return proc.error();
+  process_ = std::move(proc.value());
+  bool up = WaitUntil([&] { return !process_->Running() || !ReadFile(port_file).empty(); },
+                      std::chrono::seconds(20));
+  std::string port = ReadFile(port_file);
+  if (!up || port.empty() || !process_->Running()) {
+    return MakeError(ErrorCode::kUnavailable, "shoal-tracker did not start: " + process_->LogTail());
+  }
+  port_ = static_cast<uint16_t>(std::stoi(port));
+  if (!WaitForHttp(Url() + "/healthz", std::chrono::seconds(20))) {
+    return MakeError(ErrorCode::kUnavailable,
+                     "shoal-tracker does not answer: " + process_->LogTail());
+  }
+  return Ok();
+}
+
+std::string TrackerProcess::Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+double TrackerProcess::Metric(const std::string& name,
+                              const std::map<std::string, std::string>& labels) const {
+  auto r = HttpGet(Url() + "/metrics");
+  return r && r.value().status == 200 ? MetricSum(r.value().body, name, labels) : 0;
+}
+
+int TrackerProcess::Stop() { return process_ ? process_->Stop() : 0; }
+void TrackerProcess::Kill() {
+  if (process_) process_->Kill();
+}
+Status TrackerProcess::Restart() {
+  if (process_) process_->Stop();
+  return Launch();
+}
+std::string TrackerProcess::LogTail() const { return process_ ? process_->LogTail() : ""; }
+
+}  // namespace shoal::testkit

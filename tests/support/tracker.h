@@ -1,0 +1,48 @@
+#pragma once
+// A real shoal-tracker process for integration tests (the built binary, SHOAL_TRACKER_BIN).
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lib/core/error.h"
+#include "tests/support/process.h"
+
+namespace shoal::testkit {
+
+// Starts shoal-tracker on 127.0.0.1 (port 0 unless `port` is given; the tracker writes its port
+// to a file) and waits until /healthz answers. Not thread-safe. The destructor stops it.
+class TrackerProcess {
+ public:
+  // Errors: kUnavailable with the tracker's log tail.
+  static Result<std::unique_ptr<TrackerProcess>> Start(std::vector<std::string> extra_args = {},
+                                                       uint16_t port = 0);
+  ~TrackerProcess();
+
+  // "http://127.0.0.1:PORT" and its announce URL.
+  std::string Url() const;
+  std::string AnnounceUrl() const { return Url() + "/announce"; }
+  uint16_t port() const { return port_; }
+  // MetricSum over the current /metrics (0 if unreachable).
+  double Metric(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+  // SIGTERM and wait; returns the exit status.
+  int Stop();
+  void Kill();
+  // Starts again on the same port with the same arguments (state is lost). Errors: as Start.
+  Status Restart();
+  std::string LogTail() const;
+
+ private:
+  TrackerProcess(std::vector<std::string> args, uint16_t port)
+      : args_(std::move(args)), port_(port) {}
+  Status Launch();
+
+  std::vector<std::string> args_;
+  uint16_t port_;
+  std::unique_ptr<TempDir> dir_;
+  std::unique_ptr<Process> process_;
+  int launches_ = 0;
+};
+
+}  // namespace shoal::testkit

@@ -1,0 +1,273 @@
+// BlobApi without the network: request validation, JSON answers and status mapping
+// (HandleNow; the long-poll is covered by tests/integration/tracker_lease_test.cc).
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include <prometheus/registry.h>
+#include <nlohmann/json.hpp>
+
+#include "lib/core/base64.h"
+#include "lib/swarm/chunk_torrent.h"
+#include "tracker/blob_api.h"
+
+namespace shoal::tracker {
+namespace {
+
+using nlohmann::json;
+using std::chrono::seconds;
+namespace http = boost::beast::http;
+
+const TimePoint kT0 = TimePoint() + std::chrono::hours(1);
+const std::string kDigest = "sha256:" + std::string(64, 'a');
+const std::string kBlob = "/v1/blobs/" + kDigest;
+constexpr uint64_t kChunk = 64 << 10;
+constexpr uint32_t kPiece = 16 << 10;
+constexpr uint64_t kSize = 2 * kChunk + 100;
+
+BlobApiOptions Options() {
+  BlobApiOptions o;
+  o.table.chunk_size = kChunk;
+  o.table.piece_size = kPiece;
+  o.table.max_upstream_fetchers = 4;
+  return o;
+}
+
+std::string Metainfo(uint64_t length) {
+  std::string data(length, 'x');
+  swarm::PieceHasher hasher(length, kPiece);
+  REQUIRE(hasher.Update(data.data(), data.size()).has_value());
+  auto torrent = swarm::BuildChunkTorrent("c", length, kPiece, hasher.Finish().value());
+  REQUIRE(torrent.has_value());
+  return torrent.value().metainfo;
+}
+
+struct Api {
+  prometheus::Registry registry;
+  BlobApi api{Options(), registry, "0123456789abcdef", 7};
+
+  // Answers and checks that the body is a JSON object carrying the tracker id.
+  std::pair<unsigned, json> Call(http::verb method, std::string_view path, std::string_view query,
+                                 std::string_view body, TimePoint now = kT0) {
+    BlobResponse r = api.HandleNow(BlobRequest{method, path, query, body}, now);
+    json j = json::parse(r.body, nullptr, false);
+    REQUIRE_MESSAGE(j.is_object(), r.body);
+    CHECK(j.value("tracker_id", "") == "0123456789abcdef");
+    return {r.status, j};
+  }
+};
+
+std::string SourceBody(const std::string& agent = "node-1", uint64_t size = kSize) {
+  return json{{"agent", agent}, {"size", size}, {"registry", "r.test"}, {"repository", "a/b"}}
+      .dump();
+}
+
+}  // namespace
+
+TEST_CASE("tracker blobs api: routes are owned under /v1/blobs only") {
+  CHECK(BlobApi::Owns("/v1/blobs"));
+  CHECK(BlobApi::Owns("/v1/blobs/x"));
+  CHECK_FALSE(BlobApi::Owns("/v1/blobsx"));
+  CHECK_FALSE(BlobApi::Owns("/announce"));
+  std::string id = BlobApi::NewTrackerId();
+  CHECK(id.size() == 16);
+  CHECK(id.find_first_not_of("0123456789abcdef") == std::string::npos);
+}
+
+TEST_CASE("tracker blobs api: create, lease, publish and read a table") {
+  Api a;
+  auto [created, table] = a.Call(http::verb::post, kBlob, "", SourceBody());
+  REQUIRE(created == 200);
+  CHECK(table["digest"] == kDigest);
+  CHECK(table["size"] == kSize);
+  CHECK(table["chunk_size"] == kChunk);
+  CHECK(table["piece_size"] == kPiece);
+  REQUIRE(table["chunks"].size() == 3);
+  CHECK(table["chunks"][0]["state"] == "none");
+
+  auto [s1, granted] =
+      a.Call(http::verb::post, kBlob + "/chunks/2/lease", "wait_ms=0", SourceBody());
+  REQUIRE(s1 == 200);
+  CHECK(granted["state"] == "granted");
+  CHECK(granted["begin"] == 2 * kChunk);
+  CHECK(granted["length"] == 100);
+  CHECK(granted["ttl_ms"] == 15000);
+  CHECK(granted["size"] == kSize);
+  std::string lease_id = granted["lease_id"];
+
+  auto [s2, wait] = a.Call(http::verb::post, kBlob + "/chunks/2/lease", "", SourceBody("node-2"));
+  CHECK(s2 == 200);
+  CHECK(wait["state"] == "wait");
+  CHECK(wait["reason"] == "leased");
+  CHECK(wait["retry_after_ms"].get<int>() > 0);
+  CHECK(wait["chunk_size"] == kChunk);
+
+  auto [s3, renewed] =
+      a.Call(http::verb::post, kBlob + "/chunks/2/renew", "",
+             json{{"agent", "node-1"}, {"lease_id", lease_id}, {"bytes", 50}}.dump());
+  CHECK(s3 == 200);
+  CHECK(renewed["ttl_ms"] == 15000);
+
+  std::string metainfo = Metainfo(100);
+  json publish = json::parse(SourceBody());
+  publish["lease_id"] = lease_id;
+  publish["metainfo"] = Base64Encode(metainfo);
+  auto [s4, ready] = a.Call(http::verb::put, kBlob + "/chunks/2", "", publish.dump());
+  CHECK(s4 == 200);
+  CHECK(ready["state"] == "ready");
+  CHECK_FALSE(ready.contains("kept"));
+
+  auto [s5, lease_ready] =
+      a.Call(http::verb::post, kBlob + "/chunks/2/lease", "", SourceBody("node-2"));
+  CHECK(s5 == 200);
+  CHECK(lease_ready["state"] == "ready");
+  CHECK(Base64Decode(lease_ready["metainfo"].get<std::string>()) == metainfo);
+
+  auto [s6, got] = a.Call(http::verb::get, kBlob, "", "");
+  CHECK(s6 == 200);
+  CHECK(got["chunks"][2]["state"] == "ready");
+  CHECK(Base64Decode(got["chunks"][2]["metainfo"].get<std::string>()) == metainfo);
+  CHECK_FALSE(got["chunks"][0].contains("metainfo"));
+
+  // A renewal after publication: the lease is gone.
+  auto [s7, lost] = a.Call(http::verb::post, kBlob + "/chunks/2/renew", "",
+                           json{{"agent", "node-1"}, {"lease_id", lease_id}, {"bytes", 1}}.dump());
+  CHECK(s7 == 409);
+  CHECK(lost["error"].get<std::string>().find("lease lost") == 0);
+
+  auto info_hash = swarm::ParseChunkTorrent(metainfo, 100, kPiece).value().info_hash;
+  auto [s8, dropped] =
+      a.Call(http::verb::post, kBlob + "/chunks/2/bad", "",
+             json{{"agent", "node-2"}, {"info_hash", swarm::Sha1Hex(info_hash)}}.dump());
+  CHECK(s8 == 200);
+  CHECK(dropped["dropped"] == true);
+}
+
+TEST_CASE("tracker blobs api: release by query, 409 for a non-holder, 404 for unknown blobs") {
+  Api a;
+  auto [s1, granted] = a.Call(http::verb::post, kBlob + "/chunks/0/lease", "", SourceBody("n 1"));
+  REQUIRE(s1 == 200);
+  std::string id = granted["lease_id"];
+  auto [s2, e2] =
+      a.Call(http::verb::delete_, kBlob + "/chunks/0/lease", "agent=n2&lease_id=" + id, "");
+  CHECK(s2 == 409);
+  auto [s3, ok] =
+      a.Call(http::verb::delete_, kBlob + "/chunks/0/lease", "agent=n%201&lease_id=" + id, "");
+  CHECK(s3 == 200);
+  CHECK(ok.size() == 1);  // just the tracker id
+  auto [s4, e4] = a.Call(http::verb::get, "/v1/blobs/sha256:" + std::string(64, 'b'), "", "");
+  CHECK(s4 == 404);
+  CHECK(e4["error"].get<std::string>().find("not known") != std::string::npos);
+  auto [s5, e5] =
+      a.Call(http::verb::post, "/v1/blobs/sha256:" + std::string(64, 'b') + "/chunks/0/bad", "",
+             json{{"agent", "n"}, {"info_hash", std::string(40, '0')}}.dump());
+  CHECK(s5 == 200);
+  CHECK(e5["dropped"] == false);
+}
+
+TEST_CASE("tracker blobs api: a percent-encoded digest in the path is accepted") {
+  Api a;
+  auto [status, table] =
+      a.Call(http::verb::post, "/v1/blobs/sha256%3A" + std::string(64, 'a'), "", SourceBody());
+  CHECK(status == 200);
+  CHECK(table["digest"] == kDigest);
+}
+
+TEST_CASE("tracker blobs api: malformed requests get 400 with a precise message, never 500") {
+  Api a;
+  struct Case {
+    http::verb method;
+    std::string path;
+    std::string query;
+    std::string body;
+    std::string expect;  // a part of the error message
+  };
+  std::string lease = kBlob + "/chunks/0/lease";
+  json no_agent = json::parse(SourceBody());
+  no_agent.erase("agent");
+  json long_agent = json::parse(SourceBody(std::string(129, 'x')));
+  json float_size = json::parse(SourceBody());
+  float_size["size"] = 1.5;
+  json zero_size = json::parse(SourceBody());
+  zero_size["size"] = 0;
+  json no_registry = json::parse(SourceBody());
+  no_registry.erase("registry");
+  json bad_b64 = json::parse(SourceBody());
+  bad_b64["metainfo"] = "!!!";
+  json garbage = json::parse(SourceBody());
+  garbage["metainfo"] = Base64Encode("d4:infoi1ee");
+  json wrong_length = json::parse(SourceBody());
+  wrong_length["metainfo"] = Base64Encode(Metainfo(100));
+  Case cases[] = {
+      {http::verb::post, "/v1/blobs/sha256:abc/chunks/0/lease", "", SourceBody(), "digest"},
+      {http::verb::post, "/v1/blobs/sha512:" + std::string(128, 'a'), "", SourceBody(),
+       "not supported"},
+      {http::verb::post, "/v1/blobs/%zz", "", SourceBody(), "percent-escape"},
+      {http::verb::post, kBlob + "/chunks/-1/lease", "", SourceBody(), "chunk index"},
+      {http::verb::post, kBlob + "/chunks/99999999999/lease", "", SourceBody(), "chunk index"},
+      {http::verb::post, kBlob + "/chunks/7/lease", "", SourceBody(), "out of range"},
+      {http::verb::post, lease, "wait_ms=soon", SourceBody(), "wait_ms"},
+      {http::verb::post, lease, "wait_ms=1&wait_ms=2", SourceBody(), "twice"},
+      {http::verb::post, lease, "", "{\"agent\":", "not valid JSON"},
+      {http::verb::post, lease, "", "[1,2]", "not a JSON object"},
+      {http::verb::post, lease, "", "", "empty"},
+      {http::verb::post, lease, "", no_agent.dump(), "\"agent\""},
+      {http::verb::post, lease, "", long_agent.dump(), "at most 128"},
+      {http::verb::post, lease, "", float_size.dump(), "\"size\""},
+      {http::verb::post, lease, "", zero_size.dump(), "\"size\""},
+      {http::verb::post, lease, "", no_registry.dump(), "\"registry\""},
+      {http::verb::post, kBlob + "/chunks/0/renew", "", json{{"agent", "n"}, {"bytes", 1}}.dump(),
+       "\"lease_id\""},
+      {http::verb::put, kBlob + "/chunks/0", "", json::parse(SourceBody()).dump(), "\"metainfo\""},
+      {http::verb::put, kBlob + "/chunks/0", "", bad_b64.dump(), "base64"},
+      {http::verb::put, kBlob + "/chunks/0", "", garbage.dump(), "metainfo of chunk 0"},
+      {http::verb::put, kBlob + "/chunks/0", "", wrong_length.dump(), "bytes long"},
+      {http::verb::post, kBlob + "/chunks/0/bad", "",
+       json{{"agent", "n"}, {"info_hash", "xyz"}}.dump(), "info_hash"},
+      {http::verb::delete_, lease, "agent=n", "", "lease_id"},
+      {http::verb::delete_, lease, "agent=%0&lease_id=x", "", "percent-escape"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.path);
+    CAPTURE(c.query);
+    CAPTURE(c.body);
+    auto [status, j] = a.Call(c.method, c.path, c.query, c.body);
+    CHECK(status == 400);
+    CHECK_MESSAGE(j.value("error", "").find(c.expect) != std::string::npos, j.dump());
+  }
+  CHECK(a.api.table().totals().blobs == 0);
+}
+
+TEST_CASE("tracker blobs api: unknown endpoints are 404, wrong methods 405 with Allow") {
+  Api a;
+  auto [s1, e1] = a.Call(http::verb::post, kBlob + "/chunks/0/steal", "", "{}");
+  CHECK(s1 == 404);
+  auto [s2, e2] = a.Call(http::verb::get, kBlob + "/chunks", "", "");
+  CHECK(s2 == 404);
+  auto [s3, e3] = a.Call(http::verb::post, kBlob + "/", "", "{}");
+  CHECK(s3 == 404);
+  BlobResponse r =
+      a.api.HandleNow(BlobRequest{http::verb::get, kBlob + "/chunks/0/lease", "", ""}, kT0);
+  CHECK(r.status == 405);
+  CHECK(r.allow == "POST, DELETE");
+}
+
+TEST_CASE("tracker blobs api: a size conflict is 409 and a full tracker 503") {
+  prometheus::Registry registry;
+  BlobApiOptions o = Options();
+  o.table.max_blobs = 1;
+  BlobApi api(o, registry, "id", 1);
+  auto call = [&](const std::string& path, const std::string& body) {
+    return api.HandleNow(BlobRequest{http::verb::post, path, "", body}, kT0);
+  };
+  CHECK(call(kBlob + "/chunks/0/lease", SourceBody()).status == 200);
+  CHECK(call(kBlob, SourceBody("n", kSize + 1)).status == 409);
+  BlobResponse full = call("/v1/blobs/sha256:" + std::string(64, 'c'), SourceBody());
+  CHECK(full.status == 503);
+  CHECK(full.body.find("tracker is full") != std::string::npos);
+}
+
+}  // namespace shoal::tracker

@@ -1,0 +1,411 @@
+// BlobTable: chunk tables and upstream leases, with a fake clock (every call takes "now").
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lib/swarm/chunk_torrent.h"
+#include "tracker/blob_table.h"
+
+namespace shoal::tracker {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+const TimePoint kT0 = TimePoint() + std::chrono::hours(1);
+constexpr uint64_t kChunk = 64 << 10;
+constexpr uint32_t kPiece = 16 << 10;
+// Four chunks: three full ones and a short last one.
+constexpr uint64_t kSize = 3 * kChunk + 3392;
+
+BlobTableOptions Options(uint32_t fetchers = 16, uint32_t per_agent = 2) {
+  BlobTableOptions o;
+  o.chunk_size = kChunk;
+  o.piece_size = kPiece;
+  o.max_upstream_fetchers = fetchers;
+  o.max_leases_per_agent = per_agent;
+  o.lease_ttl = seconds(15);
+  return o;
+}
+
+Digest D(char c) { return Digest::FromSha256Hex(std::string(64, c)); }
+
+BlobSource Source(uint64_t size = kSize) { return BlobSource{size, "registry.test", "team/app"}; }
+
+// length bytes derived from seed.
+std::string Bytes(uint64_t length, uint32_t seed) {
+  std::string s(length, '\0');
+  uint32_t x = seed;
+  for (char& c : s) {
+    x = x * 1103515245 + 12345;
+    c = static_cast<char>(x >> 16);
+  }
+  return s;
+}
+
+// Real chunk metainfo over length bytes of seed's data, with the given piece size.
+std::string Metainfo(uint64_t length, uint32_t seed, uint32_t piece = kPiece) {
+  std::string data = Bytes(length, seed);
+  swarm::PieceHasher hasher(length, piece);
+  REQUIRE(hasher.Update(data.data(), data.size()).has_value());
+  auto hashes = hasher.Finish();
+  REQUIRE(hashes.has_value());
+  auto torrent = swarm::BuildChunkTorrent("chunk", length, piece, std::move(hashes.value()));
+  REQUIRE_MESSAGE(torrent.has_value(), torrent.error().message);
+  return torrent.value().metainfo;
+}
+
+LeaseAnswer MustLease(BlobTable& t, const Digest& d, uint32_t k, const std::string& agent,
+                      TimePoint now, const BlobSource& source = Source()) {
+  auto a = t.Lease(d, k, agent, source, now);
+  REQUIRE_MESSAGE(a.has_value(), a.error().message);
+  return a.value();
+}
+
+ChunkState StateOf(BlobTable& t, const Digest& d, uint32_t k, TimePoint now) {
+  auto view = t.Find(d, now);
+  REQUIRE_MESSAGE(view.has_value(), view.error().message);
+  return view.value().chunks.at(k).state;
+}
+
+// Records the listener's events.
+struct Events {
+  std::vector<BlobEvent> seen;
+  void Attach(BlobTable& t) {
+    t.SetListener([this](BlobEvent e, const Digest&) { seen.push_back(e); });
+  }
+  size_t Count(BlobEvent e) const {
+    size_t n = 0;
+    for (BlobEvent s : seen) n += s == e;
+    return n;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tracker blobs: a table is created with the layout and remembers its first source") {
+  BlobTable t(Options(), 1);
+  auto view = t.Ensure(D('a'), Source(), kT0);
+  REQUIRE(view.has_value());
+  CHECK(view.value().layout.chunk_count() == 4);
+  CHECK(view.value().layout.chunk_length(3) == 3392);
+  CHECK(view.value().source.registry == "registry.test");
+  for (const ChunkView& c : view.value().chunks) CHECK(c.state == ChunkState::kNone);
+  // A later writer does not replace the source.
+  auto again = t.Ensure(D('a'), BlobSource{kSize, "other.test", "other/app"}, kT0);
+  REQUIRE(again.has_value());
+  CHECK(again.value().source.repository == "team/app");
+  CHECK(t.totals().blobs == 1);
+  CHECK(t.totals().chunks == 4);
+  CHECK(t.Find(D('b'), kT0).error().code == BlobErrc::kNotFound);
+}
+
+TEST_CASE("tracker blobs: a known blob asked for with another size is a conflict") {
+  BlobTable t(Options(), 1);
+  REQUIRE(t.Ensure(D('a'), Source(), kT0).has_value());
+  auto other = t.Ensure(D('a'), Source(kSize + 1), kT0);
+  REQUIRE_FALSE(other.has_value());
+  CHECK(other.error().code == BlobErrc::kConflict);
+  CHECK(other.error().message.find("known with size") != std::string::npos);
+  CHECK(t.Lease(D('a'), 0, "n1", Source(5), kT0).error().code == BlobErrc::kConflict);
+  CHECK(t.Publish(D('a'), 0, "n1", "", Source(5), Metainfo(5, 1), kT0).error().code ==
+        BlobErrc::kConflict);
+}
+
+TEST_CASE("tracker blobs: sizes the layout rejects and chunk indexes out of range are invalid") {
+  BlobTableOptions o = Options();
+  o.max_chunks_per_blob = 8;
+  BlobTable t(o, 1);
+  CHECK(t.Ensure(D('a'), Source(0), kT0).error().code == BlobErrc::kInvalid);
+  CHECK(t.Ensure(D('a'), Source(9 * kChunk), kT0).error().code == BlobErrc::kInvalid);
+  CHECK(t.totals().blobs == 0);
+  auto out = t.Lease(D('a'), 4, "n1", Source(), kT0);
+  REQUIRE_FALSE(out.has_value());
+  CHECK(out.error().code == BlobErrc::kInvalid);
+  CHECK(out.error().message.find("out of range") != std::string::npos);
+}
+
+TEST_CASE("tracker blobs: the cluster cap holds leases back until one ends") {
+  BlobTable t(Options(/*fetchers=*/2, /*per_agent=*/5), 1);
+  Events events;
+  events.Attach(t);
+  auto a = MustLease(t, D('a'), 0, "n1", kT0);
+  auto b = MustLease(t, D('a'), 1, "n2", kT0);
+  CHECK(a.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(b.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(a.lease_id != b.lease_id);
+  CHECK(a.begin == 0);
+  CHECK(b.begin == kChunk);
+  CHECK(b.length == kChunk);
+  CHECK(a.ttl == seconds(15));
+  // A third fetcher, even on another blob, must wait.
+  auto c = MustLease(t, D('b'), 0, "n3", kT0 + seconds(1));
+  CHECK(c.kind == LeaseAnswer::Kind::kWait);
+  CHECK(c.reason == WaitReason::kClusterCap);
+  CHECK(c.retry_after > milliseconds(0));
+  CHECK(c.recheck_at == kT0 + seconds(15));  // the first expiry could free a slot
+  CHECK(t.totals().leases == 2);
+  REQUIRE(t.Release(D('a'), 0, "n1", a.lease_id, kT0 + seconds(2)).has_value());
+  CHECK(StateOf(t, D('a'), 0, kT0 + seconds(2)) == ChunkState::kNone);
+  auto again = MustLease(t, D('b'), 0, "n3", kT0 + seconds(2));
+  CHECK(again.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(events.Count(BlobEvent::kGranted) == 3);
+  CHECK(events.Count(BlobEvent::kReleased) == 1);
+}
+
+TEST_CASE("tracker blobs: one agent holds at most max_leases_per_agent leases") {
+  BlobTable t(Options(/*fetchers=*/16, /*per_agent=*/2), 1);
+  auto a0 = MustLease(t, D('a'), 0, "n1", kT0);
+  CHECK(MustLease(t, D('a'), 1, "n1", kT0).kind == LeaseAnswer::Kind::kGranted);
+  auto a2 = MustLease(t, D('a'), 2, "n1", kT0);
+  CHECK(a2.kind == LeaseAnswer::Kind::kWait);
+  CHECK(a2.reason == WaitReason::kAgentCap);
+  // The chunk itself is free: another agent gets it.
+  CHECK(MustLease(t, D('a'), 2, "n2", kT0).kind == LeaseAnswer::Kind::kGranted);
+  // n1's own leases are still handed back to it while it is at its cap.
+  CHECK(MustLease(t, D('a'), 0, "n1", kT0).lease_id == a0.lease_id);
+  REQUIRE(t.Release(D('a'), 0, "n1", a0.lease_id, kT0).has_value());
+  CHECK(MustLease(t, D('a'), 3, "n1", kT0).kind == LeaseAnswer::Kind::kGranted);
+}
+
+TEST_CASE("tracker blobs: asking again for a held lease returns the same lease with a new expiry") {
+  BlobTable t(Options(), 1);
+  Events events;
+  events.Attach(t);
+  auto first = MustLease(t, D('a'), 0, "n1", kT0);
+  REQUIRE(first.kind == LeaseAnswer::Kind::kGranted);
+  auto second = MustLease(t, D('a'), 0, "n1", kT0 + seconds(10));
+  CHECK(second.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(second.lease_id == first.lease_id);
+  CHECK(events.Count(BlobEvent::kGranted) == 1);
+  CHECK(t.totals().leases == 1);
+  // The expiry moved to 10 + 15 s: at 20 s another agent still waits.
+  auto other = MustLease(t, D('a'), 0, "n2", kT0 + seconds(20));
+  CHECK(other.kind == LeaseAnswer::Kind::kWait);
+  CHECK(other.reason == WaitReason::kLeased);
+  CHECK(other.recheck_at == kT0 + seconds(25));
+}
+
+TEST_CASE("tracker blobs: an expired lease goes to the next agent that asks") {
+  BlobTable t(Options(), 1);
+  Events events;
+  events.Attach(t);
+  auto a = MustLease(t, D('a'), 0, "n1", kT0);
+  CHECK(MustLease(t, D('a'), 0, "n2", kT0 + seconds(14)).kind == LeaseAnswer::Kind::kWait);
+  CHECK(StateOf(t, D('a'), 0, kT0 + seconds(14)) == ChunkState::kLeased);
+  auto b = MustLease(t, D('a'), 0, "n2", kT0 + seconds(15));
+  CHECK(b.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(b.lease_id != a.lease_id);
+  CHECK(events.Count(BlobEvent::kExpired) == 1);
+  CHECK(t.totals().leases == 1);
+  // The periodic sweep expires leases nobody asks about.
+  CHECK(t.ExpireLeases(kT0 + seconds(29)) == 0);
+  CHECK(t.ExpireLeases(kT0 + seconds(30)) == 1);
+  CHECK(t.totals().leases == 0);
+  CHECK(t.ActiveLeases(10).empty());
+}
+
+TEST_CASE("tracker blobs: renewals extend a lease; after expiry or re-grant the lease is lost") {
+  BlobTable t(Options(), 1);
+  auto a = MustLease(t, D('a'), 0, "n1", kT0);
+  auto ttl = t.Renew(D('a'), 0, "n1", a.lease_id, 1000, kT0 + seconds(10));
+  REQUIRE(ttl.has_value());
+  CHECK(ttl.value() == seconds(15));
+  auto leases = t.ActiveLeases(10);
+  REQUIRE(leases.size() == 1);
+  CHECK(leases[0].bytes == 1000);
+  CHECK(leases[0].agent == "n1");
+  CHECK(leases[0].expires == kT0 + seconds(25));
+  // Wrong id, wrong agent: lost.
+  CHECK(t.Renew(D('a'), 0, "n1", "nope", 0, kT0 + seconds(11)).error().code == BlobErrc::kConflict);
+  CHECK(t.Renew(D('a'), 0, "n2", a.lease_id, 0, kT0 + seconds(11)).error().code ==
+        BlobErrc::kConflict);
+  // Expired (nobody asked in between).
+  auto late = t.Renew(D('a'), 0, "n1", a.lease_id, 2000, kT0 + seconds(25));
+  REQUIRE_FALSE(late.has_value());
+  CHECK(late.error().code == BlobErrc::kConflict);
+  CHECK(late.error().message.find("lease lost") == 0);
+  // Expired and re-granted to someone else.
+  auto b = MustLease(t, D('a'), 0, "n2", kT0 + seconds(26));
+  REQUIRE(b.kind == LeaseAnswer::Kind::kGranted);
+  auto regranted = t.Renew(D('a'), 0, "n1", a.lease_id, 2000, kT0 + seconds(27));
+  REQUIRE_FALSE(regranted.has_value());
+  CHECK(regranted.error().message.find("leased again") != std::string::npos);
+  // Unknown blob: lost too.
+  CHECK(t.Renew(D('z'), 0, "n1", a.lease_id, 0, kT0).error().code == BlobErrc::kConflict);
+}
+
+TEST_CASE("tracker blobs: publishing validates the metainfo against the chunk's layout") {
+  BlobTable t(Options(), 1);
+  std::string right = Metainfo(kChunk, 1);
+  auto reason = [&](uint32_t k, std::string_view metainfo) {
+    auto r = t.Publish(D('a'), k, "n1", "", Source(), metainfo, kT0);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == BlobErrc::kInvalid);
+    return r.error().message;
+  };
+  // Chunk 3 is 3392 bytes long: a full chunk's torrent has the wrong length.
+  CHECK(reason(3, right).find("bytes long") != std::string::npos);
+  CHECK(reason(0, Metainfo(kChunk, 1, 2 * kPiece)).find("pieces of") != std::string::npos);
+  CHECK(reason(0, "garbage").find("does not parse") != std::string::npos);
+  CHECK(reason(0, "").find("metainfo") != std::string::npos);
+  CHECK(reason(4, right).find("out of range") != std::string::npos);
+  // Nothing was created by the failed attempts.
+  CHECK(t.Find(D('a'), kT0).error().code == BlobErrc::kNotFound);
+  auto ok = t.Publish(D('a'), 3, "n1", "", Source(), Metainfo(3392, 1), kT0);
+  REQUIRE_MESSAGE(ok.has_value(), ok.error().message);
+  CHECK(StateOf(t, D('a'), 3, kT0) == ChunkState::kReady);
+}
+
+TEST_CASE("tracker blobs: publishing under a lease makes the chunk ready and ends the lease") {
+  BlobTable t(Options(/*fetchers=*/1), 1);
+  Events events;
+  events.Attach(t);
+  auto a = MustLease(t, D('a'), 1, "n1", kT0);
+  REQUIRE(a.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(MustLease(t, D('a'), 1, "n2", kT0).reason == WaitReason::kLeased);
+  std::string metainfo = Metainfo(kChunk, 7);
+  auto p = t.Publish(D('a'), 1, "n1", a.lease_id, Source(), metainfo, kT0 + seconds(3));
+  REQUIRE_MESSAGE(p.has_value(), p.error().message);
+  CHECK(p.value().newly_ready);
+  CHECK(p.value().released_lease);
+  CHECK_FALSE(p.value().kept_existing);
+  CHECK(t.totals().leases == 0);
+  CHECK(t.totals().ready == 1);
+  CHECK(events.Count(BlobEvent::kReleased) == 1);
+  CHECK(events.Count(BlobEvent::kPublished) == 1);
+  auto ready = MustLease(t, D('a'), 1, "n2", kT0 + seconds(3));
+  REQUIRE(ready.kind == LeaseAnswer::Kind::kReady);
+  CHECK(ready.published->metainfo == metainfo);
+  auto view = t.Find(D('a'), kT0 + seconds(3));
+  REQUIRE(view.has_value());
+  CHECK(view.value().chunks[1].state == ChunkState::kReady);
+  CHECK(view.value().chunks[1].published->metainfo == metainfo);
+  // The old holder's lease is gone; the freed slot goes to another chunk.
+  CHECK(
+      t.Renew(D('a'), 1, "n1", a.lease_id, 0, kT0 + seconds(4)).error().message.find("is ready") !=
+      std::string::npos);
+  CHECK(MustLease(t, D('a'), 2, "n2", kT0 + seconds(4)).kind == LeaseAnswer::Kind::kGranted);
+}
+
+TEST_CASE("tracker blobs: a chunk published by someone else ends the current holder's lease") {
+  BlobTable t(Options(), 1);
+  auto a = MustLease(t, D('a'), 0, "n1", kT0);
+  auto p = t.Publish(D('a'), 0, "n2", "", Source(), Metainfo(kChunk, 1), kT0);
+  REQUIRE(p.has_value());
+  CHECK(p.value().newly_ready);
+  CHECK_FALSE(p.value().released_lease);
+  CHECK(t.totals().leases == 0);
+  CHECK(t.Renew(D('a'), 0, "n1", a.lease_id, 0, kT0).error().code == BlobErrc::kConflict);
+  CHECK(t.Release(D('a'), 0, "n1", a.lease_id, kT0).error().code == BlobErrc::kConflict);
+}
+
+TEST_CASE("tracker blobs: re-publishing without a lease rebuilds a table; the first wins") {
+  BlobTable t(Options(), 1);
+  std::string first = Metainfo(kChunk, 1);
+  std::string second = Metainfo(kChunk, 2);
+  auto p1 = t.Publish(D('a'), 2, "n1", "", Source(), first, kT0);
+  REQUIRE(p1.has_value());
+  CHECK(p1.value().newly_ready);
+  CHECK(t.totals().blobs == 1);
+  auto same = t.Publish(D('a'), 2, "n2", "", Source(), first, kT0);
+  REQUIRE(same.has_value());
+  CHECK_FALSE(same.value().newly_ready);
+  CHECK_FALSE(same.value().kept_existing);
+  auto other = t.Publish(D('a'), 2, "n3", "", Source(), second, kT0);
+  REQUIRE(other.has_value());
+  CHECK(other.value().kept_existing);
+  CHECK(other.value().published->metainfo == first);
+  CHECK(t.totals().ready == 1);
+}
+
+TEST_CASE("tracker blobs: a bad report with the ready info-hash drops the metainfo") {
+  BlobTable t(Options(), 1);
+  Events events;
+  events.Attach(t);
+  auto p = t.Publish(D('a'), 0, "n1", "", Source(), Metainfo(kChunk, 1), kT0);
+  REQUIRE(p.has_value());
+  swarm::Sha1 hash = p.value().published->info_hash;
+  swarm::Sha1 other = hash;
+  other[0] ^= 1;
+  CHECK_FALSE(t.ReportBad(D('a'), 0, other, kT0).value());
+  CHECK_FALSE(t.ReportBad(D('a'), 1, hash, kT0).value());
+  CHECK_FALSE(t.ReportBad(D('z'), 0, hash, kT0).value());
+  CHECK(t.ReportBad(D('a'), 9, hash, kT0).error().code == BlobErrc::kInvalid);
+  CHECK(StateOf(t, D('a'), 0, kT0) == ChunkState::kReady);
+  CHECK(t.ReportBad(D('a'), 0, hash, kT0).value());
+  CHECK(events.Count(BlobEvent::kDropped) == 1);
+  CHECK(StateOf(t, D('a'), 0, kT0) == ChunkState::kNone);
+  CHECK(t.totals().ready == 0);
+  CHECK(MustLease(t, D('a'), 0, "n2", kT0).kind == LeaseAnswer::Kind::kGranted);
+  CHECK_FALSE(t.ReportBad(D('a'), 0, hash, kT0).value());
+}
+
+TEST_CASE("tracker blobs: release needs the holder and its lease id") {
+  BlobTable t(Options(), 1);
+  auto a = MustLease(t, D('a'), 0, "n1", kT0);
+  CHECK(t.Release(D('a'), 0, "n2", a.lease_id, kT0).error().code == BlobErrc::kConflict);
+  CHECK(t.Release(D('a'), 0, "n1", "other", kT0).error().code == BlobErrc::kConflict);
+  CHECK(t.Release(D('z'), 0, "n1", a.lease_id, kT0).error().code == BlobErrc::kConflict);
+  REQUIRE(t.Release(D('a'), 0, "n1", a.lease_id, kT0).has_value());
+  CHECK(t.Release(D('a'), 0, "n1", a.lease_id, kT0).error().code == BlobErrc::kConflict);
+  CHECK(StateOf(t, D('a'), 0, kT0) == ChunkState::kNone);
+}
+
+TEST_CASE("tracker blobs: beyond max_blobs the least recently used table without leases goes") {
+  BlobTableOptions o = Options();
+  o.max_blobs = 3;
+  BlobTable t(o, 1);
+  Events events;
+  events.Attach(t);
+  REQUIRE(t.Ensure(D('a'), Source(), kT0).has_value());
+  REQUIRE(t.Ensure(D('b'), Source(), kT0).has_value());
+  REQUIRE(t.Ensure(D('c'), Source(), kT0).has_value());
+  // Order by last use is now b, a, c: c goes first. a holds a lease and is never evicted.
+  auto lease = MustLease(t, D('a'), 0, "n1", kT0);
+  REQUIRE(lease.kind == LeaseAnswer::Kind::kGranted);
+  REQUIRE(t.Find(D('b'), kT0).has_value());  // b is now more recent than c
+  REQUIRE(t.Ensure(D('d'), Source(), kT0).has_value());
+  CHECK(t.Find(D('c'), kT0).error().code == BlobErrc::kNotFound);
+  CHECK(t.Find(D('a'), kT0).has_value());
+  CHECK(t.Find(D('b'), kT0).has_value());
+  CHECK(t.totals().blobs == 3);
+  CHECK(t.totals().chunks == 12);
+  CHECK(events.Count(BlobEvent::kEvicted) == 1);
+  REQUIRE(t.Ensure(D('e'), Source(), kT0).has_value());  // evicts d (a, b were touched since)
+  CHECK(t.Find(D('d'), kT0).error().code == BlobErrc::kNotFound);
+  CHECK(t.Find(D('a'), kT0).has_value());
+}
+
+TEST_CASE("tracker blobs: when every table holds a lease a new table is refused") {
+  BlobTableOptions o = Options();
+  o.max_blobs = 2;
+  BlobTable t(o, 1);
+  REQUIRE(MustLease(t, D('a'), 0, "n1", kT0).kind == LeaseAnswer::Kind::kGranted);
+  REQUIRE(MustLease(t, D('b'), 0, "n1", kT0).kind == LeaseAnswer::Kind::kGranted);
+  auto full = t.Ensure(D('c'), Source(), kT0);
+  REQUIRE_FALSE(full.has_value());
+  CHECK(full.error().code == BlobErrc::kFull);
+  CHECK(t.Publish(D('c'), 0, "n1", "", Source(), Metainfo(kChunk, 1), kT0).error().code ==
+        BlobErrc::kFull);
+  // Once the leases expire the tables can go again.
+  CHECK(t.Ensure(D('c'), Source(), kT0 + seconds(15)).has_value());
+}
+
+TEST_CASE("tracker blobs: the chunk bound evicts too") {
+  BlobTableOptions o = Options();
+  o.max_chunks_per_blob = 4;
+  o.max_chunks = 8;
+  BlobTable t(o, 1);
+  REQUIRE(t.Ensure(D('a'), Source(), kT0).has_value());
+  REQUIRE(t.Ensure(D('b'), Source(), kT0).has_value());
+  REQUIRE(t.Ensure(D('c'), Source(kChunk), kT0).has_value());  // one chunk: a goes
+  CHECK(t.Find(D('a'), kT0).error().code == BlobErrc::kNotFound);
+  CHECK(t.totals().chunks == 5);
+}
+
+}  // namespace shoal::tracker

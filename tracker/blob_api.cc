@@ -1,0 +1,655 @@
+#include "tracker/blob_api.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "lib/core/base64.h"
+#include "tracker/announce.h"
+
+namespace shoal::tracker {
+namespace http = boost::beast::http;
+using nlohmann::json;
+
+// The blob API's endpoints (at namespace scope: BlobCall, declared in the header, holds one).
+enum class BlobRoute { kCreate, kGet, kLease, kRelease, kRenew, kPublish, kBad, kUnknown };
+
+namespace {
+
+constexpr std::string_view kPrefix = "/v1/blobs";
+constexpr size_t kMaxAgentBytes = 128;
+constexpr size_t kMaxLeaseIdBytes = 128;
+constexpr size_t kMaxSourceBytes = 1024;  // registry host or repository path
+constexpr size_t kMaxQueryBytes = 4096;
+constexpr size_t kStatusPageLeases = 50;
+
+std::string_view RouteName(BlobRoute route) {
+  switch (route) {
+    case BlobRoute::kCreate:
+      return "create_blob";
+    case BlobRoute::kGet:
+      return "get_blob";
+    case BlobRoute::kLease:
+      return "lease";
+    case BlobRoute::kRelease:
+      return "release";
+    case BlobRoute::kRenew:
+      return "renew";
+    case BlobRoute::kPublish:
+      return "publish";
+    case BlobRoute::kBad:
+      return "bad";
+    case BlobRoute::kUnknown:
+      return "other";
+  }
+  return "other";
+}
+
+// A request that cannot be served, with the status it gets.
+struct Rejection {
+  unsigned status = 400;
+  std::string message;
+  std::string_view allow;
+};
+
+std::string Quoted(std::string_view text) {
+  constexpr size_t kShown = 80;
+  std::string out = "\"" + std::string(text.substr(0, kShown)) + "\"";
+  if (text.size() > kShown) out += "...";
+  return out;
+}
+
+std::optional<uint64_t> ParseDecimal(std::string_view text, size_t max_digits) {
+  if (text.empty() || text.size() > max_digits) return std::nullopt;
+  uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return value;
+}
+
+// Splits "a=1&b=2" into decoded pairs; a parameter given twice is an error.
+std::optional<Rejection> ParseQuery(std::string_view query,
+                                    std::map<std::string, std::string>& out) {
+  if (query.size() > kMaxQueryBytes) {
+    return Rejection{400, "query is " + std::to_string(query.size()) +
+                              " bytes, more than the limit of " + std::to_string(kMaxQueryBytes)};
+  }
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view part = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (part.empty()) continue;
+    size_t eq = part.find('=');
+    std::string_view raw_key = part.substr(0, eq);
+    std::string_view raw_value =
+        eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
+    auto key = PercentDecode(raw_key, "query parameter name");
+    if (!key) return Rejection{400, key.error().message};
+    auto value = PercentDecode(raw_value, key.value());
+    if (!value) return Rejection{400, value.error().message};
+    if (!out.emplace(key.value(), std::move(value.value())).second) {
+      return Rejection{400, "query parameter " + Quoted(key.value()) + " is given twice"};
+    }
+  }
+  return std::nullopt;
+}
+
+bool HasControlChars(std::string_view s) {
+  return std::any_of(s.begin(), s.end(), [](char c) {
+    auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7f;
+  });
+}
+
+std::optional<Rejection> CheckId(std::string_view what, std::string_view value, size_t max) {
+  if (value.empty() || value.size() > max || HasControlChars(value)) {
+    return Rejection{400, std::string(what) + " must be a non-empty string of at most " +
+                              std::to_string(max) + " printable characters"};
+  }
+  return std::nullopt;
+}
+
+// Typed access to the fields of a JSON request body; every failure names the field.
+class Body {
+ public:
+  static std::optional<Rejection> Parse(std::string_view text, Body& out) {
+    if (text.empty()) return Rejection{400, "request body is empty; a JSON object is required"};
+    try {
+      out.json_ = json::parse(text);
+    } catch (const json::parse_error& e) {
+      return Rejection{400, std::string("request body is not valid JSON: ") + e.what()};
+    }
+    if (!out.json_.is_object()) return Rejection{400, "request body is not a JSON object"};
+    return std::nullopt;
+  }
+
+  std::optional<Rejection> String(const char* name, bool required, size_t max,
+                                  std::string& out) const {
+    auto it = json_.find(name);
+    if (it == json_.end() || it->is_null()) {
+      if (!required) return std::nullopt;
+      return Rejection{400, std::string("request body has no \"") + name + "\" field"};
+    }
+    if (!it->is_string()) {
+      return Rejection{400, std::string("\"") + name + "\" must be a string"};
+    }
+    const auto& s = it->get_ref<const std::string&>();
+    if (s.size() > max) {
+      return Rejection{400,
+                       fmt::format("\"{}\" is {} bytes long, more than {}", name, s.size(), max)};
+    }
+    out = s;
+    return std::nullopt;
+  }
+
+  std::optional<Rejection> Unsigned(const char* name, uint64_t& out) const {
+    auto it = json_.find(name);
+    if (it == json_.end() || it->is_null()) {
+      return Rejection{400, std::string("request body has no \"") + name + "\" field"};
+    }
+    if (it->is_number_unsigned()) {
+      out = it->get<uint64_t>();
+      return std::nullopt;
+    }
+    if (it->is_number_integer() && it->get<int64_t>() >= 0) {
+      out = static_cast<uint64_t>(it->get<int64_t>());
+      return std::nullopt;
+    }
+    return Rejection{400, std::string("\"") + name + "\" must be a non-negative integer"};
+  }
+
+ private:
+  json json_;
+};
+
+std::optional<swarm::Sha1> ParseInfoHash(std::string_view hex) {
+  if (hex.size() != 40) return std::nullopt;
+  swarm::Sha1 out{};
+  auto value = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < out.size(); ++i) {
+    int hi = value(hex[2 * i]);
+    int lo = value(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out[i] = static_cast<uint8_t>(hi * 16 + lo);
+  }
+  return out;
+}
+
+unsigned StatusOf(BlobErrc code) {
+  switch (code) {
+    case BlobErrc::kInvalid:
+      return 400;
+    case BlobErrc::kNotFound:
+      return 404;
+    case BlobErrc::kConflict:
+      return 409;
+    case BlobErrc::kFull:
+      return 503;
+  }
+  return 400;
+}
+
+void AddLayout(json& j, const swarm::ChunkLayout& layout) {
+  j["size"] = layout.blob_size;
+  j["chunk_size"] = layout.chunk_size;
+  j["piece_size"] = layout.piece_size;
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  if (bytes >= (1ull << 30))
+    return fmt::format("{:.1f} GiB", static_cast<double>(bytes) / (1 << 30));
+  if (bytes >= (1ull << 20))
+    return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20));
+  if (bytes >= (1ull << 10))
+    return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / (1 << 10));
+  return fmt::format("{} B", bytes);
+}
+
+}  // namespace
+
+// A validated request, ready for the table.
+struct BlobCall {
+  BlobRoute route = BlobRoute::kUnknown;
+  Digest digest = Digest::FromSha256Hex(std::string(64, '0'));
+  uint32_t k = 0;
+  std::string agent;
+  std::string lease_id;
+  BlobSource source;
+  std::string metainfo;  // decoded
+  swarm::Sha1 info_hash{};
+  uint64_t bytes = 0;
+  std::chrono::milliseconds wait{0};
+};
+
+namespace {
+
+// Parses the path and method, then the parameters each route needs.
+std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::milliseconds max_wait,
+                                   BlobRoute& route, BlobCall& call);
+
+}  // namespace
+
+BlobApi::BlobApi(BlobApiOptions options, prometheus::Registry& registry, std::string tracker_id,
+                 uint64_t seed)
+    : options_(std::move(options)),
+      tracker_id_(std::move(tracker_id)),
+      table_(options_.table, seed),
+      metrics_(BlobMetrics::Create(registry)) {
+  table_.SetListener([this](BlobEvent event, const Digest& digest) { OnEvent(event, digest); });
+}
+
+bool BlobApi::Owns(std::string_view path) {
+  return path == kPrefix ||
+         (path.size() > kPrefix.size() && path.substr(0, kPrefix.size()) == kPrefix &&
+          path[kPrefix.size()] == '/');
+}
+
+std::string BlobApi::NewTrackerId() {
+  std::random_device rd;
+  uint64_t id = (uint64_t{rd()} << 32) ^ rd();
+  return fmt::format("{:016x}", id);
+}
+
+boost::asio::awaitable<BlobResponse> BlobApi::Handle(BlobRequest req) {
+  BlobCall call;
+  BlobRoute route = BlobRoute::kUnknown;
+  std::optional<Rejection> rejected = ParseCall(req, options_.max_wait, route, call);
+  if (rejected) {
+    BlobResponse response = Error(rejected->status, std::move(rejected->message), RouteName(route));
+    response.allow = rejected->allow;
+    Finish(response);
+    co_return response;
+  }
+  if (route != BlobRoute::kLease || call.wait.count() == 0) {
+    BlobResponse response = Execute(call, TrackerClock::now());
+    Finish(response);
+    co_return response;
+  }
+  // Long-poll: re-ask the table whenever something that could change the answer happened.
+  TimePoint deadline = TrackerClock::now() + call.wait;
+  bool counted = false;
+  for (;;) {
+    TimePoint now = TrackerClock::now();
+    BlobResult<LeaseAnswer> answer =
+        table_.Lease(call.digest, call.k, call.agent, call.source, now);
+    bool wait = answer && answer.value().kind == LeaseAnswer::Kind::kWait;
+    if (wait && !counted) {
+      metrics_.lease_waits.Increment();
+      counted = true;
+    }
+    if (!wait || now >= deadline || stopping_ || waiters_.size() >= options_.max_waiters) {
+      BlobResponse response = LeaseResponse(answer);
+      Finish(response);
+      co_return response;
+    }
+    bool cap_waiter = answer.value().reason != WaitReason::kLeased;
+    TimePoint until = std::min(deadline, answer.value().recheck_at);
+    co_await waiters_.Wait(call.digest, cap_waiter, until);
+  }
+}
+
+BlobResponse BlobApi::HandleNow(const BlobRequest& req, TimePoint now) {
+  BlobCall call;
+  BlobRoute route = BlobRoute::kUnknown;
+  std::optional<Rejection> rejected = ParseCall(req, options_.max_wait, route, call);
+  BlobResponse response;
+  if (rejected) {
+    response = Error(rejected->status, std::move(rejected->message), RouteName(route));
+    response.allow = rejected->allow;
+  } else {
+    response = Execute(call, now);
+  }
+  Finish(response);
+  return response;
+}
+
+BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
+  std::string_view route = RouteName(call.route);
+  switch (call.route) {
+    case BlobRoute::kCreate:
+    case BlobRoute::kGet: {
+      auto view = call.route == BlobRoute::kCreate ? table_.Ensure(call.digest, call.source, now)
+                                                   : table_.Find(call.digest, now);
+      if (!view) return Failure(view.error(), route);
+      const BlobView& v = view.value();
+      json j;
+      j["digest"] = call.digest.str();
+      AddLayout(j, v.layout);
+      j["registry"] = v.source.registry;
+      j["repository"] = v.source.repository;
+      json chunks = json::array();
+      for (const ChunkView& c : v.chunks) {
+        json entry;
+        entry["state"] = std::string(ChunkStateName(c.state));
+        if (c.published) entry["metainfo"] = Base64Encode(c.published->metainfo);
+        chunks.push_back(std::move(entry));
+      }
+      j["chunks"] = std::move(chunks);
+      return Json(200, route, std::move(j));
+    }
+    case BlobRoute::kLease: {
+      auto answer = table_.Lease(call.digest, call.k, call.agent, call.source, now);
+      if (answer && answer.value().kind == LeaseAnswer::Kind::kWait) {
+        metrics_.lease_waits.Increment();
+      }
+      return LeaseResponse(answer);
+    }
+    case BlobRoute::kRenew: {
+      auto ttl = table_.Renew(call.digest, call.k, call.agent, call.lease_id, call.bytes, now);
+      if (!ttl) return Failure(ttl.error(), route);
+      return Json(200, route, json{{"ttl_ms", ttl.value().count()}});
+    }
+    case BlobRoute::kPublish: {
+      auto published = table_.Publish(call.digest, call.k, call.agent, call.lease_id, call.source,
+                                      call.metainfo, now);
+      if (!published) return Failure(published.error(), route);
+      const PublishAnswer& p = published.value();
+      json j{{"state", "ready"}, {"info_hash", swarm::Sha1Hex(p.published->info_hash)}};
+      if (p.kept_existing) j["kept"] = "existing";
+      if (p.newly_ready) {
+        spdlog::debug("chunk {} of {} published by agent {}{}", call.k, call.digest.str(),
+                      call.agent, p.released_lease ? " (lease released)" : "");
+      }
+      return Json(200, route, std::move(j));
+    }
+    case BlobRoute::kRelease: {
+      auto released = table_.Release(call.digest, call.k, call.agent, call.lease_id, now);
+      if (!released) return Failure(released.error(), route);
+      return Json(200, route, json::object());
+    }
+    case BlobRoute::kBad: {
+      auto dropped = table_.ReportBad(call.digest, call.k, call.info_hash, now);
+      if (!dropped) return Failure(dropped.error(), route);
+      if (dropped.value()) {
+        spdlog::warn("chunk {} of {}: metainfo {} reported bad by agent {}; dropped", call.k,
+                     call.digest.str(), swarm::Sha1Hex(call.info_hash), call.agent);
+      }
+      return Json(200, route, json{{"dropped", dropped.value()}});
+    }
+    case BlobRoute::kUnknown:
+      break;
+  }
+  return Error(404, "no such blob API endpoint", route);
+}
+
+BlobResponse BlobApi::LeaseResponse(const BlobResult<LeaseAnswer>& result) const {
+  constexpr std::string_view route = "lease";
+  if (!result) return Failure(result.error(), route);
+  const LeaseAnswer& a = result.value();
+  json j;
+  AddLayout(j, a.layout);
+  switch (a.kind) {
+    case LeaseAnswer::Kind::kReady:
+      j["state"] = "ready";
+      j["metainfo"] = Base64Encode(a.published->metainfo);
+      break;
+    case LeaseAnswer::Kind::kGranted:
+      j["state"] = "granted";
+      j["lease_id"] = a.lease_id;
+      j["ttl_ms"] = a.ttl.count();
+      j["begin"] = a.begin;
+      j["length"] = a.length;
+      break;
+    case LeaseAnswer::Kind::kWait:
+      j["state"] = "wait";
+      j["retry_after_ms"] = a.retry_after.count();
+      j["reason"] = std::string(WaitReasonName(a.reason));
+      break;
+  }
+  return Json(200, route, std::move(j));
+}
+
+BlobResponse BlobApi::Json(unsigned status, std::string_view route, json body) const {
+  body["tracker_id"] = tracker_id_;
+  BlobResponse response;
+  response.status = status;
+  // Strings echoed from queries need not be UTF-8; never let that throw.
+  response.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  response.route = route;
+  return response;
+}
+
+BlobResponse BlobApi::Error(unsigned status, std::string message, std::string_view route) const {
+  return Json(status, route, json{{"error", std::move(message)}});
+}
+
+BlobResponse BlobApi::Failure(const BlobError& error, std::string_view route) const {
+  return Error(StatusOf(error.code), error.message, route);
+}
+
+void BlobApi::Finish(const BlobResponse& response) {
+  metrics_.CountRequest(response.route, response.status);
+  metrics_.leases_active.Set(static_cast<double>(table_.totals().leases));
+  metrics_.blobs.Set(static_cast<double>(table_.totals().blobs));
+}
+
+void BlobApi::OnEvent(BlobEvent event, const Digest& digest) {
+  switch (event) {
+    case BlobEvent::kGranted:
+      metrics_.leases_granted.Increment();
+      return;
+    case BlobEvent::kExpired:
+      metrics_.leases_expired.Increment();
+      spdlog::info("lease on a chunk of {} expired", digest.str());
+      waiters_.WakeBlob(digest);
+      waiters_.WakeCapWaiters();
+      return;
+    case BlobEvent::kReleased:
+      metrics_.leases_released.Increment();
+      waiters_.WakeBlob(digest);
+      waiters_.WakeCapWaiters();
+      return;
+    case BlobEvent::kPublished:
+      metrics_.chunks_published.Increment();
+      waiters_.WakeBlob(digest);
+      return;
+    case BlobEvent::kDropped:
+    case BlobEvent::kEvicted:
+      waiters_.WakeBlob(digest);
+      return;
+  }
+}
+
+void BlobApi::Shutdown() {
+  stopping_ = true;
+  waiters_.WakeAll();
+}
+
+void BlobApi::Sweep(TimePoint now) {
+  table_.ExpireLeases(now);
+  metrics_.leases_active.Set(static_cast<double>(table_.totals().leases));
+  metrics_.blobs.Set(static_cast<double>(table_.totals().blobs));
+}
+
+std::string BlobApi::StatusSection(TimePoint now) const {
+  const BlobTableOptions& o = table_.options();
+  BlobTotals t = table_.totals();
+  std::string out;
+  out += fmt::format("blobs {} (max {}), chunks {} ready of {}; chunk size {}, piece size {}\n",
+                     t.blobs, o.max_blobs, t.ready, t.chunks, FormatBytes(o.chunk_size),
+                     FormatBytes(o.piece_size));
+  out += fmt::format(
+      "upstream leases {} active (max {} in the cluster, {} per agent), ttl {} s; {} lease "
+      "requests long-polling\n",
+      t.leases, o.max_upstream_fetchers, o.max_leases_per_agent,
+      std::chrono::duration<double>(o.lease_ttl).count(), waiters_.size());
+  auto leases = table_.ActiveLeases(kStatusPageLeases);
+  if (leases.empty()) return out;
+  out += fmt::format("\n{:<71}  {:>6}  {:<24}  {:>21}  {:>10}\n", "blob", "chunk", "agent",
+                     "progress", "expires in");
+  for (const LeaseSummary& l : leases) {
+    double left = std::chrono::duration<double>(l.expires - now).count();
+    out +=
+        fmt::format("{:<71}  {:>6}  {:<24}  {:>9} / {:>9}  {:>8.1f} s\n", l.digest.str(), l.chunk,
+                    l.agent.substr(0, 24), FormatBytes(l.bytes), FormatBytes(l.length), left);
+  }
+  if (t.leases > leases.size()) {
+    out += fmt::format("... and {} more leases\n", t.leases - leases.size());
+  }
+  return out;
+}
+
+namespace {
+
+std::optional<Rejection> ParseSource(const Body& body, BlobSource& source) {
+  if (auto r = body.Unsigned("size", source.size)) return r;
+  if (source.size == 0) return Rejection{400, "\"size\" must be a positive number of bytes"};
+  if (auto r = body.String("registry", true, kMaxSourceBytes, source.registry)) return r;
+  if (auto r = body.String("repository", true, kMaxSourceBytes, source.repository)) return r;
+  return std::nullopt;
+}
+
+std::optional<Rejection> ParseAgent(const Body& body, std::string& agent) {
+  if (auto r = body.String("agent", true, SIZE_MAX, agent)) return r;
+  return CheckId("\"agent\"", agent, kMaxAgentBytes);
+}
+
+std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::milliseconds max_wait,
+                                   BlobRoute& route, BlobCall& call) {
+  // Path: /v1/blobs/{digest}[/chunks/{k}[/lease|/renew|/bad]]
+  std::string_view rest = req.path.substr(std::min(req.path.size(), kPrefix.size() + 1));
+  std::vector<std::string_view> parts;
+  while (!rest.empty() && parts.size() <= 4) {
+    size_t slash = rest.find('/');
+    parts.push_back(rest.substr(0, slash));
+    rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
+    if (slash != std::string_view::npos && rest.empty()) parts.emplace_back();  // trailing '/'
+  }
+  bool shape_ok = (parts.size() == 1 || (parts.size() >= 3 && parts[1] == "chunks")) &&
+                  parts.size() <= 4 &&
+                  std::none_of(parts.begin(), parts.end(), [](auto p) { return p.empty(); });
+  std::string_view action = parts.size() == 4 ? parts[3] : std::string_view();
+  if (!shape_ok ||
+      (parts.size() == 4 && action != "lease" && action != "renew" && action != "bad")) {
+    route = BlobRoute::kUnknown;
+    return Rejection{404, "no such blob API endpoint: " + Quoted(req.path) +
+                              " (want /v1/blobs/{digest}[/chunks/{k}[/lease|/renew|/bad]])"};
+  }
+
+  // Method.
+  http::verb m = req.method;
+  std::string_view allow;
+  if (parts.size() == 1) {
+    allow = "GET, HEAD, POST";
+    if (m == http::verb::get || m == http::verb::head) route = BlobRoute::kGet;
+    if (m == http::verb::post) route = BlobRoute::kCreate;
+  } else if (parts.size() == 3) {
+    allow = "PUT";
+    if (m == http::verb::put) route = BlobRoute::kPublish;
+  } else if (action == "lease") {
+    allow = "POST, DELETE";
+    if (m == http::verb::post) route = BlobRoute::kLease;
+    if (m == http::verb::delete_) route = BlobRoute::kRelease;
+  } else {
+    allow = "POST";
+    if (m == http::verb::post) route = action == "renew" ? BlobRoute::kRenew : BlobRoute::kBad;
+  }
+  if (route == BlobRoute::kUnknown) {
+    return Rejection{
+        405, std::string(http::to_string(m)) + " is not supported here; use " + std::string(allow),
+        allow};
+  }
+  call.route = route;
+
+  // Digest and chunk index.
+  auto digest_text = PercentDecode(parts[0], "digest");
+  if (!digest_text) return Rejection{400, digest_text.error().message};
+  auto digest = Digest::Parse(digest_text.value());
+  if (!digest) return Rejection{400, "bad digest in path: " + digest.error().message};
+  call.digest = std::move(digest.value());
+  if (parts.size() >= 3) {
+    auto k = ParseDecimal(parts[2], 10);
+    if (!k || *k > UINT32_MAX) {
+      return Rejection{
+          400, "chunk index " + Quoted(parts[2]) + " is not a non-negative integer below 2^32"};
+    }
+    call.k = static_cast<uint32_t>(*k);
+  }
+
+  // Query parameters.
+  std::map<std::string, std::string> query;
+  if (auto r = ParseQuery(req.query, query)) return r;
+  if (route == BlobRoute::kLease) {
+    if (auto it = query.find("wait_ms"); it != query.end()) {
+      auto wait = ParseDecimal(it->second, 19);
+      if (!wait) {
+        return Rejection{400, "wait_ms " + Quoted(it->second) + " is not a non-negative integer"};
+      }
+      call.wait = std::min<std::chrono::milliseconds>(
+          std::chrono::milliseconds(static_cast<int64_t>(std::min<uint64_t>(*wait, INT64_MAX))),
+          max_wait);
+    }
+  }
+  if (route == BlobRoute::kRelease) {
+    auto agent = query.find("agent");
+    if (agent == query.end()) return Rejection{400, "query parameter \"agent\" is missing"};
+    if (auto r = CheckId("agent", agent->second, kMaxAgentBytes)) return r;
+    call.agent = agent->second;
+    auto lease = query.find("lease_id");
+    if (lease == query.end()) return Rejection{400, "query parameter \"lease_id\" is missing"};
+    if (auto r = CheckId("lease_id", lease->second, kMaxLeaseIdBytes)) return r;
+    call.lease_id = lease->second;
+    return std::nullopt;
+  }
+  if (route == BlobRoute::kGet) return std::nullopt;
+
+  // JSON body.
+  Body body;
+  if (auto r = Body::Parse(req.body, body)) return r;
+  switch (route) {
+    case BlobRoute::kCreate:
+      return ParseSource(body, call.source);
+    case BlobRoute::kLease:
+      if (auto r = ParseAgent(body, call.agent)) return r;
+      return ParseSource(body, call.source);
+    case BlobRoute::kRenew:
+      if (auto r = ParseAgent(body, call.agent)) return r;
+      if (auto r = body.String("lease_id", true, SIZE_MAX, call.lease_id)) return r;
+      if (auto r = CheckId("\"lease_id\"", call.lease_id, kMaxLeaseIdBytes)) return r;
+      return body.Unsigned("bytes", call.bytes);
+    case BlobRoute::kPublish: {
+      if (auto r = ParseAgent(body, call.agent)) return r;
+      if (auto r = body.String("lease_id", false, kMaxLeaseIdBytes, call.lease_id)) return r;
+      if (auto r = ParseSource(body, call.source)) return r;
+      std::string encoded;
+      // Base64 of at most 4 MiB of metainfo; the body limit bounds it anyway.
+      if (auto r = body.String("metainfo", true, 8u << 20, encoded)) return r;
+      auto decoded = Base64Decode(encoded);
+      if (!decoded || decoded->empty()) {
+        return Rejection{400, "\"metainfo\" is not non-empty base64 (RFC 4648, with padding)"};
+      }
+      call.metainfo = std::move(*decoded);
+      return std::nullopt;
+    }
+    case BlobRoute::kBad: {
+      if (auto r = ParseAgent(body, call.agent)) return r;
+      std::string hex;
+      if (auto r = body.String("info_hash", true, 64, hex)) return r;
+      auto hash = ParseInfoHash(hex);
+      if (!hash) return Rejection{400, "\"info_hash\" must be 40 hex characters (a v1 info-hash)"};
+      call.info_hash = *hash;
+      return std::nullopt;
+    }
+    case BlobRoute::kGet:
+    case BlobRoute::kRelease:
+    case BlobRoute::kUnknown:
+      break;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+}  // namespace shoal::tracker

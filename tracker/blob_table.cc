@@ -1,0 +1,416 @@
+#include "tracker/blob_table.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include <fmt/format.h>
+
+namespace shoal::tracker {
+namespace {
+
+BlobError Fail(BlobErrc code, std::string message) { return BlobError{code, std::move(message)}; }
+
+std::string ChunkName(const Digest& digest, uint32_t k) {
+  return "chunk " + std::to_string(k) + " of " + digest.str();
+}
+
+}  // namespace
+
+std::string_view ChunkStateName(ChunkState state) {
+  switch (state) {
+    case ChunkState::kNone:
+      return "none";
+    case ChunkState::kLeased:
+      return "leased";
+    case ChunkState::kReady:
+      return "ready";
+  }
+  return "none";
+}
+
+std::string_view WaitReasonName(WaitReason reason) {
+  switch (reason) {
+    case WaitReason::kLeased:
+      return "leased";
+    case WaitReason::kClusterCap:
+      return "cluster_cap";
+    case WaitReason::kAgentCap:
+      return "agent_cap";
+  }
+  return "leased";
+}
+
+BlobTable::BlobTable(BlobTableOptions options, uint64_t seed)
+    : options_(std::move(options)), rng_(seed) {
+  options_.max_blobs = std::max<size_t>(options_.max_blobs, 1);
+  options_.max_chunks_per_blob = std::max<uint32_t>(options_.max_chunks_per_blob, 1);
+  options_.max_chunks = std::max<size_t>(options_.max_chunks, options_.max_chunks_per_blob);
+}
+
+BlobResult<swarm::ChunkLayout> BlobTable::LayoutFor(uint64_t size) const {
+  swarm::ChunkLayout layout{size, options_.chunk_size, options_.piece_size};
+  Status valid = layout.Validate();
+  if (!valid) {
+    return Fail(BlobErrc::kInvalid, "blob size " + std::to_string(size) +
+                                        " does not fit the chunk layout: " + valid.error().message);
+  }
+  if (layout.chunk_count() > options_.max_chunks_per_blob) {
+    return Fail(
+        BlobErrc::kInvalid,
+        fmt::format("blob size {} needs {} chunks of {} bytes, more than this tracker's "
+                    "limit of {} per blob",
+                    size, layout.chunk_count(), layout.chunk_size, options_.max_chunks_per_blob));
+  }
+  return layout;
+}
+
+BlobResult<BlobView> BlobTable::Ensure(const Digest& digest, const BlobSource& source,
+                                       TimePoint now) {
+  ExpireLeases(now);
+  auto blob = EnsureBlob(digest, source);
+  if (!blob) return blob.error();
+  return ViewOf(*blob.value());
+}
+
+BlobResult<BlobView> BlobTable::Find(const Digest& digest, TimePoint now) {
+  ExpireLeases(now);
+  Blob* blob = Touch(digest);
+  if (blob == nullptr) {
+    return Fail(BlobErrc::kNotFound, "blob " + digest.str() + " is not known to this tracker");
+  }
+  return ViewOf(*blob);
+}
+
+BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::string_view agent,
+                                         const BlobSource& source, TimePoint now) {
+  ExpireLeases(now);
+  auto checked = CheckChunk(digest, source, k);
+  if (!checked) return checked.error();
+  auto ensured = EnsureBlob(digest, source);
+  if (!ensured) return ensured.error();
+  Blob& blob = *ensured.value();
+  Chunk& chunk = blob.chunks[k];
+
+  LeaseAnswer answer;
+  answer.layout = blob.layout;
+  if (chunk.published) {
+    answer.kind = LeaseAnswer::Kind::kReady;
+    answer.published = chunk.published;
+    return answer;
+  }
+  auto grant = [&](const LeaseRecord& lease) {
+    answer.kind = LeaseAnswer::Kind::kGranted;
+    answer.lease_id = lease.id;
+    answer.ttl = options_.lease_ttl;
+    answer.begin = blob.layout.chunk_begin(k);
+    answer.length = blob.layout.chunk_length(k);
+    return answer;
+  };
+  auto wait = [&](WaitReason reason, TimePoint recheck_at) {
+    answer.kind = LeaseAnswer::Kind::kWait;
+    answer.reason = reason;
+    answer.retry_after = options_.retry_after;
+    answer.recheck_at = recheck_at;
+    return answer;
+  };
+  if (chunk.lease) {
+    if (chunk.lease->agent == agent) {
+      // The agent asks again for what it holds (a retried request, a restarted fetch).
+      SetExpiry(digest, k, *chunk.lease, now + options_.lease_ttl);
+      return grant(*chunk.lease);
+    }
+    return wait(WaitReason::kLeased, chunk.lease->expiry->first);
+  }
+  // A freed slot anywhere can change a cap answer, so a waiter re-checks at the first expiry.
+  TimePoint first_expiry = expiries_.empty() ? TimePoint::max() : expiries_.begin()->first;
+  std::string agent_key(agent);
+  auto held = agent_leases_.find(agent_key);
+  if (held != agent_leases_.end() && held->second >= options_.max_leases_per_agent) {
+    return wait(WaitReason::kAgentCap, first_expiry);
+  }
+  if (totals_.leases >= options_.max_upstream_fetchers) {
+    return wait(WaitReason::kClusterCap, first_expiry);
+  }
+  chunk.lease = std::make_unique<LeaseRecord>();
+  chunk.lease->id = NewLeaseId();
+  chunk.lease->agent = agent_key;
+  chunk.lease->granted = now;
+  chunk.lease->expiry = expiries_.emplace(now + options_.lease_ttl, LeaseKey{digest, k});
+  ++agent_leases_[agent_key];
+  ++blob.leases;
+  ++totals_.leases;
+  Emit(BlobEvent::kGranted, digest);
+  return grant(*chunk.lease);
+}
+
+BlobResult<std::chrono::milliseconds> BlobTable::Renew(const Digest& digest, uint32_t k,
+                                                       std::string_view agent,
+                                                       std::string_view lease_id, uint64_t bytes,
+                                                       TimePoint now) {
+  ExpireLeases(now);
+  Blob* blob = Touch(digest);
+  if (blob == nullptr) {
+    return Fail(BlobErrc::kConflict, "lease lost: this tracker has no table for " + digest.str() +
+                                         " (it restarted, or the lease expired and the table "
+                                         "was evicted)");
+  }
+  auto found = ChunkOf(digest, *blob, k);
+  if (!found) return found.error();
+  Chunk& chunk = *found.value();
+  if (!chunk.lease) {
+    if (chunk.published) {
+      return Fail(BlobErrc::kConflict, "lease lost: " + ChunkName(digest, k) +
+                                           " is ready (published by agent \"" +
+                                           chunk.published->agent + "\")");
+    }
+    return Fail(BlobErrc::kConflict,
+                "lease lost: " + ChunkName(digest, k) + " has no live lease (it expired)");
+  }
+  if (chunk.lease->id != lease_id) {
+    return Fail(BlobErrc::kConflict, "lease lost: " + ChunkName(digest, k) +
+                                         " was leased again (to agent \"" + chunk.lease->agent +
+                                         "\") after lease " + std::string(lease_id) + " expired");
+  }
+  if (chunk.lease->agent != agent) {
+    return Fail(BlobErrc::kConflict, "lease lost: lease " + std::string(lease_id) + " of " +
+                                         ChunkName(digest, k) + " is held by agent \"" +
+                                         chunk.lease->agent + "\", not \"" + std::string(agent) +
+                                         "\"");
+  }
+  SetExpiry(digest, k, *chunk.lease, now + options_.lease_ttl);
+  chunk.lease->bytes = bytes;
+  return options_.lease_ttl;
+}
+
+BlobResult<PublishAnswer> BlobTable::Publish(const Digest& digest, uint32_t k,
+                                             std::string_view agent, std::string_view lease_id,
+                                             const BlobSource& source, std::string_view metainfo,
+                                             TimePoint now) {
+  ExpireLeases(now);
+  // Validate everything before creating a table, so a bad request leaves no trace.
+  auto checked = CheckChunk(digest, source, k);
+  if (!checked) return checked.error();
+  const swarm::ChunkLayout& layout = checked.value();
+  auto parsed = swarm::ParseChunkTorrent(metainfo, layout.chunk_length(k), layout.piece_size);
+  if (!parsed) {
+    return Fail(BlobErrc::kInvalid,
+                "metainfo of " + ChunkName(digest, k) + ": " + parsed.error().message);
+  }
+  auto ensured = EnsureBlob(digest, source);
+  if (!ensured) return ensured.error();
+  Blob& blob = *ensured.value();
+  Chunk& chunk = blob.chunks[k];
+
+  PublishAnswer answer;
+  if (chunk.published) {
+    // First publication wins: peers may already be downloading that torrent.
+    answer.kept_existing = chunk.published->info_hash != parsed.value().info_hash;
+    answer.published = chunk.published;
+    return answer;
+  }
+  auto published = std::make_shared<PublishedChunk>();
+  published->metainfo = std::move(parsed.value().metainfo);
+  published->info_hash = parsed.value().info_hash;
+  published->agent = std::string(agent);
+  chunk.published = published;
+  ++blob.ready;
+  ++totals_.ready;
+  if (chunk.lease) {
+    answer.released_lease = !lease_id.empty() && chunk.lease->id == lease_id;
+    EndLease(digest, blob, chunk, BlobEvent::kReleased);
+  }
+  Emit(BlobEvent::kPublished, digest);
+  answer.newly_ready = true;
+  answer.published = std::move(published);
+  return answer;
+}
+
+BlobResult<void> BlobTable::Release(const Digest& digest, uint32_t k, std::string_view agent,
+                                    std::string_view lease_id, TimePoint now) {
+  ExpireLeases(now);
+  Blob* blob = Touch(digest);
+  if (blob == nullptr) {
+    return Fail(BlobErrc::kConflict, "agent \"" + std::string(agent) + "\" holds no lease on " +
+                                         digest.str() + ": this tracker has no table for it");
+  }
+  auto found = ChunkOf(digest, *blob, k);
+  if (!found) return found.error();
+  Chunk& chunk = *found.value();
+  if (!chunk.lease || chunk.lease->id != lease_id || chunk.lease->agent != agent) {
+    std::string now_held =
+        chunk.lease ? "it is leased to agent \"" + chunk.lease->agent + "\" under another id"
+                    : std::string(chunk.published ? "it is ready" : "it has no live lease");
+    if (chunk.lease && chunk.lease->id == lease_id) {
+      now_held = "that lease is held by agent \"" + chunk.lease->agent + "\"";
+    }
+    return Fail(BlobErrc::kConflict, "agent \"" + std::string(agent) + "\" does not hold lease " +
+                                         std::string(lease_id) + " of " + ChunkName(digest, k) +
+                                         ": " + now_held);
+  }
+  EndLease(digest, *blob, chunk, BlobEvent::kReleased);
+  return boost::outcome_v2::success();
+}
+
+BlobResult<bool> BlobTable::ReportBad(const Digest& digest, uint32_t k,
+                                      const swarm::Sha1& info_hash, TimePoint now) {
+  ExpireLeases(now);
+  Blob* blob = Touch(digest);
+  if (blob == nullptr) return false;
+  auto found = ChunkOf(digest, *blob, k);
+  if (!found) return found.error();
+  Chunk& chunk = *found.value();
+  if (!chunk.published || chunk.published->info_hash != info_hash) return false;
+  chunk.published.reset();
+  --blob->ready;
+  --totals_.ready;
+  Emit(BlobEvent::kDropped, digest);
+  return true;
+}
+
+size_t BlobTable::ExpireLeases(TimePoint now) {
+  size_t expired = 0;
+  while (!expiries_.empty() && expiries_.begin()->first <= now) {
+    LeaseKey key = expiries_.begin()->second;  // a copy: EndLease erases the entry
+    Blob& blob = blobs_.at(key.digest);
+    EndLease(key.digest, blob, blob.chunks[key.chunk], BlobEvent::kExpired);
+    ++expired;
+  }
+  return expired;
+}
+
+std::vector<LeaseSummary> BlobTable::ActiveLeases(size_t limit) const {
+  std::vector<LeaseSummary> out;
+  for (auto it = expiries_.begin(); it != expiries_.end() && out.size() < limit; ++it) {
+    const Blob& blob = blobs_.at(it->second.digest);
+    const LeaseRecord& lease = *blob.chunks[it->second.chunk].lease;
+    out.push_back(LeaseSummary{it->second.digest, it->second.chunk,
+                               blob.layout.chunk_length(it->second.chunk), lease.agent, lease.bytes,
+                               lease.granted, it->first});
+  }
+  return out;
+}
+
+BlobResult<swarm::ChunkLayout> BlobTable::CheckChunk(const Digest& digest, const BlobSource& source,
+                                                     uint32_t k) const {
+  swarm::ChunkLayout layout;
+  if (auto known = blobs_.find(digest); known != blobs_.end()) {
+    if (known->second.source.size != source.size) {
+      return Fail(BlobErrc::kConflict,
+                  fmt::format("blob {} is known with size {}, not {}", digest.str(),
+                              known->second.source.size, source.size));
+    }
+    layout = known->second.layout;
+  } else {
+    auto fresh = LayoutFor(source.size);
+    if (!fresh) return fresh.error();
+    layout = fresh.value();
+  }
+  if (k >= layout.chunk_count()) {
+    return Fail(BlobErrc::kInvalid, fmt::format("chunk index {} is out of range: {} has {} chunks",
+                                                k, digest.str(), layout.chunk_count()));
+  }
+  return layout;
+}
+
+BlobResult<BlobTable::Blob*> BlobTable::EnsureBlob(const Digest& digest, const BlobSource& source) {
+  if (Blob* blob = Touch(digest)) {
+    if (blob->source.size != source.size) {
+      return Fail(BlobErrc::kConflict, fmt::format("blob {} is known with size {}, not {}",
+                                                   digest.str(), blob->source.size, source.size));
+    }
+    // Fill in a source the first writer did not know.
+    if (blob->source.registry.empty()) blob->source.registry = source.registry;
+    if (blob->source.repository.empty()) blob->source.repository = source.repository;
+    return blob;
+  }
+  auto layout = LayoutFor(source.size);
+  if (!layout) return layout.error();
+  auto room = MakeRoom(digest, layout.value().chunk_count());
+  if (!room) return room.error();
+  lru_.push_front(digest);
+  Blob& blob = blobs_[digest];
+  blob.source = source;
+  blob.layout = layout.value();
+  blob.chunks.resize(blob.layout.chunk_count());
+  blob.lru = lru_.begin();
+  ++totals_.blobs;
+  totals_.chunks += blob.chunks.size();
+  return &blob;
+}
+
+BlobTable::Blob* BlobTable::Touch(const Digest& digest) {
+  auto it = blobs_.find(digest);
+  if (it == blobs_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  return &it->second;
+}
+
+BlobResult<BlobTable::Chunk*> BlobTable::ChunkOf(const Digest& digest, Blob& blob, uint32_t k) {
+  if (k >= blob.chunks.size()) {
+    return Fail(BlobErrc::kInvalid, fmt::format("chunk index {} is out of range: {} has {} chunks",
+                                                k, digest.str(), blob.chunks.size()));
+  }
+  return &blob.chunks[k];
+}
+
+BlobResult<void> BlobTable::MakeRoom(const Digest& digest, uint32_t chunks) {
+  while (blobs_.size() >= options_.max_blobs || totals_.chunks + chunks > options_.max_chunks) {
+    // Tables with leases are skipped; there are at most max_upstream_fetchers of them, so the
+    // scan is short.
+    auto victim = lru_.rbegin();
+    while (victim != lru_.rend() && blobs_.at(*victim).leases > 0) ++victim;
+    if (victim == lru_.rend()) {
+      return Fail(BlobErrc::kFull,
+                  fmt::format("tracker is full: {} blob tables with {} chunks (limits: {} tables, "
+                              "{} chunks) and every table holds an active lease; not tracking {}",
+                              blobs_.size(), totals_.chunks, options_.max_blobs,
+                              options_.max_chunks, digest.str()));
+    }
+    Digest gone = *victim;
+    auto it = blobs_.find(gone);
+    totals_.chunks -= it->second.chunks.size();
+    totals_.ready -= it->second.ready;
+    --totals_.blobs;
+    lru_.erase(std::prev(victim.base()));
+    blobs_.erase(it);
+    Emit(BlobEvent::kEvicted, gone);
+  }
+  return boost::outcome_v2::success();
+}
+
+void BlobTable::EndLease(const Digest& digest, Blob& blob, Chunk& chunk, BlobEvent event) {
+  auto held = agent_leases_.find(chunk.lease->agent);
+  if (held != agent_leases_.end() && --held->second == 0) agent_leases_.erase(held);
+  expiries_.erase(chunk.lease->expiry);
+  chunk.lease.reset();
+  --blob.leases;
+  --totals_.leases;
+  Emit(event, digest);
+}
+
+void BlobTable::SetExpiry(const Digest& digest, uint32_t k, LeaseRecord& lease, TimePoint expires) {
+  expiries_.erase(lease.expiry);
+  lease.expiry = expiries_.emplace(expires, LeaseKey{digest, k});
+}
+
+BlobView BlobTable::ViewOf(const Blob& blob) {
+  BlobView view;
+  view.source = blob.source;
+  view.layout = blob.layout;
+  view.chunks.reserve(blob.chunks.size());
+  for (const Chunk& c : blob.chunks) {
+    ChunkView cv;
+    if (c.published) {
+      cv.state = ChunkState::kReady;
+      cv.published = c.published;
+    } else if (c.lease) {
+      cv.state = ChunkState::kLeased;
+    }
+    view.chunks.push_back(std::move(cv));
+  }
+  return view;
+}
+
+std::string BlobTable::NewLeaseId() { return fmt::format("{:016x}{:016x}", rng_(), rng_()); }
+
+}  // namespace shoal::tracker

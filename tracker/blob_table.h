@@ -1,0 +1,255 @@
+#pragma once
+// The tracker's chunk tables: for each blob digest its chunk layout, where it comes from
+// upstream, and per chunk either nothing, an upstream lease (one agent fetches that chunk from
+// the registry) or published metainfo (a private v1 chunk torrent, lib/swarm/chunk_torrent.h).
+// At most max_upstream_fetchers leases are active over the whole table. Soft state like the
+// swarm table: after a restart agents re-publish the chunks they hold. No network here; callers
+// pass "now" into every call, so tests control time.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <boost/outcome/result.hpp>
+
+#include "lib/core/digest.h"
+#include "lib/swarm/chunk_torrent.h"
+#include "tracker/swarm_table.h"
+
+namespace shoal::tracker {
+
+struct BlobTableOptions {
+  uint64_t chunk_size = 64ull << 20;  // every table's layout; validated by the caller
+  uint32_t piece_size = 4u << 20;
+  uint32_t max_upstream_fetchers = 16;           // active leases over all blobs
+  uint32_t max_leases_per_agent = 2;             // active leases of one agent
+  std::chrono::milliseconds lease_ttl{15'000};   // a lease not renewed for this long expires
+  std::chrono::milliseconds retry_after{1'000};  // the hint in a wait answer
+  size_t max_blobs = 100'000;                    // tables kept; beyond, the LRU lease-free one goes
+  uint32_t max_chunks_per_blob = 1u << 20;       // larger blobs are refused (bounds one table)
+  size_t max_chunks = 4u << 20;                  // chunks over all tables, also evicts LRU tables
+};
+
+// Why a call failed; the blob API maps each to one HTTP status (400, 404, 409, 503).
+enum class BlobErrc { kInvalid, kNotFound, kConflict, kFull };
+
+struct BlobError {
+  BlobErrc code = BlobErrc::kInvalid;
+  std::string message;  // names the blob and chunk
+};
+
+template <typename T>
+using BlobResult = boost::outcome_v2::result<T, BlobError, boost::outcome_v2::policy::terminate>;
+
+// Where a blob is fetched from upstream, and its size (which fixes the layout).
+struct BlobSource {
+  uint64_t size = 0;
+  std::string registry;
+  std::string repository;
+};
+
+enum class ChunkState { kNone, kLeased, kReady };
+// "none", "leased" or "ready".
+std::string_view ChunkStateName(ChunkState state);
+
+// A ready chunk's validated metainfo. Immutable once published; shared with readers.
+struct PublishedChunk {
+  std::string metainfo;  // the bencoded torrent as published
+  swarm::Sha1 info_hash{};
+  std::string agent;  // who published it
+};
+
+struct ChunkView {
+  ChunkState state = ChunkState::kNone;
+  std::shared_ptr<const PublishedChunk> published;  // set when ready
+};
+
+// A copy of one table (O(chunks)).
+struct BlobView {
+  BlobSource source;
+  swarm::ChunkLayout layout;
+  std::vector<ChunkView> chunks;
+};
+
+enum class WaitReason { kLeased, kClusterCap, kAgentCap };
+// "leased", "cluster_cap" or "agent_cap".
+std::string_view WaitReasonName(WaitReason reason);
+
+// The answer to a lease request.
+struct LeaseAnswer {
+  enum class Kind { kReady, kGranted, kWait };
+  Kind kind = Kind::kWait;
+  swarm::ChunkLayout layout;
+  std::shared_ptr<const PublishedChunk> published;  // kReady
+  std::string lease_id;                             // kGranted
+  std::chrono::milliseconds ttl{0};                 // kGranted
+  uint64_t begin = 0;                               // kGranted: the chunk's bytes in the blob
+  uint64_t length = 0;
+  WaitReason reason = WaitReason::kLeased;   // kWait
+  std::chrono::milliseconds retry_after{0};  // kWait
+  // kWait: the earliest lease expiry that could change this answer without any other event
+  // (a long-poll must re-ask by then); TimePoint::max() when none.
+  TimePoint recheck_at = TimePoint::max();
+};
+
+struct PublishAnswer {
+  bool kept_existing = false;   // the chunk was already ready with another info-hash
+  bool newly_ready = false;     // this call made the chunk ready
+  bool released_lease = false;  // lease_id was the chunk's live lease, and it ended
+  std::shared_ptr<const PublishedChunk> published;  // what the chunk holds now
+};
+
+// Things that happened to a blob, reported to the listener as they happen.
+enum class BlobEvent {
+  kGranted,    // a new lease
+  kExpired,    // a lease passed its expiry (frees a fetcher slot)
+  kReleased,   // a lease ended by its holder, or because the chunk became ready
+  kPublished,  // a chunk became ready
+  kDropped,    // ready metainfo was reported bad and dropped
+  kEvicted,    // the whole table was dropped to make room
+};
+using BlobListener = std::function<void(BlobEvent event, const Digest& digest)>;
+
+struct BlobTotals {
+  size_t blobs = 0;
+  size_t chunks = 0;
+  size_t ready = 0;
+  size_t leases = 0;  // active
+};
+
+// One active lease, for the status page.
+struct LeaseSummary {
+  Digest digest;
+  uint32_t chunk = 0;
+  uint64_t length = 0;
+  std::string agent;
+  uint64_t bytes = 0;  // progress reported by renewals
+  TimePoint granted;
+  TimePoint expires;
+};
+
+// Not thread-safe: the tracker calls it only from its single io_context thread. Every call
+// first expires the leases past their expiry, so the caps are always exact. Agent ids and
+// lease ids are taken as given (the API layer validates their form).
+class BlobTable {
+ public:
+  // seed feeds lease ids (tests pass a fixed one).
+  explicit BlobTable(BlobTableOptions options, uint64_t seed = std::random_device{}());
+
+  // Called synchronously from inside the calls below, once per event. It must not call back
+  // into the table.
+  void SetListener(BlobListener listener) { listener_ = std::move(listener); }
+
+  // The table of digest, created from source if absent (first non-empty registry and
+  // repository win). Errors: kInvalid for a size the layout rejects, kConflict when the table
+  // exists with another size, kFull when it is absent and no table can be evicted.
+  BlobResult<BlobView> Ensure(const Digest& digest, const BlobSource& source, TimePoint now);
+  // The table of digest. Errors: kNotFound.
+  BlobResult<BlobView> Find(const Digest& digest, TimePoint now);
+
+  // Chunk k for agent (creating the table like Ensure): ready with its metainfo; granted (a new
+  // lease if the chunk has none and both caps allow, or the agent's own lease on it again with a
+  // fresh expiry); or wait with the reason. Errors: as Ensure, kInvalid for k out of range.
+  BlobResult<LeaseAnswer> Lease(const Digest& digest, uint32_t k, std::string_view agent,
+                                const BlobSource& source, TimePoint now);
+  // Extends agent's lease on chunk k and records its progress; returns the new ttl.
+  // Errors: kConflict ("lease lost") unless lease_id is the chunk's live lease held by agent,
+  // kInvalid for k out of range.
+  BlobResult<std::chrono::milliseconds> Renew(const Digest& digest, uint32_t k,
+                                              std::string_view agent, std::string_view lease_id,
+                                              uint64_t bytes, TimePoint now);
+  // Validates metainfo against chunk k's length and the piece size, creates the table if absent
+  // and marks the chunk ready (keeping an existing different one). Any lease on the chunk ends,
+  // whoever holds it: its holder should now download from peers. lease_id may be empty
+  // (re-publishing after a tracker restart). Errors: as Ensure, kInvalid for k out of range or
+  // metainfo that does not validate (with the reason).
+  BlobResult<PublishAnswer> Publish(const Digest& digest, uint32_t k, std::string_view agent,
+                                    std::string_view lease_id, const BlobSource& source,
+                                    std::string_view metainfo, TimePoint now);
+  // Ends agent's lease on chunk k (the chunk goes back to none). Errors: kConflict unless
+  // lease_id is the chunk's live lease held by agent, kInvalid for k out of range.
+  BlobResult<void> Release(const Digest& digest, uint32_t k, std::string_view agent,
+                           std::string_view lease_id, TimePoint now);
+  // Drops chunk k's metainfo if it is ready with info_hash, so the chunk is leased again;
+  // returns whether it did (false for an unknown blob). Errors: kInvalid for k out of range.
+  BlobResult<bool> ReportBad(const Digest& digest, uint32_t k, const swarm::Sha1& info_hash,
+                             TimePoint now);
+
+  // Ends every lease whose expiry has passed; returns how many. O(expired * log leases).
+  size_t ExpireLeases(TimePoint now);
+  // The layout a new table of size bytes gets. Errors: kInvalid when it does not validate.
+  BlobResult<swarm::ChunkLayout> LayoutFor(uint64_t size) const;
+
+  BlobTotals totals() const { return totals_; }
+  // Up to limit active leases, the soonest to expire first (for the status page).
+  std::vector<LeaseSummary> ActiveLeases(size_t limit) const;
+  const BlobTableOptions& options() const { return options_; }
+
+ private:
+  struct LeaseKey {
+    Digest digest;
+    uint32_t chunk = 0;
+  };
+  using ExpiryIndex = std::multimap<TimePoint, LeaseKey>;
+  struct LeaseRecord {
+    std::string id;
+    std::string agent;
+    TimePoint granted;
+    uint64_t bytes = 0;
+    ExpiryIndex::iterator expiry;  // its entry in expiries_ (holds the expiry time)
+  };
+  struct Chunk {
+    std::shared_ptr<const PublishedChunk> published;
+    std::unique_ptr<LeaseRecord> lease;
+  };
+  struct Blob {
+    BlobSource source;
+    swarm::ChunkLayout layout;
+    std::vector<Chunk> chunks;
+    uint32_t leases = 0;              // active leases on this blob (such a blob is not evicted)
+    uint32_t ready = 0;               // chunks with metainfo
+    std::list<Digest>::iterator lru;  // its entry in lru_
+  };
+
+  // The table, created if absent (evicting as needed), moved to the front of the LRU order.
+  BlobResult<Blob*> EnsureBlob(const Digest& digest, const BlobSource& source);
+  // The layout of digest's table (existing or to be created from source) if k is one of its
+  // chunks. Errors: kConflict for another size, kInvalid for a bad size or k. Creates nothing.
+  BlobResult<swarm::ChunkLayout> CheckChunk(const Digest& digest, const BlobSource& source,
+                                            uint32_t k) const;
+  // The table if present, moved to the front of the LRU order; nullptr otherwise.
+  Blob* Touch(const Digest& digest);
+  // Chunk k of blob. Errors: kInvalid when k is out of range.
+  static BlobResult<Chunk*> ChunkOf(const Digest& digest, Blob& blob, uint32_t k);
+  // Evicts least recently used lease-free tables until one of `chunks` chunks fits.
+  BlobResult<void> MakeRoom(const Digest& digest, uint32_t chunks);
+  // Ends chunk's lease (event says why).
+  void EndLease(const Digest& digest, Blob& blob, Chunk& chunk, BlobEvent event);
+  void SetExpiry(const Digest& digest, uint32_t k, LeaseRecord& lease, TimePoint expires);
+  static BlobView ViewOf(const Blob& blob);
+  std::string NewLeaseId();
+  void Emit(BlobEvent event, const Digest& digest) {
+    if (listener_) listener_(event, digest);
+  }
+
+  BlobTableOptions options_;
+  std::mt19937_64 rng_;
+  BlobListener listener_;
+  std::unordered_map<Digest, Blob> blobs_;
+  std::list<Digest> lru_;                                   // most recently used first
+  ExpiryIndex expiries_;                                    // every active lease by expiry
+  std::unordered_map<std::string, uint32_t> agent_leases_;  // active leases per agent (> 0 only)
+  BlobTotals totals_;
+};
+
+}  // namespace shoal::tracker
