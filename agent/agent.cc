@@ -147,7 +147,8 @@ int RunAgent(const AgentConfig& config) {
     swarm_metrics = std::make_unique<SwarmMetrics>(registry);
     spdlog::info("swarm listening on port {} as {}; {} tracker replica(s); seeding {} cached blobs",
                  swarm->listen_port(), tracker.agent_id(), trackers.value().size(), restored);
-    tracker.OnRestart([&seeds, &ioc](size_t) {
+    tracker.OnRestart([&seeds, &swarm, &ioc](size_t) {
+      swarm->ReannounceAll();  // the restarted tracker has no peer lists yet
       asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
     });
     asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);

@@ -31,7 +31,7 @@ namespace shoal::tracker {
 struct BlobTableOptions {
   uint64_t chunk_size = 64ull << 20;  // every table's layout; validated by the caller
   uint32_t piece_size = 4u << 20;
-  uint32_t max_upstream_fetchers = 16;           // active leases over all blobs
+  uint32_t max_upstream_fetchers = 8;            // active leases over all blobs
   uint32_t max_leases_per_agent = 2;             // active leases of one agent
   std::chrono::milliseconds lease_ttl{15'000};   // a lease not renewed for this long expires
   std::chrono::milliseconds retry_after{1'000};  // the hint in a wait answer

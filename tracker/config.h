@@ -24,7 +24,7 @@ struct TrackerConfig {
   // Chunk tables and upstream leases (the blob API).
   uint64_t chunk_size_kib = 65536;      // 64 MiB chunks
   uint32_t piece_size_kib = 4096;       // 4 MiB pieces in each chunk torrent
-  uint32_t max_upstream_fetchers = 16;  // active leases in the whole cluster
+  uint32_t max_upstream_fetchers = 8;  // active leases in the whole cluster (NAT quota)
   uint32_t max_leases_per_agent = 2;
   int lease_ttl_s = 15;
   size_t max_blobs = 100'000;

@@ -32,9 +32,9 @@ Status ValidateFileRange(const FileRange& range) {
   if (range.length == 0) return MakeError(ErrorCode::kInvalidArgument, "file range is empty");
   constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   if (range.offset > kMax || range.length > kMax - range.offset) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     "file range offset " + std::to_string(range.offset) + " + length " +
-                         std::to_string(range.length) + " overflows");
+    return MakeError(ErrorCode::kInvalidArgument, "file range offset " +
+                                                      std::to_string(range.offset) + " + length " +
+                                                      std::to_string(range.length) + " overflows");
   }
   return Ok();
 }
@@ -75,11 +75,10 @@ void FileRangeRegistry::Clear() {
 Result<uint64_t> MapPieceRequest(const FileRange& range, uint32_t piece_length, int64_t piece,
                                  int64_t start, int64_t length) {
   if (piece < 0 || piece > std::numeric_limits<int32_t>::max() || start < 0 || length <= 0 ||
-      piece_length == 0 ||
-      start >= static_cast<int64_t>(piece_length)) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     "bad request: piece " + std::to_string(piece) + " start " +
-                         std::to_string(start) + " length " + std::to_string(length));
+      piece_length == 0 || start >= static_cast<int64_t>(piece_length)) {
+    return MakeError(ErrorCode::kInvalidArgument, "bad request: piece " + std::to_string(piece) +
+                                                      " start " + std::to_string(start) +
+                                                      " length " + std::to_string(length));
   }
   // piece < 2^31 and piece_length < 2^32, so this cannot overflow 64 bits.
   uint64_t in_chunk = static_cast<uint64_t>(piece) * piece_length + static_cast<uint64_t>(start);

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <libtorrent/add_torrent_params.hpp>
@@ -31,7 +32,6 @@
 #include <libtorrent/performance_counters.hpp>
 #include <libtorrent/settings_pack.hpp>
 #include <libtorrent/storage_defs.hpp>
-#include <spdlog/spdlog.h>
 
 namespace shoal::swarm {
 namespace {
@@ -162,14 +162,16 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     std::optional<FileRange> range = options_.registry->Find(st->info_hash);
     if (!range) {
       st->error = SysError(ENOENT);
-      spdlog::error("swarm disk: no file range registered for chunk torrent {} (info-hash {}); "
-                    "its storage fails every operation",
-                    st->name, Sha1Hex(st->info_hash));
+      spdlog::error(
+          "swarm disk: no file range registered for chunk torrent {} (info-hash {}); "
+          "its storage fails every operation",
+          st->name, Sha1Hex(st->info_hash));
     } else if (range->length != total) {
       st->error = SysError(EINVAL);
-      spdlog::error("swarm disk: file range of chunk torrent {} (info-hash {}) is {} bytes, the "
-                    "torrent is {} bytes; its storage fails every operation",
-                    st->name, Sha1Hex(st->info_hash), range->length, total);
+      spdlog::error(
+          "swarm disk: file range of chunk torrent {} (info-hash {}) is {} bytes, the "
+          "torrent is {} bytes; its storage fails every operation",
+          st->name, Sha1Hex(st->info_hash), range->length, total);
     } else {
       st->range = std::move(*range);
     }
@@ -201,8 +203,8 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
       });
       return;
     }
-    auto off = MapPieceRequest(st->range, st->piece_length, static_cast<int>(r.piece), r.start,
-                               r.length);
+    auto off =
+        MapPieceRequest(st->range, st->piece_length, static_cast<int>(r.piece), r.start, r.length);
     if (!off) {
       PostResult([h = std::move(handler)]() {
         h(lt::disk_buffer_holder(), StorageError(SysError(EINVAL), lt::operation_t::file_read));
@@ -222,7 +224,8 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
         counters_.inc_stats_counter(lt::counters::num_blocks_read);
       }
       PostResult([h = std::move(h), holder = std::move(holder), ec]() mutable {
-        h(std::move(holder), ec ? StorageError(ec, lt::operation_t::file_read) : lt::storage_error());
+        h(std::move(holder),
+          ec ? StorageError(ec, lt::operation_t::file_read) : lt::storage_error());
       });
       Finish(*st, seq, std::nullopt, 0);
     }));
@@ -239,8 +242,8 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
       });
       return false;
     }
-    auto off = MapPieceRequest(st->range, st->piece_length, static_cast<int>(r.piece), r.start,
-                               r.length);
+    auto off =
+        MapPieceRequest(st->range, st->piece_length, static_cast<int>(r.piece), r.start, r.length);
     if (!off) {
       PostResult([h = std::move(handler)]() {
         h(StorageError(SysError(EINVAL), lt::operation_t::file_write));
@@ -286,11 +289,11 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     return exceeded;
   }
 
-  void async_hash(lt::storage_index_t storage, lt::piece_index_t piece, lt::span<lt::sha256_hash>,
-                  lt::disk_job_flags_t flags,
-                  std::function<void(lt::piece_index_t, const lt::sha1_hash&,
-                                     const lt::storage_error&)>
-                      handler) override {
+  void async_hash(
+      lt::storage_index_t storage, lt::piece_index_t piece, lt::span<lt::sha256_hash>,
+      lt::disk_job_flags_t flags,
+      std::function<void(lt::piece_index_t, const lt::sha1_hash&, const lt::storage_error&)>
+          handler) override {
     StoragePtr st = Get(storage);
     if (st->error) {
       PostResult([h = std::move(handler), e = st->error, piece]() {
@@ -331,20 +334,19 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     Submit(std::move(job));
   }
 
-  void async_hash2(lt::storage_index_t, lt::piece_index_t piece, int, lt::disk_job_flags_t,
-                   std::function<void(lt::piece_index_t, const lt::sha256_hash&,
-                                      const lt::storage_error&)>
-                       handler) override {
+  void async_hash2(
+      lt::storage_index_t, lt::piece_index_t piece, int, lt::disk_job_flags_t,
+      std::function<void(lt::piece_index_t, const lt::sha256_hash&, const lt::storage_error&)>
+          handler) override {
     PostResult([h = std::move(handler), piece]() {
-      h(piece, lt::sha256_hash(),
-        StorageError(SysError(EOPNOTSUPP), lt::operation_t::file_read));
+      h(piece, lt::sha256_hash(), StorageError(SysError(EOPNOTSUPP), lt::operation_t::file_read));
     });
   }
 
-  void async_move_storage(lt::storage_index_t, std::string p, lt::move_flags_t,
-                          std::function<void(lt::status_t, const std::string&,
-                                             const lt::storage_error&)>
-                              handler) override {
+  void async_move_storage(
+      lt::storage_index_t, std::string p, lt::move_flags_t,
+      std::function<void(lt::status_t, const std::string&, const lt::storage_error&)> handler)
+      override {
     PostResult([h = std::move(handler), p = std::move(p)]() {
       h(lt::status_t::fatal_disk_error, p,
         StorageError(SysError(EOPNOTSUPP), lt::operation_t::file_rename));
@@ -355,10 +357,10 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     Fence(Get(storage), std::move(handler));
   }
 
-  void async_check_files(lt::storage_index_t storage, const lt::add_torrent_params*,
-                         lt::aux::vector<std::string, lt::file_index_t>,
-                         std::function<void(lt::status_t, const lt::storage_error&)> handler)
-      override {
+  void async_check_files(
+      lt::storage_index_t storage, const lt::add_torrent_params*,
+      lt::aux::vector<std::string, lt::file_index_t>,
+      std::function<void(lt::status_t, const lt::storage_error&)> handler) override {
     StoragePtr st = Get(storage);
     lt::error_code e = st->error;
     PostResult([h = std::move(handler), e]() {
@@ -374,10 +376,10 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     Fence(Get(storage), std::move(handler));
   }
 
-  void async_rename_file(lt::storage_index_t, lt::file_index_t index, std::string name,
-                         std::function<void(const std::string&, lt::file_index_t,
-                                            const lt::storage_error&)>
-                             handler) override {
+  void async_rename_file(
+      lt::storage_index_t, lt::file_index_t index, std::string name,
+      std::function<void(const std::string&, lt::file_index_t, const lt::storage_error&)> handler)
+      override {
     PostResult([h = std::move(handler), index, name = std::move(name)]() {
       h(name, index, lt::storage_error(SysError(EOPNOTSUPP), index, lt::operation_t::file_rename));
     });
@@ -429,7 +431,9 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   }
 
  private:
-  StoragePtr Get(lt::storage_index_t idx) const { return torrents_[static_cast<std::uint32_t>(idx)]; }
+  StoragePtr Get(lt::storage_index_t idx) const {
+    return torrents_[static_cast<std::uint32_t>(idx)];
+  }
 
   template <typename F>
   void PostResult(F f) {
@@ -480,8 +484,7 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
 
   // A job of `st` finished (its result already posted). For writes, `written_piece` and
   // `written_bytes` release the piece's parked hash jobs and the write queue's memory.
-  void Finish(Storage& st, uint64_t seq, std::optional<int> written_piece,
-              int64_t written_bytes) {
+  void Finish(Storage& st, uint64_t seq, std::optional<int> written_piece, int64_t written_bytes) {
     std::vector<Task> resubmit;
     std::vector<Task> fences;
     std::vector<std::shared_ptr<lt::disk_observer>> observers;

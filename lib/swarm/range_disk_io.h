@@ -48,8 +48,7 @@ struct RangeDiskIoOptions {
   // Optional: called on a disk thread after a block was written into the blob file, before
   // libtorrent hears of it, with the file offset and length written. Must be quick and
   // thread-safe. (A piece's completion still comes from libtorrent's piece_finished_alert.)
-  std::function<void(const Sha1& info_hash, uint64_t file_offset, uint64_t length)>
-      on_write_landed;
+  std::function<void(const Sha1& info_hash, uint64_t file_offset, uint64_t length)> on_write_landed;
 };
 
 // Creates the disk subsystem directly (tests drive it without a session). `ioc` is libtorrent's

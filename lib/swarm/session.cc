@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
 #include <libtorrent/add_torrent_params.hpp>
@@ -19,7 +20,6 @@
 #include <libtorrent/torrent_handle.hpp>
 #include <libtorrent/torrent_info.hpp>
 #include <libtorrent/torrent_status.hpp>
-#include <spdlog/spdlog.h>
 
 #include "lib/swarm/range_disk_io.h"
 
@@ -39,9 +39,12 @@ std::string Endpoint(const lt::tcp::endpoint& ep) {
 // lt::socket_type_name is not exported by libtorrent 2.0.8.
 const char* SocketTypeName(lt::socket_type_t t) {
   switch (t) {
-    case lt::socket_type_t::tcp: return "tcp";
-    case lt::socket_type_t::utp: return "udp";
-    default: return "other";
+    case lt::socket_type_t::tcp:
+      return "tcp";
+    case lt::socket_type_t::utp:
+      return "udp";
+    default:
+      return "other";
   }
 }
 
@@ -180,8 +183,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
                    Endpoint(b->endpoint), c ? c->name : b->torrent_name());
     } else if (auto* fe = lt::alert_cast<lt::file_error_alert>(a)) {
       Fail(fe->handle, ErrorCode::kIo,
-           std::string("disk error (") + lt::operation_name(fe->op) + "): " +
-               fe->error.message());
+           std::string("disk error (") + lt::operation_name(fe->op) + "): " + fe->error.message());
     } else if (auto* te = lt::alert_cast<lt::torrent_error_alert>(a)) {
       Fail(te->handle, ErrorCode::kIo, "torrent error: " + te->error.message());
     } else if (auto* tr = lt::alert_cast<lt::tracker_error_alert>(a)) {
@@ -203,10 +205,10 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
                     rep->num_peers, rep->torrent_name());
     } else if (auto* ls = lt::alert_cast<lt::listen_succeeded_alert>(a)) {
       // libtorrent also opens a UDP socket (uTP and UDP trackers) even with uTP off.
-      spdlog::log(ls->socket_type == lt::socket_type_t::tcp ? spdlog::level::info
-                                                            : spdlog::level::debug,
-                  "swarm: listening on {}:{} ({})", ls->address.to_string(), ls->port,
-                  SocketTypeName(ls->socket_type));
+      spdlog::log(
+          ls->socket_type == lt::socket_type_t::tcp ? spdlog::level::info : spdlog::level::debug,
+          "swarm: listening on {}:{} ({})", ls->address.to_string(), ls->port,
+          SocketTypeName(ls->socket_type));
     } else if (auto* lf = lt::alert_cast<lt::listen_failed_alert>(a)) {
       spdlog::error("swarm: cannot listen on {}:{} ({}): {}", lf->address.to_string(), lf->port,
                     SocketTypeName(lf->socket_type), lf->error.message());
@@ -290,7 +292,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     try {
       session = std::make_unique<lt::session>(std::move(params));
     } catch (const std::exception& e) {
-      return MakeError(ErrorCode::kInvalidArgument, std::string("cannot start libtorrent: ") + e.what());
+      return MakeError(ErrorCode::kInvalidArgument,
+                       std::string("cannot start libtorrent: ") + e.what());
     }
     session->set_peer_class_filter(GlobalOnlyPeerClassFilter());
     InstallNotify();
@@ -346,10 +349,10 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     }
     uint32_t pieces = static_cast<uint32_t>(t.piece_hashes.size());
     if (!spec.have_pieces.empty() && spec.have_pieces.size() != pieces) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       "have_pieces has " + std::to_string(spec.have_pieces.size()) +
-                           " entries, chunk " + t.name + " has " + std::to_string(pieces) +
-                           " pieces");
+      return MakeError(ErrorCode::kInvalidArgument, "have_pieces has " +
+                                                        std::to_string(spec.have_pieces.size()) +
+                                                        " entries, chunk " + t.name + " has " +
+                                                        std::to_string(pieces) + " pieces");
     }
     lt::error_code ec;
     auto ti = std::make_shared<lt::torrent_info>(
@@ -368,7 +371,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     c.piece_count = pieces;
     c.reported.assign(pieces, spec.seed);
     if (!spec.seed && !spec.have_pieces.empty()) c.reported = spec.have_pieces;
-    c.reported_count = static_cast<uint32_t>(std::count(c.reported.begin(), c.reported.end(), true));
+    c.reported_count =
+        static_cast<uint32_t>(std::count(c.reported.begin(), c.reported.end(), true));
     c.complete = c.reported_count == pieces;
     c.on_piece = std::move(spec.on_piece);
     c.on_complete = std::move(spec.on_complete);
@@ -465,5 +469,9 @@ Result<ChunkHandle> Swarm::AddChunk(ChunkSpec spec) { return impl_->AddChunk(std
 void Swarm::RemoveChunk(const Sha1& info_hash) { impl_->RemoveChunk(info_hash); }
 bool Swarm::HasChunk(const Sha1& info_hash) const { return impl_->chunks.count(info_hash) > 0; }
 SwarmStats Swarm::Stats() { return impl_->Stats(); }
+void Swarm::ReannounceAll() {
+  for (auto& [key, chunk] : impl_->chunks)
+    chunk.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+}
 
 }  // namespace shoal::swarm

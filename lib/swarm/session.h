@@ -137,6 +137,8 @@ class Swarm {
   bool HasChunk(const Sha1& info_hash) const;
 
   SwarmStats Stats();
+  // Announces every chunk to its trackers now (e.g. a restarted tracker lost its peer lists).
+  void ReannounceAll();
 
  private:
   struct Impl;

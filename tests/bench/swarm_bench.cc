@@ -125,6 +125,24 @@ std::atomic<bool> g_interrupted{false};
 std::mutex g_cleanup_mu;
 std::string g_dir;  // GUARDED_BY(g_cleanup_mu): the run's temp dir, for the interrupt thread
 
+// The autogroup nice to put back at exit (--nice changes it), if it was changed.
+std::atomic<int> g_autogroup_restore{std::numeric_limits<int>::min()};
+
+// With CONFIG_SCHED_AUTOGROUP every session is one scheduling group and a task's nice only
+// counts inside its group, so --nice also sets the nice of this session's group.
+std::optional<int> AutogroupNice() {
+  std::string text = ReadFile("/proc/self/autogroup");  // "/autogroup-21 nice 0"
+  auto pos = text.find(" nice ");
+  if (pos == std::string::npos) return std::nullopt;
+  return std::atoi(text.c_str() + pos + 6);
+}
+
+void RestoreAutogroupNice() {
+  int old = g_autogroup_restore.exchange(std::numeric_limits<int>::min());
+  if (old == std::numeric_limits<int>::min()) return;
+  std::ofstream("/proc/self/autogroup") << old;
+}
+
 void CheckInterrupted() {
   if (g_interrupted) throw Interrupted{};
 }
@@ -272,6 +290,28 @@ double SelfAndChildrenCpuSeconds() {
   return s(self) + s(children);
 }
 
+// Seconds the process's threads spent runnable but waiting for a CPU (run_delay, the second
+// field of /proc/PID/task/TID/schedstat), summed over its current threads.
+double RunDelaySeconds(pid_t pid) {
+  double total = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::istringstream in(ReadFile(e.path().string() + "/schedstat"));
+    uint64_t run = 0, wait = 0;
+    if (in >> run >> wait) total += static_cast<double>(wait) / 1e9;
+  }
+  return total;
+}
+
+// CPU pressure stall: total microseconds in which some runnable task waited for a CPU
+// (/proc/pressure/cpu "some ... total="); 0 if the kernel has no PSI.
+double CpuPressureSeconds() {
+  std::string text = ReadFile("/proc/pressure/cpu");
+  auto pos = text.find("total=");
+  if (text.rfind("some", 0) != 0 || pos == std::string::npos) return 0;
+  return std::strtod(text.c_str() + pos + 6, nullptr) / 1e6;
+}
+
 // Samples the machine's busy share every 500 ms while alive.
 class BusySampler {
  public:
@@ -298,6 +338,58 @@ class BusySampler {
   }
   std::atomic<bool> stop_{false};
   std::vector<double> samples_;
+  std::thread thread_;
+};
+
+// Byte counters of every device of one namespace, sampled every 250 ms by a thread that joined
+// it (it reads /proc/thread-self/net/dev, which shows the calling thread's namespace).
+struct LinkSample {
+  double t = 0;                                           // seconds since the sampler started
+  std::map<std::string, std::pair<uint64_t, uint64_t>> bytes;  // device -> (rx, tx)
+};
+
+std::map<std::string, std::pair<uint64_t, uint64_t>> ReadNetDev() {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> out;
+  std::istringstream in(ReadFile("/proc/thread-self/net/dev"));
+  for (std::string line; std::getline(in, line);) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string name = line.substr(0, colon);
+    name.erase(0, name.find_first_not_of(' '));
+    std::istringstream fields(line.substr(colon + 1));
+    std::vector<uint64_t> v;
+    for (uint64_t x; fields >> x;) v.push_back(x);
+    if (v.size() >= 9) out[name] = {v[0], v[8]};
+  }
+  return out;
+}
+
+class LinkSampler {
+ public:
+  LinkSampler(const std::string& ns, Clock::time_point origin)
+      : thread_([this, ns, origin] { Loop(ns, origin); }) {}
+  ~LinkSampler() { Stop(); }
+  std::vector<LinkSample> Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    return samples_;
+  }
+
+ private:
+  void Loop(const std::string& ns, Clock::time_point origin) {
+    int fd = ::open(NetnsPath(ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    int rc = ::setns(fd, CLONE_NEWNET);
+    ::close(fd);
+    if (rc != 0) return;
+    for (;;) {
+      samples_.push_back(LinkSample{Seconds(Clock::now() - origin), ReadNetDev()});
+      if (stop_) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  }
+  std::atomic<bool> stop_{false};
+  std::vector<LinkSample> samples_;
   std::thread thread_;
 };
 
@@ -482,6 +574,8 @@ struct Options {
   std::vector<std::string> agent_args, tracker_args;
   std::string json_path;
   std::string work_dir;
+  int nice = 0;
+  bool timeline = false;
 };
 
 ShoalCluster StartShoal(const Options& o, const Paths& p, const std::vector<Endpoint>& nodes,
@@ -699,6 +793,9 @@ struct Measured {
   double busy_s = 0, softirq_s = 0, steal_s = 0, iowait_s = 0;
   std::vector<double> busy_samples;  // 500 ms samples, 0..1
   std::map<std::string, double> cpu;  // core-seconds per group, plus "clients"
+  std::map<std::string, double> wait;  // run-queue wait (runnable, no CPU) per group, seconds
+  std::vector<LinkSample> links;       // the switch's veth ends over time
+  double pressure_s = 0;               // PSI cpu "some": time some task waited for a CPU
   double Ours() const {
     double s = 0;
     for (const auto& [k, v] : cpu) s += v;
@@ -708,6 +805,7 @@ struct Measured {
 
 // Runs work(i) for every node i at once (released together) and measures around it.
 Measured Measure(const std::string& name, size_t nodes, const std::string& upstream_ns,
+                 const std::string& switch_ns,
                  const std::vector<CpuGroup>& groups,
                  const std::function<NodeRun(size_t, Clock::time_point)>& work) {
   CheckInterrupted();
@@ -722,7 +820,17 @@ Measured Measure(const std::string& name, size_t nodes, const std::string& upstr
     for (pid_t p : g.pids) s += ProcessCpuSeconds(p).value_or(0);
     return s;
   };
-  for (const auto& g : groups) cpu0[g.name] = group_cpu(g);
+  auto group_wait = [](const CpuGroup& g) {
+    double s = 0;
+    for (pid_t p : g.pids) s += RunDelaySeconds(p);
+    return s;
+  };
+  std::map<std::string, double> wait0;
+  for (const auto& g : groups) {
+    cpu0[g.name] = group_cpu(g);
+    wait0[g.name] = group_wait(g);
+  }
+  double pressure0 = CpuPressureSeconds();
   double clients0 = SelfAndChildrenCpuSeconds();
   SystemTicks t0 = ReadSystemTicks();
   std::latch go(static_cast<std::ptrdiff_t>(nodes) + 1);
@@ -740,13 +848,19 @@ Measured Measure(const std::string& name, size_t nodes, const std::string& upstr
   }
   BusySampler sampler;
   start = Clock::now();
+  LinkSampler links(switch_ns, start);
   go.arrive_and_wait();
   for (auto& t : threads) t.join();
   m.wall_s = Seconds(Clock::now() - start);
   m.busy_samples = sampler.Stop();
+  m.links = links.Stop();
   SystemTicks t1 = ReadSystemTicks();
   m.cpu["clients"] = SelfAndChildrenCpuSeconds() - clients0;
-  for (const auto& g : groups) m.cpu[g.name] = group_cpu(g) - cpu0[g.name];
+  for (const auto& g : groups) {
+    m.cpu[g.name] = group_cpu(g) - cpu0[g.name];
+    m.wait[g.name] = group_wait(g) - wait0[g.name];
+  }
+  m.pressure_s = CpuPressureSeconds() - pressure0;
   m.machine_s = Ticks(t1.total - t0.total);
   m.busy_s = Ticks(t1.busy - t0.busy);
   m.softirq_s = Ticks(t1.softirq - t0.softirq);
@@ -851,9 +965,9 @@ void PrintTimes(const Context& c, const std::vector<Measured>& runs) {
 }
 
 void PrintCpu(const std::vector<Measured>& runs, int cores) {
-  std::printf("\n%-15s %7s %6s %6s %6s %6s %6s | %7s %7s %8s %7s %7s %7s\n", "scenario", "wall s",
-              "busy", "peak", ">=95%", "sirq", "steal", "agents", "tracker", "upstream", "cache",
-              "clients", "other");
+  std::printf("\n%-15s %6s %5s %5s %5s %5s %5s %5s | %6s %6s %7s %8s %6s %7s %6s\n", "scenario",
+              "wall s", "busy", "peak", ">=95%", "psi", "sirq", "steal", "agents", "(wait)",
+              "tracker", "upstream", "cache", "clients", "other");
   for (const auto& m : runs) {
     double busy_pct = m.machine_s > 0 ? 100 * m.busy_s / m.machine_s : 0;
     double peak = 0, saturated = 0;
@@ -862,25 +976,125 @@ void PrintCpu(const std::vector<Measured>& runs, int cores) {
       if (s >= 0.95) saturated += 1;
     }
     double sat_pct = m.busy_samples.empty() ? 0 : 100 * saturated / m.busy_samples.size();
-    auto get = [&](const char* k) {
-      auto it = m.cpu.find(k);
-      return it == m.cpu.end() ? 0.0 : it->second;
+    auto get = [](const std::map<std::string, double>& from, const char* k) {
+      auto it = from.find(k);
+      return it == from.end() ? 0.0 : it->second;
     };
     double other = std::max(0.0, m.busy_s - m.Ours());
-    std::printf("%-15s %7.1f %5.0f%% %5.0f%% %5.0f%% %5.0f%% %5.0f%% | %7.1f %7.1f %8.1f %7.1f %7.1f %7.1f\n",
-                m.name.c_str(), m.wall_s, busy_pct, 100 * peak, sat_pct,
-                m.machine_s > 0 ? 100 * m.softirq_s / m.machine_s : 0,
-                m.machine_s > 0 ? 100 * m.steal_s / m.machine_s : 0, get("agents"), get("tracker"),
-                get("upstream registry"), get("central cache"), get("clients"), other);
+    std::printf(
+        "%-15s %6.1f %4.0f%% %4.0f%% %4.0f%% %4.0f%% %4.0f%% %4.0f%% | %6.1f %6.1f %7.1f %8.1f "
+        "%6.1f %7.1f %6.1f\n",
+        m.name.c_str(), m.wall_s, busy_pct, 100 * peak, sat_pct,
+        m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0,
+        m.machine_s > 0 ? 100 * m.softirq_s / m.machine_s : 0,
+        m.machine_s > 0 ? 100 * m.steal_s / m.machine_s : 0, get(m.cpu, "agents"),
+        get(m.wait, "agents"), get(m.cpu, "tracker"), get(m.cpu, "upstream registry"),
+        get(m.cpu, "central cache"), get(m.cpu, "clients"), other);
   }
   std::printf(
-      "busy: all %d cores over the scenario (/proc/stat, idle and iowait excluded); peak: the\n"
-      "busiest 0.5 s sample; >=95%%: share of 0.5 s samples with the machine >= 95%% busy; sirq:\n"
-      "softirq (network stack: veths, bridge, tbf); steal: taken by the hypervisor. Right of |:\n"
-      "CPU seconds (utime+stime) of the agents, tracker, upstream docker-registry, central cache,\n"
-      "the clients (skopeo processes or the first-byte client threads), and everything else that\n"
-      "was busy (softirq, other users' processes).\n",
+      "busy: all %d cores over the scenario (/proc/stat; idle and iowait are not busy); peak: the\n"
+      "busiest 0.5 s sample; >=95%%: share of 0.5 s samples with the machine >= 95%% busy; psi:\n"
+      "share of the time some runnable task waited for a CPU (/proc/pressure/cpu); sirq: softirq\n"
+      "(network stack: veths, bridge, tbf); steal: taken by the hypervisor. Right of |: CPU\n"
+      "seconds (utime+stime) of the agents, (the seconds their threads were runnable but waited\n"
+      "for a CPU, summed over threads), tracker, upstream docker-registry, central cache, the\n"
+      "clients (skopeo processes, or the first-byte client threads), and everything else that was\n"
+      "busy (softirq, kernel threads, other users' processes).\n",
       cores);
+}
+
+// Per-second link rates of a run, from the switch's veth ends: "up0" received = what the
+// upstream registry sent; "nK" transmitted = node K's download, received = its upload; "cc0"
+// received = what the central cache sent.
+struct Timeline {
+  std::vector<double> t;                              // end of each 1 s bucket
+  std::map<std::string, std::vector<double>> mbit;    // column -> Mbit/s per bucket
+};
+
+Timeline MakeTimeline(const Measured& m, size_t nodes) {
+  Timeline tl;
+  if (m.links.size() < 2) return tl;
+  auto counter = [](const LinkSample& s, const std::string& dev, bool rx) -> uint64_t {
+    auto it = s.bytes.find(dev);
+    if (it == s.bytes.end()) return 0;
+    return rx ? it->second.first : it->second.second;
+  };
+  size_t prev = 0;
+  for (int sec = 1;; ++sec) {
+    // The last sample at or before `sec` seconds (or the final one).
+    size_t cur = prev;
+    while (cur + 1 < m.links.size() && m.links[cur + 1].t <= sec + 0.05) ++cur;
+    if (cur == prev) {
+      if (prev + 1 >= m.links.size()) break;
+      cur = prev + 1;
+    }
+    const LinkSample& a = m.links[prev];
+    const LinkSample& b = m.links[cur];
+    double dt = b.t - a.t;
+    if (dt <= 0) break;
+    auto rate = [&](const std::string& dev, bool rx) {
+      return static_cast<double>(counter(b, dev, rx) - counter(a, dev, rx)) * 8 / 1e6 / dt;
+    };
+    tl.t.push_back(b.t);
+    tl.mbit["upstream"].push_back(rate("up0", true));
+    tl.mbit["cache"].push_back(rate("cc0", true));
+    double up = 0;
+    for (size_t i = 0; i < nodes; ++i) {
+      std::string dev = "n" + std::to_string(i + 1);
+      tl.mbit[dev].push_back(rate(dev, false));
+      up += rate(dev, true);
+    }
+    tl.mbit["node uploads"].push_back(up);
+    prev = cur;
+    if (cur + 1 >= m.links.size()) break;
+  }
+  return tl;
+}
+
+void PrintTimeline(const Measured& m, size_t nodes, bool with_cache) {
+  Timeline tl = MakeTimeline(m, nodes);
+  std::printf("\n%s: link rates per second, Mbit/s (upstream: what the registry sent; nK: node K's "
+              "download;\nuploads: all nodes' uploads together%s)\n",
+              m.name.c_str(), with_cache ? "; cache: what the central cache sent" : "");
+  std::printf("%6s %8s", "t s", "upstream");
+  if (with_cache) std::printf(" %6s", "cache");
+  for (size_t i = 0; i < nodes; ++i) std::printf(" %5s", ("n" + std::to_string(i + 1)).c_str());
+  std::printf(" %8s\n", "uploads");
+  for (size_t k = 0; k < tl.t.size(); ++k) {
+    std::printf("%6.1f %8.0f", tl.t[k], tl.mbit["upstream"][k]);
+    if (with_cache) std::printf(" %6.0f", tl.mbit["cache"][k]);
+    for (size_t i = 0; i < nodes; ++i) {
+      std::printf(" %5.0f", tl.mbit["n" + std::to_string(i + 1)][k]);
+    }
+    std::printf(" %8.0f\n", tl.mbit["node uploads"][k]);
+  }
+}
+
+// How well a run used the links: the upstream link's average use over the run, and the
+// nodes' average download rate (as shares of U and B).
+void PrintLinkUse(const Context& c, const std::vector<Measured>& runs) {
+  std::printf("\nlink use: upstream = registry bytes / (U x wall time); node downloads = mean over "
+              "nodes of S / (B x node time)\n");
+  for (const auto& m : runs) {
+    double up = static_cast<double>(m.upstream_tx) * 8 / 1e6 / (c.o.upstream_mbit * m.wall_s);
+    double node = 0;
+    for (const auto& n : m.nodes) {
+      node += static_cast<double>(c.img.size) * 8 / 1e6 / (c.o.node_mbit * n.seconds);
+    }
+    node /= static_cast<double>(std::max<size_t>(1, m.nodes.size()));
+    // Seconds in which the upstream link ran at >= 80% of U.
+    Timeline tl = MakeTimeline(m, m.nodes.size());
+    int busy = 0;
+    for (double v : tl.mbit["upstream"]) busy += v >= 0.8 * c.o.upstream_mbit ? 1 : 0;
+    std::printf("  %-15s upstream link %3.0f%% used (>= 80%% of U during %d of %zu s), node "
+                "downloads %3.0f%% of B\n",
+                m.name.c_str(), 100 * up, busy, tl.t.size(), 100 * node);
+  }
+}
+
+json TimelineJson(const Measured& m, size_t nodes) {
+  Timeline tl = MakeTimeline(m, nodes);
+  return {{"t", tl.t}, {"mbit", tl.mbit}};
 }
 
 json MeasuredJson(const Context& c, const Measured& m) {
@@ -910,29 +1124,35 @@ json MeasuredJson(const Context& c, const Measured& m) {
           {"steal_pct", m.machine_s > 0 ? 100 * m.steal_s / m.machine_s : 0},
           {"busy_samples", m.busy_samples},
           {"cpu_s", m.cpu},
+          {"timeline", TimelineJson(m, m.nodes.size())},
+          {"run_queue_wait_s", m.wait},
+          {"cpu_pressure_pct", m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0},
           {"nodes", nodes}};
 }
 
-// Lines of the agents' logs at warn or error level (text format: "[warn]" / "[error]").
-std::vector<std::string> LogProblems(const std::string& logs_dir, const std::string& prefix,
-                                     size_t* total) {
+// Lines at warn level or above in the agents' and trackers' logs (text format:
+// "<time> <level> [<component>] <message>").
+std::vector<std::string> LogProblems(const std::string& logs_dir, size_t* total) {
   std::vector<std::string> out;
   *total = 0;
   std::error_code ec;
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(logs_dir, ec)) {
-    if (e.path().filename().string().rfind(prefix, 0) == 0) files.push_back(e.path());
+    std::string name = e.path().filename().string();
+    if (name.find("-node") != std::string::npos || name.find("-tracker") != std::string::npos) {
+      files.push_back(e.path());
+    }
   }
   std::sort(files.begin(), files.end());
   for (const auto& f : files) {
     std::ifstream in(f);
     for (std::string line; std::getline(in, line);) {
-      if (line.find("warn") == std::string::npos && line.find("error") == std::string::npos &&
-          line.find("critical") == std::string::npos) {
-        continue;
-      }
+      std::istringstream fields(line);
+      std::string time, level;
+      fields >> time >> level;
+      if (level != "warning" && level != "warn" && level != "error" && level != "critical") continue;
       ++*total;
-      if (out.size() < 12) out.push_back(f.filename().string() + ": " + line.substr(0, 300));
+      if (out.size() < 15) out.push_back(f.filename().string() + ": " + line.substr(0, 400));
     }
   }
   return out;
@@ -998,6 +1218,13 @@ int Main(int argc, char** argv) {
   app.add_option("--work-dir", o.work_dir,
                  "Where the temp dir goes (registry storage, caches, pulled images, logs); "
                  "default $TMPDIR or /tmp");
+  app.add_option("--nice", o.nice,
+                 "Scheduling niceness of this program and everything it starts (e.g. -10 on a "
+                 "machine busy with other work, so that the figures measure the network)")
+      ->check(CLI::Range(-20, 19))
+      ->capture_default_str();
+  app.add_flag("--timeline", o.timeline,
+               "Print each scenario's link rates per second (upstream, every node's download)");
   app.add_flag("--keep", o.keep, "Keep the temp dir (logs, caches) at the end");
   CLI11_PARSE(app, argc, argv);
   if (o.keep) setenv("SHOAL_KEEP_TMP", "1", 1);
@@ -1008,6 +1235,17 @@ int Main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::warn);
   if (geteuid() != 0) throw HarnessError("needs root (ip netns, veth, bridge, tc)");
+  // Niceness is per thread on Linux: threads and children created from here on inherit it.
+  if (o.nice != 0 && setpriority(PRIO_PROCESS, 0, o.nice) != 0) {
+    throw HarnessError(std::string("setpriority: ") + std::strerror(errno));
+  }
+  if (auto old = AutogroupNice(); o.nice != 0 && old) {
+    std::ofstream out("/proc/self/autogroup");
+    out << o.nice;
+    out.close();
+    if (!out) throw HarnessError("cannot set the nice of /proc/self/autogroup");
+    g_autogroup_restore = *old;
+  }
   for (const char* tool : {"ip", "tc", "docker-registry", "skopeo"}) {
     if (!RunCommand({"sh", "-c", std::string("command -v ") + tool}, std::chrono::seconds(10))) {
       throw HarnessError(std::string(tool) + " is not installed (scripts/setup.sh installs it)");
@@ -1051,6 +1289,26 @@ int Main(int argc, char** argv) {
   WriteFile(p.skopeo_registries_conf, "");
   WriteFile(p.skopeo_auth, "{}");
 
+  // Run copies of the binaries: the build tree may be rebuilt while this runs.
+  if (want_shoal) {
+    fs::create_directories(dir.Sub("bin"));
+    for (std::string* bin : {&o.agent_bin, &o.tracker_bin}) {
+      std::string copy = dir.Sub("bin/" + fs::path(*bin).filename().string());
+      bool ok = false;
+      for (int attempt = 0; attempt < 30 && !ok; ++attempt) {
+        std::error_code ec;
+        fs::copy_file(*bin, copy, fs::copy_options::overwrite_existing, ec);
+        ok = !ec && RunCommand({copy, "--help"}, std::chrono::seconds(20)).has_value();
+        if (!ok) std::this_thread::sleep_for(std::chrono::seconds(2));  // being linked?
+        CheckInterrupted();
+      }
+      if (!ok) throw HarnessError("cannot copy and run " + *bin);
+      std::printf("using a copy of %s (modified %s)\n", bin->c_str(),
+                  Trim(Must({"date", "-r", *bin, "+%F %T"})).c_str());
+      *bin = copy;
+    }
+  }
+
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const std::string load_at_start = Trim(ReadFile("/proc/loadavg"));
   std::printf("shoal-bench-swarm: %zu nodes, B = %d Mbit/s per node, U = %d Mbit/s upstream, "
@@ -1058,7 +1316,8 @@ int Main(int argc, char** argv) {
               o.nodes, o.node_mbit, o.upstream_mbit, static_cast<unsigned long long>(o.image_mib),
               static_cast<unsigned long long>(o.chunk_mib),
               static_cast<unsigned long long>(o.piece_kib));
-  std::printf("machine: %s; load average at start: %s\n", Machine().c_str(), load_at_start.c_str());
+  std::printf("machine: %s; load average at start: %s; nice %d\n", Machine().c_str(),
+              load_at_start.c_str(), o.nice);
   std::printf("temp dir: %s\n", dir.path().c_str());
 
   Context c;
@@ -1187,7 +1446,7 @@ int Main(int argc, char** argv) {
                   {"tracker", {cl.tracker->pid()}},
                   {"upstream registry", {registry_pid}}};
         std::string target = std::string("/v2/") + kRepo + "/blobs/" + c.img.big.str();
-        Measured m = Measure("shoal 1st byte", o.nodes, upstream.ns, groups,
+        Measured m = Measure("shoal 1st byte", o.nodes, upstream.ns, net.switch_ns, groups,
                              [&](size_t i, Clock::time_point start) {
                                return InNetns(nodes[i].ns, [&] {
                                  return TimedGet(cl.agents[i].port, target, c.img.big_size, start,
@@ -1213,7 +1472,7 @@ int Main(int argc, char** argv) {
       groups = {{"agents", cl.AgentPids()},
                 {"tracker", {cl.tracker->pid()}},
                 {"upstream registry", {registry_pid}}};
-      Measured m = Measure("shoal", o.nodes, upstream.ns, groups,
+      Measured m = Measure("shoal", o.nodes, upstream.ns, net.switch_ns, groups,
                            skopeo_pull("shoal", [&](size_t i) {
                              return "127.0.0.1:" + std::to_string(cl.agents[i].port);
                            }));
@@ -1231,14 +1490,14 @@ int Main(int argc, char** argv) {
       }
       auto stopped = cl.Stop();
       notes.insert(notes.end(), stopped.begin(), stopped.end());
-      problem_lines = LogProblems(p.logs, "", &problem_count);
+      problem_lines = LogProblems(p.logs, &problem_count);
       std::printf("p50 %.2f s, max %.2f s\n", Percentile(Times(m), 0.5), Percentile(Times(m), 1.0));
       runs.push_back(std::move(m));
       for (size_t i = 0; i < o.nodes; ++i) fs::remove_all(p.dir + "/shoal-node" + std::to_string(i + 1) + "-cache");
     } else if (scenario == "direct") {
       std::printf("direct: %zu skopeo pulls at once from the upstream registry ... ", o.nodes);
       std::fflush(stdout);
-      Measured m = Measure("direct", o.nodes, upstream.ns, {{"upstream registry", {registry_pid}}},
+      Measured m = Measure("direct", o.nodes, upstream.ns, net.switch_ns, {{"upstream registry", {registry_pid}}},
                            skopeo_pull("direct", [&](size_t) {
                              return std::string(kUpstreamIp) + ":" + std::to_string(kRegistryPort);
                            }));
@@ -1250,7 +1509,7 @@ int Main(int argc, char** argv) {
                   cache_ep->ns.c_str(), o.nodes);
       std::fflush(stdout);
       auto cache = StartRegistry(p, cache_ep->ns, dir.Sub("central"), upstream_url, "central-cache");
-      Measured m = Measure("central cache", o.nodes, upstream.ns,
+      Measured m = Measure("central cache", o.nodes, upstream.ns, net.switch_ns,
                            {{"upstream registry", {registry_pid}}, {"central cache", {cache->pid()}}},
                            skopeo_pull("central", [&](size_t) {
                              return std::string(kCacheIp) + ":" + std::to_string(kRegistryPort);
@@ -1280,6 +1539,10 @@ int Main(int argc, char** argv) {
       "in\nan OCI layout); p99 of fewer than 100 nodes is the maximum. x lim: / physical limit. "
       "upstream:\nbytes the upstream registry's veth transmitted (payload + headers; GSO frames "
       "count their\nheaders once), x S: / image size.\n");
+  PrintLinkUse(c, runs);
+  if (o.timeline) {
+    for (const auto& m : runs) PrintTimeline(m, o.nodes, m.name == "central cache");
+  }
   std::vector<Measured> cpu_runs = runs;
   if (first_byte) cpu_runs.insert(cpu_runs.begin(), *first_byte);
   PrintCpu(cpu_runs, cores);
@@ -1386,6 +1649,7 @@ int Main(int argc, char** argv) {
     json out = {{"benchmark", "shoal-bench-swarm"},
                 {"machine", Machine()},
                 {"load_average_at_start", load_at_start},
+                {"nice", o.nice},
                 {"nodes", o.nodes},
                 {"node_mbit", o.node_mbit},
                 {"upstream_mbit", o.upstream_mbit},
@@ -1432,6 +1696,7 @@ int main(int argc, char** argv) {
     }
     shoal::testkit::DeleteOurNamespaces();
     shoal::testkit::RemoveRunDir();
+    shoal::testkit::RestoreAutogroupNice();
     std::fflush(stdout);
     _exit(shoal::testkit::kInterruptedExit);
   }).detach();
@@ -1447,6 +1712,7 @@ int main(int argc, char** argv) {
   if (shoal::testkit::g_interrupted) rc = shoal::testkit::kInterruptedExit;
   // Destructors have run (daemons stopped, namespaces deleted, temp dir removed); make sure.
   shoal::testkit::DeleteOurNamespaces();
+  shoal::testkit::RestoreAutogroupNice();
   std::fflush(stdout);
   std::fflush(stderr);
   _exit(rc);

@@ -130,8 +130,8 @@ std::string ReadRange(const std::string& path, uint64_t offset, size_t size) {
 
 // What the callbacks of one chunk reported (written on the node's thread, read by the test).
 struct ChunkEvents {
-  std::vector<int> piece_calls;                           // per piece
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;      // per piece, last reported
+  std::vector<int> piece_calls;                       // per piece
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // per piece, last reported
   int complete_calls = 0;
   std::vector<std::string> errors;
 };
@@ -268,15 +268,14 @@ void CheckCallbacks(Node& node, const ChunkLayout& layout) {
       CHECK_MESSAGE(ev.piece_calls[p] == 1, "chunk " << k << " piece " << p);
       uint64_t begin = uint64_t{p} * layout.piece_size;
       CHECK(ev.ranges[p].first == begin);
-      CHECK(ev.ranges[p].second == std::min<uint64_t>(begin + layout.piece_size,
-                                                      layout.chunk_length(k)));
+      CHECK(ev.ranges[p].second ==
+            std::min<uint64_t>(begin + layout.piece_size, layout.chunk_length(k)));
     }
   }
 }
 
-const ChunkLayout kLayout{.blob_size = (24ull << 20) + 123,
-                          .chunk_size = 8ull << 20,
-                          .piece_size = 256u << 10};
+const ChunkLayout kLayout{
+    .blob_size = (24ull << 20) + 123, .chunk_size = 8ull << 20, .piece_size = 256u << 10};
 
 }  // namespace
 
@@ -314,8 +313,8 @@ TEST_CASE("swarm session: a blob's chunk torrents download in parallel into one 
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   REQUIRE_MESSAGE(done, "download did not finish; tracker:\n" << tracker.process->LogTail());
   REQUIRE_MESSAGE(leecher.Errors().empty(), leecher.Errors());
-  MESSAGE("24 MiB over 4 chunk torrents in " << secs << " s ("
-                                             << (kLayout.blob_size / secs / 1e6) << " MB/s)");
+  MESSAGE("24 MiB over 4 chunk torrents in " << secs << " s (" << (kLayout.blob_size / secs / 1e6)
+                                             << " MB/s)");
 
   CHECK(ReadFile(dir.Sub("leech.blob")) == blob);
   CHECK(ReadRange(dir.Sub("seed.blob"), kSeedOffset, blob.size()) == blob);  // untouched
@@ -392,8 +391,8 @@ TEST_CASE("swarm session: a corrupt seeder's bad piece fails its hash and a good
                      tracker.AnnounceUrl());
   }
   // Only the bad seeder so far: the piece fails, and the other chunks complete.
-  bool failed = WaitUntil([&] { return leecher.Stats().hash_failures >= 1; }, seconds(15),
-                          milliseconds(20));
+  bool failed =
+      WaitUntil([&] { return leecher.Stats().hash_failures >= 1; }, seconds(15), milliseconds(20));
   REQUIRE_MESSAGE(failed, "no hash failure; tracker:\n" << tracker.process->LogTail());
   bool others = WaitUntil(
       [&] {
@@ -502,8 +501,8 @@ TEST_CASE("swarm session: a disk error while downloading reaches on_error") {
   leecher.Start();
   leecher.AddChunk(torrents[0], 0, dir.Sub("leech.blob"), 0, false, tracker.AnnounceUrl(),
                    /*read_only=*/true);
-  bool failed = WaitUntil([&] { return !leecher.Events(0).errors.empty(); }, seconds(15),
-                          milliseconds(20));
+  bool failed =
+      WaitUntil([&] { return !leecher.Events(0).errors.empty(); }, seconds(15), milliseconds(20));
   REQUIRE_MESSAGE(failed, "no error reported; tracker:\n" << tracker.process->LogTail());
   ChunkEvents ev = leecher.Events(0);
   CHECK(ev.errors.size() == 1);
@@ -517,9 +516,8 @@ TEST_CASE("swarm session: a disk error while downloading reaches on_error") {
 
 // Not run by default (doctest --no-skip): loopback throughput for a larger blob.
 TEST_CASE("swarm session: throughput of a 512 MiB blob" * doctest::skip()) {
-  const ChunkLayout layout{.blob_size = 512ull << 20,
-                           .chunk_size = 64ull << 20,
-                           .piece_size = 4u << 20};
+  const ChunkLayout layout{
+      .blob_size = 512ull << 20, .chunk_size = 64ull << 20, .piece_size = 4u << 20};
   TempDir dir("shoal-swarm-perf");
   Tracker tracker = StartTracker(dir);
   const std::string blob = RandomBytes(layout.blob_size, 4);

@@ -156,9 +156,8 @@ struct Rig {
       r.piece = lt::piece_index_t(static_cast<int>(off / kPiece));
       r.start = static_cast<int>(off % kPiece);
       r.length = static_cast<int>(std::min<size_t>(lt::default_block_size, data.size() - off));
-      bool f = disk->async_write(
-          st, r, data.data() + off, obs,
-          [completed](const lt::storage_error& e) {
+      bool f =
+          disk->async_write(st, r, data.data() + off, obs, [completed](const lt::storage_error& e) {
             CHECK_FALSE(e);
             ++*completed;
           });
@@ -225,12 +224,12 @@ TEST_CASE("swarm range disk io: writes land in the range, hash waits for them, r
   // async_write: each must see its piece's bytes in the file.
   std::vector<std::optional<lt::sha1_hash>> hashes(4);
   for (int p = 0; p < 4; ++p) {
-    rig.disk->async_hash(st, lt::piece_index_t(p), {}, lt::disk_interface::v1_hash,
-                         [&hashes](lt::piece_index_t piece, const lt::sha1_hash& h,
-                                   const lt::storage_error& e) {
-                           CHECK_FALSE(e);
-                           hashes[static_cast<size_t>(static_cast<int>(piece))] = h;
-                         });
+    rig.disk->async_hash(
+        st, lt::piece_index_t(p), {}, lt::disk_interface::v1_hash,
+        [&hashes](lt::piece_index_t piece, const lt::sha1_hash& h, const lt::storage_error& e) {
+          CHECK_FALSE(e);
+          hashes[static_cast<size_t>(static_cast<int>(piece))] = h;
+        });
   }
   bool cleared = false;
   rig.disk->async_clear_piece(st, lt::piece_index_t(1), [&](lt::piece_index_t) {
@@ -278,8 +277,8 @@ TEST_CASE("swarm range disk io: writes land in the range, hash waits for them, r
   rig.disk->submit_jobs();
   REQUIRE(rig.RunUntil([&] { return got.size() == 2 && bad_read; }));
   for (auto& [r, bytes] : got) {
-    size_t at = static_cast<size_t>(static_cast<int>(r.piece)) * Rig::kPiece +
-                static_cast<size_t>(r.start);
+    size_t at =
+        static_cast<size_t>(static_cast<int>(r.piece)) * Rig::kPiece + static_cast<size_t>(r.start);
     CHECK(bytes == data.substr(at, static_cast<size_t>(r.length)));
   }
 
@@ -303,7 +302,8 @@ TEST_CASE("swarm range disk io: writes land in the range, hash waits for them, r
         renamed = true;
       });
   rig.disk->async_set_file_priority(
-      st, {}, [&](const lt::storage_error& e, lt::aux::vector<lt::download_priority_t, lt::file_index_t>) {
+      st, {},
+      [&](const lt::storage_error& e, lt::aux::vector<lt::download_priority_t, lt::file_index_t>) {
         CHECK_FALSE(e);
         prio = true;
       });
@@ -323,10 +323,9 @@ TEST_CASE("swarm range disk io: a corrupt piece hashes to something else") {
   int written = 0;
   rig.WriteAll(t->holder, bad, &written);
   std::optional<lt::sha1_hash> h;
-  rig.disk->async_hash(t->holder, lt::piece_index_t(1), {}, lt::disk_interface::v1_hash,
-                       [&](lt::piece_index_t, const lt::sha1_hash& got, const lt::storage_error&) {
-                         h = got;
-                       });
+  rig.disk->async_hash(
+      t->holder, lt::piece_index_t(1), {}, lt::disk_interface::v1_hash,
+      [&](lt::piece_index_t, const lt::sha1_hash& got, const lt::storage_error&) { h = got; });
   REQUIRE(rig.RunUntil([&] { return h.has_value(); }));
   CHECK(*h != lt::hasher(data.data() + Rig::kPiece, Rig::kPiece).final());
   CHECK(*h == lt::hasher(bad.data() + Rig::kPiece, Rig::kPiece).final());
@@ -362,7 +361,7 @@ TEST_CASE("swarm range disk io: unregistered or mismatched ranges fail with a st
 }
 
 TEST_CASE("swarm range disk io: the write queue is bounded and wakes its observers") {
-  Rig rig(64 * 1024);  // the smallest bound: four blocks
+  Rig rig(64 * 1024);                                  // the smallest bound: four blocks
   const std::string data = Bytes(8 * Rig::kPiece, 5);  // 16 blocks
   auto file = TempFile(data.size(), 0);
   REQUIRE(rig.registry->Register(Ih(6), FileRange{file, 0, data.size()}).has_value());
