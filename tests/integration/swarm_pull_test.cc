@@ -259,3 +259,22 @@ TEST_CASE("swarm: a peer serving corrupt data is detected and its bytes never re
 }
 
 }  // namespace shoal::testkit
+
+namespace shoal::testkit {
+
+TEST_CASE("swarm: two tracker replicas: with one dead, the other coordinates the pull") {
+  SwarmWorld w({"--max-upstream-fetchers", "4"});
+  auto second = TrackerProcess::Start(
+      {"--chunk-size-kib", "2048", "--piece-size-kib", "256", "--lease-ttl-s", "3"});
+  REQUIRE_MESSAGE(second.has_value(), second.error().ToString());
+  std::string both = w.tracker->Url() + "," + second.value()->Url();
+  for (int i = 0; i < 3; ++i) w.AddAgent({}, both);
+  // The first replica dies: blobs it owned by rendezvous order move to the second.
+  w.tracker->Kill();
+  w.PullAll("replica");
+  CHECK(w.Sum("shoal_swarm_fallback_total") == 0);
+  CHECK(static_cast<double>(w.proxy->BlobBytes()) <= 1.1 * w.image.total_blob_bytes);
+  CHECK(second.value()->Metric("shoal_tracker_chunks_published_total") >= 1);
+}
+
+}  // namespace shoal::testkit
