@@ -126,6 +126,15 @@ Result<Url> Url::Parse(std::string_view text) {
     size_t close = authority.find(']');
     if (close == std::string_view::npos) return Invalid(text, "has an unterminated IPv6 literal");
     std::string literal(authority.substr(1, close - 1));
+    // Hex digits, ':' and '.' (an embedded IPv4 address) only. make_address_v6 also takes a
+    // "%zone" suffix with any bytes after the '%', and stops at a NUL, so "[::1%\r\nX: y]" would
+    // put CR LF into the Host header; a zone id has no place in a Host header anyway.
+    for (char c : literal) {
+      if (!IsDigit(c) && !((c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')) && c != ':' &&
+          c != '.') {
+        return Invalid(text, "has an invalid IPv6 literal");
+      }
+    }
     boost::system::error_code ec;
     boost::asio::ip::make_address_v6(literal, ec);
     if (ec) return Invalid(text, "has an invalid IPv6 literal");

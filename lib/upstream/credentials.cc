@@ -51,7 +51,11 @@ Result<Credentials> Credentials::LoadDockerConfig(const std::string& path) {
     return MakeError(ErrorCode::kInvalidArgument,
                      "docker config " + path + ": \"auths\" is not an object");
   }
-  for (const auto& [registry, entry] : auths->items()) {
+  for (const auto& item : auths->items()) {
+    // Named references, not a structured binding: clang 14 (the fuzz build) cannot capture
+    // structured bindings in the lambdas below.
+    const std::string& registry = item.key();
+    const nlohmann::json& entry = item.value();
     auto bad = [&](std::string_view why) {
       return MakeError(ErrorCode::kInvalidArgument, "docker config " + path + ": entry for " +
                                                         registry + " " + std::string(why));

@@ -1,5 +1,8 @@
 #include <doctest/doctest.h>
 
+#include <string>
+#include <string_view>
+
 #include "lib/http/url.h"
 
 namespace shoal::http {
@@ -38,6 +41,25 @@ TEST_CASE("url: supports IPv6 literal hosts") {
   CHECK(Url::Parse("http://[::1/").error().code == ErrorCode::kInvalidArgument);
   CHECK(Url::Parse("http://[zz::1]/").error().code == ErrorCode::kInvalidArgument);
   CHECK(Url::Parse("http://[::1]x/").error().code == ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("url: an IPv6 literal holds only hex digits, ':' and '.' (found by url_fuzz)") {
+  // make_address_v6 accepts a "%zone" suffix of any bytes and stops at a NUL: these parsed, and
+  // the host (control bytes included) went into the Host header.
+  using namespace std::string_view_literals;
+  for (std::string_view bad :
+       {"http://[fe80::1%\0\x1ch0]:80/v2/"sv, "http://[::1%\r\nX-Injected: 1]/"sv,
+        "http://[::1\0junk]/"sv, "http://[fe80::1%eth0]/"sv, "http://[fe80::1%25eth0]/"sv,
+        "http://[::1 ]/"sv}) {
+    auto u = Url::Parse(bad);
+    REQUIRE_FALSE(u.has_value());
+    CHECK(u.error().code == ErrorCode::kInvalidArgument);
+    auto r = Url::Parse("https://r.example/a").value().Resolve(std::string("//") +
+                                                               std::string(bad.substr(7)));
+    CHECK_FALSE(r.has_value());
+  }
+  CHECK(Url::Parse("http://[::ffff:192.0.2.1]/").value().host == "::ffff:192.0.2.1");
+  CHECK(Url::Parse("http://[FE80::A:b]:8080/").value().HostPort() == "[fe80::a:b]:8080");
 }
 
 TEST_CASE("url: keeps the query and drops the fragment") {
