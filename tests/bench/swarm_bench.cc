@@ -277,7 +277,9 @@ SystemTicks ReadSystemTicks() {
   return t;
 }
 
-double Ticks(uint64_t t) { return static_cast<double>(t) / static_cast<double>(sysconf(_SC_CLK_TCK)); }
+double Ticks(uint64_t t) {
+  return static_cast<double>(t) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 
 double SelfAndChildrenCpuSeconds() {
   auto s = [](const rusage& u) {
@@ -327,7 +329,8 @@ class BusySampler {
   void Loop() {
     SystemTicks prev = ReadSystemTicks();
     while (!stop_) {
-      for (int i = 0; i < 5 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < 5 && !stop_; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
       SystemTicks now = ReadSystemTicks();
       if (now.total > prev.total) {
         samples_.push_back(static_cast<double>(now.busy - prev.busy) /
@@ -344,7 +347,7 @@ class BusySampler {
 // Byte counters of every device of one namespace, sampled every 250 ms by a thread that joined
 // it (it reads /proc/thread-self/net/dev, which shows the calling thread's namespace).
 struct LinkSample {
-  double t = 0;                                           // seconds since the sampler started
+  double t = 0;                                                // seconds since the sampler started
   std::map<std::string, std::pair<uint64_t, uint64_t>> bytes;  // device -> (rx, tx)
 };
 
@@ -427,8 +430,8 @@ class Network {
   Endpoint Attach(const std::string& short_name, const std::string& ip, int mbit) {
     Endpoint e{std::string(kPrefix) + short_name, ip, short_name, mbit};
     AddNetns(e.ns);
-    Must({"ip", "link", "add", e.sw_dev, "netns", switch_ns, "type", "veth", "peer", "name",
-          "eth0", "netns", e.ns});
+    Must({"ip", "link", "add", e.sw_dev, "netns", switch_ns, "type", "veth", "peer", "name", "eth0",
+          "netns", e.ns});
     Must({"ip", "-n", switch_ns, "link", "set", e.sw_dev, "master", "br0", "up"});
     Must({"ip", "-n", e.ns, "addr", "add", ip + "/16", "dev", "eth0"});
     Must({"ip", "-n", e.ns, "link", "set", "eth0", "up"});
@@ -449,7 +452,8 @@ class Network {
   // tbf: rate, a burst of at least 128 KiB (a 64 KiB GSO packet must fit) or 2 ms at the rate,
   // and a queue of 20 ms.
   static void Shape(const std::string& ns, const std::string& dev, int mbit) {
-    uint64_t burst = std::max<uint64_t>(128 * 1024, static_cast<uint64_t>(mbit) * 1'000'000 / 8 / 500);
+    uint64_t burst =
+        std::max<uint64_t>(128 * 1024, static_cast<uint64_t>(mbit) * 1'000'000 / 8 / 500);
     Must({"tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
           std::to_string(mbit) + "mbit", "burst", std::to_string(burst), "latency", "20ms"});
   }
@@ -465,8 +469,8 @@ uint64_t NetCounter(const std::string& ns, const std::string& dev, const std::st
 // ---- Daemons ----------------------------------------------------------------------------------
 
 struct Paths {
-  std::string dir;    // the run's temp dir
-  std::string logs;   // dir/logs
+  std::string dir;   // the run's temp dir
+  std::string logs;  // dir/logs
   std::string skopeo_registries_conf, skopeo_auth;
 };
 
@@ -487,15 +491,16 @@ std::unique_ptr<Process> StartRegistry(const Paths& p, const std::string& ns,
   if (!proxy_remote.empty()) cfg += "proxy:\n  remoteurl: \"" + proxy_remote + "\"\n";
   WriteFile(root + "/config.yml", cfg);
   CheckInterrupted();
-  auto proc = Process::Start({"ip", "netns", "exec", ns, "docker-registry", "serve",
-                              root + "/config.yml"},
-                             p.logs + "/" + log_name + ".log");
+  auto proc =
+      Process::Start({"ip", "netns", "exec", ns, "docker-registry", "serve", root + "/config.yml"},
+                     p.logs + "/" + log_name + ".log");
   if (!proc) throw HarnessError(proc.error().ToString());
   std::unique_ptr<Process> reg = std::move(proc.value());
   std::string url = "http://127.0.0.1:" + std::to_string(kRegistryPort) + "/v2/";
   bool up = InNetns(ns, [&] {
-    return WaitUntil([&] { return !reg->Running() || WaitForHttp(url, std::chrono::milliseconds(300)); },
-                     std::chrono::seconds(30));
+    return WaitUntil(
+        [&] { return !reg->Running() || WaitForHttp(url, std::chrono::milliseconds(300)); },
+        std::chrono::seconds(30));
   });
   CheckInterrupted();
   if (!up || !reg->Running()) {
@@ -559,12 +564,13 @@ struct ShoalCluster {
 };
 
 struct Options {
-  size_t nodes = 8;
-  int node_mbit = 300;
-  int upstream_mbit = 300;
-  uint64_t image_mib = 384;
-  uint64_t chunk_mib = 64;
-  uint64_t piece_kib = 4096;
+  // Defaults: see "Choosing N and B" in docs/benchmarks.md (CPU budget of a 2-core machine).
+  size_t nodes = 6;
+  int node_mbit = 100;
+  int upstream_mbit = 100;
+  uint64_t image_mib = 256;
+  uint64_t chunk_mib = 64;  // shoal-tracker's defaults: 64 MiB chunks of 4 MiB pieces
+  uint64_t piece_kib = 0;   // 0: min(4096, chunk size)
   std::vector<std::string> scenarios = {"shoal", "direct", "central"};
   bool first_byte = true;
   bool keep = false;
@@ -607,9 +613,9 @@ ShoalCluster StartShoal(const Options& o, const Paths& p, const std::vector<Endp
   std::string tracker_url = "http://" + tracker_ep.ip + ":" + std::to_string(kTrackerPort);
   bool up = WaitUntil([&] { return !c.tracker->Running() || !ReadFile(tdir + "/port").empty(); },
                       std::chrono::seconds(30)) &&
-            c.tracker->Running() &&
-            InNetns(tracker_ep.ns,
-                    [&] { return WaitForHttp(tracker_url + "/healthz", std::chrono::seconds(30)); });
+            c.tracker->Running() && InNetns(tracker_ep.ns, [&] {
+              return WaitForHttp(tracker_url + "/healthz", std::chrono::seconds(30));
+            });
   CheckInterrupted();
   if (!up) throw HarnessError("shoal-tracker did not start; log:\n" + c.tracker->LogTail());
 
@@ -786,13 +792,13 @@ struct CpuGroup {
 struct Measured {
   std::string name;
   std::vector<NodeRun> nodes;
-  double wall_s = 0;           // start .. last node done
-  uint64_t upstream_tx = 0;    // bytes the upstream registry's veth transmitted
-  uint64_t upstream_rx = 0;    // and received (requests, ACKs)
-  double machine_s = 0;        // wall x cores, from /proc/stat
+  double wall_s = 0;         // start .. last node done
+  uint64_t upstream_tx = 0;  // bytes the upstream registry's veth transmitted
+  uint64_t upstream_rx = 0;  // and received (requests, ACKs)
+  double machine_s = 0;      // wall x cores, from /proc/stat
   double busy_s = 0, softirq_s = 0, steal_s = 0, iowait_s = 0;
-  std::vector<double> busy_samples;  // 500 ms samples, 0..1
-  std::map<std::string, double> cpu;  // core-seconds per group, plus "clients"
+  std::vector<double> busy_samples;    // 500 ms samples, 0..1
+  std::map<std::string, double> cpu;   // core-seconds per group, plus "clients"
   std::map<std::string, double> wait;  // run-queue wait (runnable, no CPU) per group, seconds
   std::vector<LinkSample> links;       // the switch's veth ends over time
   double pressure_s = 0;               // PSI cpu "some": time some task waited for a CPU
@@ -805,8 +811,7 @@ struct Measured {
 
 // Runs work(i) for every node i at once (released together) and measures around it.
 Measured Measure(const std::string& name, size_t nodes, const std::string& upstream_ns,
-                 const std::string& switch_ns,
-                 const std::vector<CpuGroup>& groups,
+                 const std::string& switch_ns, const std::vector<CpuGroup>& groups,
                  const std::function<NodeRun(size_t, Clock::time_point)>& work) {
   CheckInterrupted();
   Measured m;
@@ -890,7 +895,7 @@ std::vector<double> Times(const Measured& m) {
 
 struct Image {
   BuiltImage built;
-  uint64_t size = 0;         // S: config + layers
+  uint64_t size = 0;          // S: config + layers
   Digest big = NullDigest();  // the largest layer
   uint64_t big_size = 0;
 };
@@ -902,9 +907,13 @@ Image BuildBenchImage(const Options& o, const std::string& layout) {
   ImageSpec spec;
   spec.layers = {
       LayerSpec{.compression = Compression::kGzip, .small_files = 100, .seed = 11},
-      LayerSpec{.compression = Compression::kGzip, .small_files = 20, .big_files = {4ull << 20},
+      LayerSpec{.compression = Compression::kGzip,
+                .small_files = 20,
+                .big_files = {4ull << 20},
                 .seed = 12},
-      LayerSpec{.compression = Compression::kGzip, .small_files = 40, .big_files = {2ull << 20},
+      LayerSpec{.compression = Compression::kGzip,
+                .small_files = 40,
+                .big_files = {2ull << 20},
                 .seed = 13},
       LayerSpec{.compression = Compression::kGzip,
                 .small_files = 5,
@@ -952,8 +961,8 @@ struct Context {
 };
 
 void PrintTimes(const Context& c, const std::vector<Measured>& runs) {
-  std::printf("\n%-15s %8s %6s %8s %6s %8s %6s   %10s %7s\n", "scenario", "p50 s", "x lim",
-              "p99 s", "x lim", "max s", "x lim", "upstream", "x S");
+  std::printf("\n%-15s %8s %6s %8s %6s %8s %6s   %10s %7s\n", "scenario", "p50 s", "x lim", "p99 s",
+              "x lim", "max s", "x lim", "upstream", "x S");
   for (const auto& m : runs) {
     auto t = Times(m);
     double p50 = Percentile(t, 0.5), p99 = Percentile(t, 0.99), mx = Percentile(t, 1.0);
@@ -966,16 +975,10 @@ void PrintTimes(const Context& c, const std::vector<Measured>& runs) {
 
 void PrintCpu(const std::vector<Measured>& runs, int cores) {
   std::printf("\n%-15s %6s %5s %5s %5s %5s %5s %5s | %6s %6s %7s %8s %6s %7s %6s\n", "scenario",
-              "wall s", "busy", "peak", ">=95%", "psi", "sirq", "steal", "agents", "(wait)",
+              "wall s", "busy", "ours", "other", "psi", "sirq", "steal", "agents", "(wait)",
               "tracker", "upstream", "cache", "clients", "other");
   for (const auto& m : runs) {
-    double busy_pct = m.machine_s > 0 ? 100 * m.busy_s / m.machine_s : 0;
-    double peak = 0, saturated = 0;
-    for (double s : m.busy_samples) {
-      peak = std::max(peak, s);
-      if (s >= 0.95) saturated += 1;
-    }
-    double sat_pct = m.busy_samples.empty() ? 0 : 100 * saturated / m.busy_samples.size();
+    auto pct = [&](double s) { return m.machine_s > 0 ? 100 * s / m.machine_s : 0.0; };
     auto get = [](const std::map<std::string, double>& from, const char* k) {
       auto it = from.find(k);
       return it == from.end() ? 0.0 : it->second;
@@ -984,22 +987,20 @@ void PrintCpu(const std::vector<Measured>& runs, int cores) {
     std::printf(
         "%-15s %6.1f %4.0f%% %4.0f%% %4.0f%% %4.0f%% %4.0f%% %4.0f%% | %6.1f %6.1f %7.1f %8.1f "
         "%6.1f %7.1f %6.1f\n",
-        m.name.c_str(), m.wall_s, busy_pct, 100 * peak, sat_pct,
-        m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0,
-        m.machine_s > 0 ? 100 * m.softirq_s / m.machine_s : 0,
-        m.machine_s > 0 ? 100 * m.steal_s / m.machine_s : 0, get(m.cpu, "agents"),
-        get(m.wait, "agents"), get(m.cpu, "tracker"), get(m.cpu, "upstream registry"),
-        get(m.cpu, "central cache"), get(m.cpu, "clients"), other);
+        m.name.c_str(), m.wall_s, pct(m.busy_s), pct(m.Ours()), pct(other),
+        m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0, pct(m.softirq_s), pct(m.steal_s),
+        get(m.cpu, "agents"), get(m.wait, "agents"), get(m.cpu, "tracker"),
+        get(m.cpu, "upstream registry"), get(m.cpu, "central cache"), get(m.cpu, "clients"), other);
   }
   std::printf(
-      "busy: all %d cores over the scenario (/proc/stat; idle and iowait are not busy); peak: the\n"
-      "busiest 0.5 s sample; >=95%%: share of 0.5 s samples with the machine >= 95%% busy; psi:\n"
-      "share of the time some runnable task waited for a CPU (/proc/pressure/cpu); sirq: softirq\n"
-      "(network stack: veths, bridge, tbf); steal: taken by the hypervisor. Right of |: CPU\n"
-      "seconds (utime+stime) of the agents, (the seconds their threads were runnable but waited\n"
-      "for a CPU, summed over threads), tracker, upstream docker-registry, central cache, the\n"
-      "clients (skopeo processes, or the first-byte client threads), and everything else that was\n"
-      "busy (softirq, kernel threads, other users' processes).\n",
+      "Shares of all %d cores over the scenario (/proc/stat): busy (idle and iowait are not); "
+      "ours:\nthis benchmark's processes (columns right of |); other: busy minus ours (softirq, "
+      "kernel\nthreads, other users' work). psi: share of the time some runnable task waited for "
+      "a CPU\n(/proc/pressure/cpu). sirq: softirq (network stack: veths, bridge, tbf); steal: "
+      "taken by the\nhypervisor. Right of |: CPU seconds (utime+stime) of the agents (and the "
+      "seconds their\nthreads were runnable but waited for a CPU, summed over threads), the "
+      "tracker, the upstream\ndocker-registry, the central cache, the clients (skopeo, or the "
+      "first-byte client threads),\nand everything else that was busy.\n",
       cores);
 }
 
@@ -1007,8 +1008,9 @@ void PrintCpu(const std::vector<Measured>& runs, int cores) {
 // upstream registry sent; "nK" transmitted = node K's download, received = its upload; "cc0"
 // received = what the central cache sent.
 struct Timeline {
-  std::vector<double> t;                              // end of each 1 s bucket
-  std::map<std::string, std::vector<double>> mbit;    // column -> Mbit/s per bucket
+  std::vector<double> t;  // end of each 1 s bucket
+  // column -> Mbit/s per bucket: "upstream", "cache", "nK" (download), "nK up", "node uploads"
+  std::map<std::string, std::vector<double>> mbit;
 };
 
 Timeline MakeTimeline(const Measured& m, size_t nodes) {
@@ -1042,6 +1044,7 @@ Timeline MakeTimeline(const Measured& m, size_t nodes) {
     for (size_t i = 0; i < nodes; ++i) {
       std::string dev = "n" + std::to_string(i + 1);
       tl.mbit[dev].push_back(rate(dev, false));
+      tl.mbit[dev + " up"].push_back(rate(dev, true));
       up += rate(dev, true);
     }
     tl.mbit["node uploads"].push_back(up);
@@ -1053,9 +1056,10 @@ Timeline MakeTimeline(const Measured& m, size_t nodes) {
 
 void PrintTimeline(const Measured& m, size_t nodes, bool with_cache) {
   Timeline tl = MakeTimeline(m, nodes);
-  std::printf("\n%s: link rates per second, Mbit/s (upstream: what the registry sent; nK: node K's "
-              "download;\nuploads: all nodes' uploads together%s)\n",
-              m.name.c_str(), with_cache ? "; cache: what the central cache sent" : "");
+  std::printf(
+      "\n%s: link rates per second, Mbit/s (upstream: what the registry sent; nK: node K's "
+      "download;\nuploads: all nodes' uploads together%s)\n",
+      m.name.c_str(), with_cache ? "; cache: what the central cache sent" : "");
   std::printf("%6s %8s", "t s", "upstream");
   if (with_cache) std::printf(" %6s", "cache");
   for (size_t i = 0; i < nodes; ++i) std::printf(" %5s", ("n" + std::to_string(i + 1)).c_str());
@@ -1070,11 +1074,25 @@ void PrintTimeline(const Measured& m, size_t nodes, bool with_cache) {
   }
 }
 
+// Bytes node i's veth carried in (download) and out (upload) over a run.
+std::pair<uint64_t, uint64_t> NodeLinkBytes(const Measured& m, size_t i) {
+  if (m.links.size() < 2) return {0, 0};
+  std::string dev = "n" + std::to_string(i + 1);
+  auto get = [&](const LinkSample& s) {
+    auto it = s.bytes.find(dev);
+    return it == s.bytes.end() ? std::make_pair(uint64_t{0}, uint64_t{0}) : it->second;
+  };
+  auto a = get(m.links.front()), b = get(m.links.back());
+  // Seen from the switch: what it transmits to the node is the node's download.
+  return {b.second - a.second, b.first - a.first};
+}
+
 // How well a run used the links: the upstream link's average use over the run, and the
 // nodes' average download rate (as shares of U and B).
 void PrintLinkUse(const Context& c, const std::vector<Measured>& runs) {
-  std::printf("\nlink use: upstream = registry bytes / (U x wall time); node downloads = mean over "
-              "nodes of S / (B x node time)\n");
+  std::printf(
+      "\nlink use: upstream = registry bytes / (U x wall time); node downloads = mean over "
+      "nodes of S / (B x node time),\nand mean bytes into a node's veth / S\n");
   for (const auto& m : runs) {
     double up = static_cast<double>(m.upstream_tx) * 8 / 1e6 / (c.o.upstream_mbit * m.wall_s);
     double node = 0;
@@ -1086,9 +1104,15 @@ void PrintLinkUse(const Context& c, const std::vector<Measured>& runs) {
     Timeline tl = MakeTimeline(m, m.nodes.size());
     int busy = 0;
     for (double v : tl.mbit["upstream"]) busy += v >= 0.8 * c.o.upstream_mbit ? 1 : 0;
-    std::printf("  %-15s upstream link %3.0f%% used (>= 80%% of U during %d of %zu s), node "
-                "downloads %3.0f%% of B\n",
-                m.name.c_str(), 100 * up, busy, tl.t.size(), 100 * node);
+    double in = 0;
+    for (size_t i = 0; i < m.nodes.size(); ++i)
+      in += static_cast<double>(NodeLinkBytes(m, i).first);
+    in /=
+        static_cast<double>(std::max<size_t>(1, m.nodes.size())) * static_cast<double>(c.img.size);
+    std::printf(
+        "  %-15s upstream link %3.0f%% used (>= 80%% of U during %d of %zu s); node "
+        "downloads at %3.0f%% of B on average, %.3fx S on the wire\n",
+        m.name.c_str(), 100 * up, busy, tl.t.size(), 100 * node, in);
   }
 }
 
@@ -1110,24 +1134,25 @@ json MeasuredJson(const Context& c, const Measured& m) {
                      {"fallbacks", n.fallbacks}});
   }
   auto t = Times(m);
-  return {{"scenario", m.name},
-          {"p50_s", Percentile(t, 0.5)},
-          {"p99_s", Percentile(t, 0.99)},
-          {"max_s", Percentile(t, 1.0)},
-          {"limit_s", c.limit_s},
-          {"upstream_tx_bytes", m.upstream_tx},
-          {"upstream_rx_bytes", m.upstream_rx},
-          {"upstream_x_image", static_cast<double>(m.upstream_tx) / static_cast<double>(c.img.size)},
-          {"wall_s", m.wall_s},
-          {"machine_busy_pct", m.machine_s > 0 ? 100 * m.busy_s / m.machine_s : 0},
-          {"softirq_pct", m.machine_s > 0 ? 100 * m.softirq_s / m.machine_s : 0},
-          {"steal_pct", m.machine_s > 0 ? 100 * m.steal_s / m.machine_s : 0},
-          {"busy_samples", m.busy_samples},
-          {"cpu_s", m.cpu},
-          {"timeline", TimelineJson(m, m.nodes.size())},
-          {"run_queue_wait_s", m.wait},
-          {"cpu_pressure_pct", m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0},
-          {"nodes", nodes}};
+  return {
+      {"scenario", m.name},
+      {"p50_s", Percentile(t, 0.5)},
+      {"p99_s", Percentile(t, 0.99)},
+      {"max_s", Percentile(t, 1.0)},
+      {"limit_s", c.limit_s},
+      {"upstream_tx_bytes", m.upstream_tx},
+      {"upstream_rx_bytes", m.upstream_rx},
+      {"upstream_x_image", static_cast<double>(m.upstream_tx) / static_cast<double>(c.img.size)},
+      {"wall_s", m.wall_s},
+      {"machine_busy_pct", m.machine_s > 0 ? 100 * m.busy_s / m.machine_s : 0},
+      {"softirq_pct", m.machine_s > 0 ? 100 * m.softirq_s / m.machine_s : 0},
+      {"steal_pct", m.machine_s > 0 ? 100 * m.steal_s / m.machine_s : 0},
+      {"busy_samples", m.busy_samples},
+      {"cpu_s", m.cpu},
+      {"timeline", TimelineJson(m, m.nodes.size())},
+      {"run_queue_wait_s", m.wait},
+      {"cpu_pressure_pct", m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0},
+      {"nodes", nodes}};
 }
 
 // Lines at warn level or above in the agents' and trackers' logs (text format:
@@ -1150,7 +1175,8 @@ std::vector<std::string> LogProblems(const std::string& logs_dir, size_t* total)
       std::istringstream fields(line);
       std::string time, level;
       fields >> time >> level;
-      if (level != "warning" && level != "warn" && level != "error" && level != "critical") continue;
+      if (level != "warning" && level != "warn" && level != "error" && level != "critical")
+        continue;
       ++*total;
       if (out.size() < 15) out.push_back(f.filename().string() + ": " + line.substr(0, 400));
     }
@@ -1168,7 +1194,8 @@ std::string Machine() {
     }
   }
   return std::to_string(std::thread::hardware_concurrency()) + " x " + model + ", " +
-         Mib(static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE))) +
+         Mib(static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+             static_cast<double>(sysconf(_SC_PAGESIZE))) +
          " RAM";
 }
 
@@ -1182,30 +1209,32 @@ int Main(int argc, char** argv) {
   app.add_option("--nodes", o.nodes, "Nodes pulling at once")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  app.add_option("--node-mbit", o.node_mbit, "B: each node's link (and the tracker's and the "
-                                             "central cache's), Mbit/s each direction")
+  app.add_option("--node-mbit", o.node_mbit,
+                 "B: each node's link (and the tracker's and the "
+                 "central cache's), Mbit/s each direction")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   app.add_option("--upstream-mbit", o.upstream_mbit,
                  "U: the one link of the upstream registry, Mbit/s each direction")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_option("--image-mib", o.image_mib, "Approximate image size S in MiB (one big layer "
-                                             "plus three small ones, gzip)")
+  app.add_option("--image-mib", o.image_mib,
+                 "Approximate image size S in MiB (one big layer "
+                 "plus three small ones, gzip)")
       ->check(CLI::Range(8, 16384))
       ->capture_default_str();
-  app.add_option("--chunk-mib", o.chunk_mib, "shoal-tracker --chunk-size-kib, in MiB")
+  app.add_option("--chunk-mib", o.chunk_mib,
+                 "shoal-tracker --chunk-size-kib, in MiB (64: the tracker's default)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--piece-kib", o.piece_kib,
-                 "shoal-tracker --piece-size-kib (a power of two, at most the chunk size)")
-      ->capture_default_str();
+                 "shoal-tracker --piece-size-kib: a power of two, at most the chunk size "
+                 "(default: 4096, the tracker's default, or the chunk size if smaller)");
   app.add_option("--scenarios", o.scenarios, "Scenarios to run, in this order")
       ->delimiter(',')
       ->check(CLI::IsMember({"shoal", "direct", "central"}))
       ->capture_default_str();
-  app.add_flag("!--no-first-byte", o.first_byte,
-               "Skip shoal's separate cold first-byte run");
+  app.add_flag("!--no-first-byte", o.first_byte, "Skip shoal's separate cold first-byte run");
   app.add_option("--timeout-s", o.timeout_s,
                  "Deadline of each node's pull in seconds (default: 120 + 4 x N x S / min(B,U))");
   app.add_option("--agent", o.agent_bin, "shoal-agent binary")->capture_default_str();
@@ -1219,8 +1248,9 @@ int Main(int argc, char** argv) {
                  "Where the temp dir goes (registry storage, caches, pulled images, logs); "
                  "default $TMPDIR or /tmp");
   app.add_option("--nice", o.nice,
-                 "Scheduling niceness of this program and everything it starts (e.g. -10 on a "
-                 "machine busy with other work, so that the figures measure the network)")
+                 "Niceness of this program and everything it starts, also set on this session's "
+                 "scheduler autogroup (restored at exit): e.g. -10 on a machine busy with other "
+                 "work, so that the figures measure the network, not the other work")
       ->check(CLI::Range(-20, 19))
       ->capture_default_str();
   app.add_flag("--timeline", o.timeline,
@@ -1228,6 +1258,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--keep", o.keep, "Keep the temp dir (logs, caches) at the end");
   CLI11_PARSE(app, argc, argv);
   if (o.keep) setenv("SHOAL_KEEP_TMP", "1", 1);
+  if (o.piece_kib == 0) o.piece_kib = std::min<uint64_t>(4096, o.chunk_mib * 1024);
   if ((o.piece_kib & (o.piece_kib - 1)) != 0 || o.piece_kib < 16 ||
       o.piece_kib > o.chunk_mib * 1024) {
     std::fprintf(stderr, "--piece-kib must be a power of two from 16 to the chunk size\n");
@@ -1261,8 +1292,21 @@ int Main(int argc, char** argv) {
 
   // One run at a time: a second one would delete this one's namespaces.
   int lock_fd = ::open("/run/shoal-bench-swarm.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+  if (lock_fd < 0)
+    throw HarnessError(std::string("open /run/shoal-bench-swarm.lock: ") + std::strerror(errno));
+  // A run that was just killed may take a moment to let go (its children are being killed).
+  if (!WaitUntil([&] { return ::flock(lock_fd, LOCK_EX | LOCK_NB) == 0; }, std::chrono::seconds(30),
+                 std::chrono::milliseconds(500))) {
     throw HarnessError("another shoal-bench-swarm is running (/run/shoal-bench-swarm.lock)");
+  }
+  // The lock file names the temp dir of the run holding it: one that was killed (SIGKILL, a
+  // crash) left it behind.
+  if (std::string prev = Trim(ReadFile("/run/shoal-bench-swarm.lock"));
+      !prev.empty() && fs::path(prev).filename().string().rfind("shoal-bench-swarm-", 0) == 0 &&
+      fs::is_directory(prev)) {
+    std::printf("removing the temp dir of an earlier run that did not finish: %s\n", prev.c_str());
+    std::error_code ec;
+    fs::remove_all(prev, ec);
   }
   auto stale = OurNamespaces();
   if (!stale.empty()) {
@@ -1278,6 +1322,15 @@ int Main(int argc, char** argv) {
     std::lock_guard<std::mutex> lock(g_cleanup_mu);
     g_dir = dir.path();
   }
+  struct LockNote {  // names the temp dir in the lock file while it exists (not with --keep)
+    int fd;
+    LockNote(int fd, const std::string& dir) : fd(fd) {
+      if (fd >= 0 && ::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, dir.data(), dir.size(), 0);
+    }
+    ~LockNote() {
+      if (fd >= 0) (void)!::ftruncate(fd, 0);
+    }
+  } lock_note(o.keep ? -1 : lock_fd, dir.path());
   // skopeo's scratch files go inside it too.
   setenv("TMPDIR", dir.path().c_str(), 1);
   Paths p;
@@ -1311,11 +1364,11 @@ int Main(int argc, char** argv) {
 
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const std::string load_at_start = Trim(ReadFile("/proc/loadavg"));
-  std::printf("shoal-bench-swarm: %zu nodes, B = %d Mbit/s per node, U = %d Mbit/s upstream, "
-              "image ~%llu MiB, chunks %llu MiB / pieces %llu KiB\n",
-              o.nodes, o.node_mbit, o.upstream_mbit, static_cast<unsigned long long>(o.image_mib),
-              static_cast<unsigned long long>(o.chunk_mib),
-              static_cast<unsigned long long>(o.piece_kib));
+  std::printf(
+      "shoal-bench-swarm: %zu nodes, B = %d Mbit/s per node, U = %d Mbit/s upstream, "
+      "image ~%llu MiB, chunks %llu MiB / pieces %llu KiB\n",
+      o.nodes, o.node_mbit, o.upstream_mbit, static_cast<unsigned long long>(o.image_mib),
+      static_cast<unsigned long long>(o.chunk_mib), static_cast<unsigned long long>(o.piece_kib));
   std::printf("machine: %s; load average at start: %s; nice %d\n", Machine().c_str(),
               load_at_start.c_str(), o.nice);
   std::printf("temp dir: %s\n", dir.path().c_str());
@@ -1325,17 +1378,18 @@ int Main(int argc, char** argv) {
   auto t0 = Clock::now();
   c.img = BuildBenchImage(o, dir.Sub("layout"));
   CheckInterrupted();
-  std::printf("image: %s, S = %llu bytes (%s) in config + %zu layers, largest layer %s; built in "
-              "%.1f s\n",
-              c.img.built.manifest_digest.str().substr(0, 19).c_str(),
-              static_cast<unsigned long long>(c.img.size), Mib(static_cast<double>(c.img.size)).c_str(),
-              c.img.built.layer_digests.size(), Mib(static_cast<double>(c.img.big_size)).c_str(),
-              Seconds(Clock::now() - t0));
+  std::printf(
+      "image: %s, S = %llu bytes (%s) in config + %zu layers, largest layer %s; built in "
+      "%.1f s\n",
+      c.img.built.manifest_digest.str().substr(0, 19).c_str(),
+      static_cast<unsigned long long>(c.img.size), Mib(static_cast<double>(c.img.size)).c_str(),
+      c.img.built.layer_digests.size(), Mib(static_cast<double>(c.img.big_size)).c_str(),
+      Seconds(Clock::now() - t0));
   const double S = static_cast<double>(c.img.size);
   c.limit_s = S * 8 / (1e6 * std::min(o.node_mbit, o.upstream_mbit));
-  const int timeout_s =
-      o.timeout_s > 0 ? o.timeout_s
-                      : static_cast<int>(120 + 4 * static_cast<double>(o.nodes) * c.limit_s);
+  const int timeout_s = o.timeout_s > 0
+                            ? o.timeout_s
+                            : static_cast<int>(120 + 4 * static_cast<double>(o.nodes) * c.limit_s);
   const auto deadline_per_pull = std::chrono::seconds(timeout_s);
   std::printf("physical limit max(S/B, S/U) = %.2f s; deadline per pull %d s\n", c.limit_s,
               timeout_s);
@@ -1350,8 +1404,8 @@ int Main(int argc, char** argv) {
   if (want_central) cache_ep = net.Attach("cc0", kCacheIp, o.node_mbit);
   std::vector<Endpoint> nodes;
   for (size_t i = 0; i < o.nodes; ++i) {
-    nodes.push_back(net.Attach("n" + std::to_string(i + 1),
-                               "198.18.1." + std::to_string(i + 1), o.node_mbit));
+    nodes.push_back(
+        net.Attach("n" + std::to_string(i + 1), "198.18.1." + std::to_string(i + 1), o.node_mbit));
   }
   std::printf("network: %zu namespaces, veths shaped with tbf, built in %.1f s\n",
               OurNamespaces().size(), Seconds(Clock::now() - t0));
@@ -1362,12 +1416,12 @@ int Main(int argc, char** argv) {
   t0 = Clock::now();
   {
     std::string digest_file = dir.Sub("pushed-digest");
-    auto out = SkopeoIn(p, upstream.ns,
-                        {"copy", "--all", "--preserve-digests", "--quiet", "--dest-tls-verify=false",
-                         "--digestfile", digest_file, "oci:" + c.img.built.layout_dir + ":" + kTag,
-                         "docker://127.0.0.1:" + std::to_string(kRegistryPort) + "/" + kRepo +
-                             ":" + kTag},
-                        std::chrono::seconds(600));
+    auto out =
+        SkopeoIn(p, upstream.ns,
+                 {"copy", "--all", "--preserve-digests", "--quiet", "--dest-tls-verify=false",
+                  "--digestfile", digest_file, "oci:" + c.img.built.layout_dir + ":" + kTag,
+                  "docker://127.0.0.1:" + std::to_string(kRegistryPort) + "/" + kRepo + ":" + kTag},
+                 std::chrono::seconds(600));
     CheckInterrupted();
     if (!out) throw HarnessError("push: " + out.error().ToString());
     if (Trim(ReadFile(digest_file)) != c.img.built.manifest_digest.str()) {
@@ -1380,17 +1434,17 @@ int Main(int argc, char** argv) {
               upstream.ns.c_str(), upstream.ip.c_str(), Seconds(Clock::now() - t0));
   const std::string upstream_url =
       "http://" + std::string(kUpstreamIp) + ":" + std::to_string(kRegistryPort);
-  const std::string image_path = std::string("/") + kRepo + ":" + kTag;
 
   // Every node pulls with skopeo from src(i) into a fresh layout.
   auto skopeo_pull = [&](const std::string& run, const std::function<std::string(size_t)>& src) {
     return [&, run, src](size_t i, Clock::time_point start) {
       NodeRun r;
       std::string out = p.dir + "/" + run + "-pull-node" + std::to_string(i + 1);
-      auto res = SkopeoIn(p, nodes[i].ns,
-                          {"copy", "--quiet", "--src-tls-verify=false", "--preserve-digests",
-                           "docker://" + src(i) + "/" + kRepo + ":" + kTag, "oci:" + out + ":" + kTag},
-                          deadline_per_pull);
+      auto res =
+          SkopeoIn(p, nodes[i].ns,
+                   {"copy", "--quiet", "--src-tls-verify=false", "--preserve-digests",
+                    "docker://" + src(i) + "/" + kRepo + ":" + kTag, "oci:" + out + ":" + kTag},
+                   deadline_per_pull);
       r.seconds = Seconds(Clock::now() - start);
       if (!res) {
         r.error = res.error().ToString();
@@ -1414,6 +1468,7 @@ int Main(int argc, char** argv) {
   std::vector<Measured> runs;
   std::optional<Measured> first_byte;
   std::vector<std::string> notes;
+  std::string tracker_settings;  // the tracker's log line with its chunk and lease settings
   std::vector<std::string> problem_lines;
   size_t problem_count = 0;
   for (const auto& scenario : o.scenarios) {
@@ -1423,8 +1478,8 @@ int Main(int argc, char** argv) {
       if (o.first_byte) {
         // A cold cluster; every node first GETs the manifest (as a runtime does), then all GET
         // the largest layer at once with a client that notes its first body byte.
-        std::printf("shoal, cold first-byte run: %zu agents GET the %s layer at once ... ",
-                    o.nodes, Mib(static_cast<double>(c.img.big_size)).c_str());
+        std::printf("shoal, cold first-byte run: %zu agents GET the %s layer at once ... ", o.nodes,
+                    Mib(static_cast<double>(c.img.big_size)).c_str());
         std::fflush(stdout);
         ShoalCluster cl = StartShoal(o, p, nodes, *tracker_ep, upstream_url, "fb");
         for (size_t i = 0; i < o.nodes; ++i) {
@@ -1436,10 +1491,10 @@ int Main(int argc, char** argv) {
                            std::chrono::seconds(60));
           });
           if (!r || r.value().status != 200) {
-            throw HarnessError("manifest through agent on node " + std::to_string(i + 1) + ": " +
-                               (r ? "HTTP " + std::to_string(r.value().status)
-                                  : r.error().ToString()) +
-                               "\n" + cl.agents[i].process->LogTail());
+            throw HarnessError(
+                "manifest through agent on node " + std::to_string(i + 1) + ": " +
+                (r ? "HTTP " + std::to_string(r.value().status) : r.error().ToString()) + "\n" +
+                cl.agents[i].process->LogTail());
           }
         }
         groups = {{"agents", cl.AgentPids()},
@@ -1462,11 +1517,15 @@ int Main(int argc, char** argv) {
                     Percentile(fb, 0.5), Percentile(fb, 1.0), Percentile(Times(m), 0.5),
                     Percentile(Times(m), 1.0));
         first_byte = std::move(m);
-        for (size_t i = 0; i < o.nodes; ++i) fs::remove_all(p.dir + "/fb-node" + std::to_string(i + 1) + "-cache");
+        for (size_t i = 0; i < o.nodes; ++i)
+          fs::remove_all(p.dir + "/fb-node" + std::to_string(i + 1) + "-cache");
       }
       std::printf("shoal: tracker + %zu agents, %zu skopeo pulls at once ... ", o.nodes, o.nodes);
       std::fflush(stdout);
       ShoalCluster cl = StartShoal(o, p, nodes, *tracker_ep, upstream_url, "shoal");
+      for (std::istringstream log(cl.tracker->Log()); std::getline(log, tracker_settings);) {
+        if (tracker_settings.find("upstream leases") != std::string::npos) break;
+      }
       std::vector<std::string> before;
       for (const auto& a : cl.agents) before.push_back(a.Metrics());
       groups = {{"agents", cl.AgentPids()},
@@ -1493,14 +1552,16 @@ int Main(int argc, char** argv) {
       problem_lines = LogProblems(p.logs, &problem_count);
       std::printf("p50 %.2f s, max %.2f s\n", Percentile(Times(m), 0.5), Percentile(Times(m), 1.0));
       runs.push_back(std::move(m));
-      for (size_t i = 0; i < o.nodes; ++i) fs::remove_all(p.dir + "/shoal-node" + std::to_string(i + 1) + "-cache");
+      for (size_t i = 0; i < o.nodes; ++i)
+        fs::remove_all(p.dir + "/shoal-node" + std::to_string(i + 1) + "-cache");
     } else if (scenario == "direct") {
       std::printf("direct: %zu skopeo pulls at once from the upstream registry ... ", o.nodes);
       std::fflush(stdout);
-      Measured m = Measure("direct", o.nodes, upstream.ns, net.switch_ns, {{"upstream registry", {registry_pid}}},
-                           skopeo_pull("direct", [&](size_t) {
-                             return std::string(kUpstreamIp) + ":" + std::to_string(kRegistryPort);
-                           }));
+      Measured m =
+          Measure("direct", o.nodes, upstream.ns, net.switch_ns,
+                  {{"upstream registry", {registry_pid}}}, skopeo_pull("direct", [&](size_t) {
+                    return std::string(kUpstreamIp) + ":" + std::to_string(kRegistryPort);
+                  }));
       check_runs(m, {});
       std::printf("p50 %.2f s, max %.2f s\n", Percentile(Times(m), 0.5), Percentile(Times(m), 1.0));
       runs.push_back(std::move(m));
@@ -1508,12 +1569,14 @@ int Main(int argc, char** argv) {
       std::printf("central cache: docker-registry proxy in %s, %zu skopeo pulls at once ... ",
                   cache_ep->ns.c_str(), o.nodes);
       std::fflush(stdout);
-      auto cache = StartRegistry(p, cache_ep->ns, dir.Sub("central"), upstream_url, "central-cache");
-      Measured m = Measure("central cache", o.nodes, upstream.ns, net.switch_ns,
-                           {{"upstream registry", {registry_pid}}, {"central cache", {cache->pid()}}},
-                           skopeo_pull("central", [&](size_t) {
-                             return std::string(kCacheIp) + ":" + std::to_string(kRegistryPort);
-                           }));
+      auto cache =
+          StartRegistry(p, cache_ep->ns, dir.Sub("central"), upstream_url, "central-cache");
+      Measured m =
+          Measure("central cache", o.nodes, upstream.ns, net.switch_ns,
+                  {{"upstream registry", {registry_pid}}, {"central cache", {cache->pid()}}},
+                  skopeo_pull("central", [&](size_t) {
+                    return std::string(kCacheIp) + ":" + std::to_string(kRegistryPort);
+                  }));
       check_runs(m, [&](size_t) { return cache->LogTail(); });
       cache->Stop();
       fs::remove_all(dir.Sub("central"));
@@ -1525,14 +1588,20 @@ int Main(int argc, char** argv) {
   registry->Stop();
 
   // ---- Report. ----
-  std::printf("\n==== results: %zu nodes, B = %d Mbit/s, U = %d Mbit/s, S = %s (%llu bytes), "
-              "chunks %llu MiB ====\n",
-              o.nodes, o.node_mbit, o.upstream_mbit, Mib(S).c_str(),
-              static_cast<unsigned long long>(c.img.size),
-              static_cast<unsigned long long>(o.chunk_mib));
-  std::printf("physical limit max(S/B, S/U) = %.2f s (S x 8 / min(B, U); TCP/IP framing alone "
-              "makes ~1.05x of it the floor)\n",
-              c.limit_s);
+  std::printf(
+      "\n==== results: %zu nodes, B = %d Mbit/s, U = %d Mbit/s, S = %s (%llu bytes), "
+      "chunks %llu MiB ====\n",
+      o.nodes, o.node_mbit, o.upstream_mbit, Mib(S).c_str(),
+      static_cast<unsigned long long>(c.img.size), static_cast<unsigned long long>(o.chunk_mib));
+  std::printf(
+      "physical limit max(S/B, S/U) = %.2f s (S x 8 / min(B, U); TCP/IP framing alone "
+      "makes ~1.05x of it the floor)\n",
+      c.limit_s);
+  if (!tracker_settings.empty()) {
+    auto pos = tracker_settings.find("chunks of");
+    std::printf("tracker: %s\n",
+                tracker_settings.substr(pos == std::string::npos ? 0 : pos).c_str());
+  }
   PrintTimes(c, runs);
   std::printf(
       "\ntimes: from the common start to each node's skopeo exit (manifest, config and all layers "
@@ -1552,20 +1621,26 @@ int Main(int argc, char** argv) {
     if (m.name == "shoal") shoal = &m;
   }
   if (shoal) {
-    std::printf("\nshoal per node (agent metrics over the pull):\n%-5s %8s %12s %12s %7s %7s %9s\n",
-                "node", "time s", "upstream", "peers", "leases", "stalls", "fallback");
+    std::printf(
+        "\nshoal per node (agent metrics over the pull; link in/out: the node's veth)\n"
+        "%-5s %8s %12s %12s %7s %7s %9s %12s %12s\n",
+        "node", "time s", "upstream", "peers", "leases", "stalls", "fallback", "link in",
+        "link out");
     for (size_t i = 0; i < shoal->nodes.size(); ++i) {
       const NodeRun& n = shoal->nodes[i];
-      std::printf("%-5zu %8.2f %12s %12s %7.0f %7.0f %9.0f\n", i + 1, n.seconds,
+      auto [in, out] = NodeLinkBytes(*shoal, i);
+      std::printf("%-5zu %8.2f %12s %12s %7.0f %7.0f %9.0f %12s %12s\n", i + 1, n.seconds,
                   Mib(n.from_upstream).c_str(), Mib(n.from_peers).c_str(), n.leases, n.stalls,
-                  n.fallbacks);
+                  n.fallbacks, Mib(static_cast<double>(in)).c_str(),
+                  Mib(static_cast<double>(out)).c_str());
     }
   }
   if (first_byte) {
-    std::printf("\nshoal cold first-byte run (largest layer, %s, all %zu nodes at once, manifest "
-                "fetched first):\n%-5s %9s %12s %10s\n",
-                Mib(static_cast<double>(c.img.big_size)).c_str(), o.nodes, "node", "header s",
-                "first byte s", "layer s");
+    std::printf(
+        "\nshoal cold first-byte run (largest layer, %s, all %zu nodes at once, manifest "
+        "fetched first):\n%-5s %9s %12s %10s\n",
+        Mib(static_cast<double>(c.img.big_size)).c_str(), o.nodes, "node", "header s",
+        "first byte s", "layer s");
     for (size_t i = 0; i < first_byte->nodes.size(); ++i) {
       const NodeRun& n = first_byte->nodes[i];
       std::printf("%-5zu %9.3f %12.3f %10.2f\n", i + 1, n.header_s, n.first_byte_s, n.seconds);
@@ -1617,25 +1692,23 @@ int Main(int argc, char** argv) {
       std::printf("  shoal's p99 is %.1fx faster than %s's\n",
                   Percentile(Times(m), 0.99) / Percentile(Times(*shoal), 0.99), m.name.c_str());
     }
-    std::printf("  shoal goals: %s\n",
-                missed.empty() ? "all met"
-                               : ("missed: " + [&] {
-                                   std::string s;
-                                   for (const auto& x : missed) s += (s.empty() ? "" : ", ") + x;
-                                   return s;
-                                 }())
-                                     .c_str());
+    std::string goals = missed.empty() ? "all met" : "missed:";
+    for (size_t k = 0; k < missed.size(); ++k) goals += (k == 0 ? " " : ", ") + missed[k];
+    std::printf("  shoal goals: %s\n", goals.c_str());
   }
   for (const auto& m : cpu_runs) {
-    double busy = m.machine_s > 0 ? m.busy_s / m.machine_s : 0;
-    double sat = 0;
-    for (double s : m.busy_samples) sat += s >= 0.95 ? 1 : 0;
-    sat = m.busy_samples.empty() ? 0 : sat / m.busy_samples.size();
-    if (busy >= 0.85 || sat >= 0.3) {
-      std::printf("  CPU: the machine was %.0f%% busy during %s (%.0f%% of samples >= 95%%): its "
-                  "figures may be CPU-bound, not network-bound\n",
-                  100 * busy, m.name.c_str(), 100 * sat);
-    }
+    if (m.machine_s <= 0) continue;
+    double ours = m.Ours() / m.machine_s, busy = m.busy_s / m.machine_s;
+    double psi = m.wall_s > 0 ? m.pressure_s / m.wall_s : 0;
+    const char* reading = ours >= 0.7 ? "CPU-bound: its figures measure this machine's CPU"
+                          : busy >= 0.9 && psi >= 0.25
+                              ? "not CPU-bound by its own work, but it competed with other work"
+                              : "not CPU-bound";
+    std::printf(
+        "  CPU during %s: ours %.0f%% of the machine (%.2f of %d cores), other work %.0f%%, "
+        "CPU pressure %.0f%% of the time: %s\n",
+        m.name.c_str(), 100 * ours, ours * cores, cores, 100 * std::max(0.0, busy - ours),
+        100 * psi, reading);
   }
   if (problem_count > 0) {
     std::printf("\nagent/tracker log lines at warn or error level: %zu; the first ones:\n",
@@ -1643,9 +1716,10 @@ int Main(int argc, char** argv) {
     for (const auto& l : problem_lines) std::printf("  %s\n", l.c_str());
   }
   for (const auto& n : notes) std::printf("note: %s\n", n.c_str());
-  std::printf("logs: %s%s\n", p.logs.c_str(), o.keep ? "" : " (removed at exit; --keep keeps them)");
+  std::printf("logs: %s%s\n", p.logs.c_str(),
+              o.keep ? "" : " (removed at exit; --keep keeps them)");
 
-  if (!o.json_path.empty()) {
+  {
     json out = {{"benchmark", "shoal-bench-swarm"},
                 {"machine", Machine()},
                 {"load_average_at_start", load_at_start},
@@ -1660,11 +1734,15 @@ int Main(int argc, char** argv) {
                 {"agent_args", o.agent_args},
                 {"tracker_args", o.tracker_args},
                 {"limit_s", c.limit_s},
+                {"tracker_settings", tracker_settings},
                 {"scenarios", json::array()}};
     for (const auto& m : runs) out["scenarios"].push_back(MeasuredJson(c, m));
     if (first_byte) out["first_byte_run"] = MeasuredJson(c, *first_byte);
-    WriteFile(o.json_path, out.dump(2) + "\n");
-    std::printf("wrote %s\n", o.json_path.c_str());
+    WriteFile(dir.Sub("results.json"), out.dump(2) + "\n");
+    if (!o.json_path.empty()) {
+      WriteFile(o.json_path, out.dump(2) + "\n");
+      std::printf("wrote %s\n", o.json_path.c_str());
+    }
   }
   return 0;
 }
@@ -1675,6 +1753,10 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   // Ctrl-C must not leave namespaces, daemons or GiBs in /tmp behind: block the signals in every
   // thread (children get a clean mask from posix_spawn) and handle them on a thread of their own.
+  // A shell starts background jobs with SIGINT ignored, and an ignored signal never reaches
+  // sigwait: take the default disposition back (the signals are blocked right below).
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
