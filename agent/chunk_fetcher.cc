@@ -108,7 +108,6 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   bool hash_pieces_ = false;  // build torrents for what we fetch (only with a swarm)
   std::shared_ptr<swarm::BlobFile> file_;
   uint32_t next_ = 0;
-  int workers_ = 0;
   std::vector<Origin> origin_;
   std::vector<std::string> metainfo_;  // per chunk, once known
   std::vector<swarm::Sha1> added_;     // torrents this fetch put into the swarm
@@ -169,7 +168,6 @@ awaitable<void> ChunkFetcher::Run() {
   origin_.assign(count, Origin::kNone);
   metainfo_.assign(count, "");
   int workers = std::max(1, std::min<int>(s_.options.window, static_cast<int>(count)));
-  workers_ = workers;
   for (int i = 0; i < workers; ++i) asio::co_spawn(s_.ioc, Worker(), asio::detached);
   // Wait for the end, then seed or clean up.
   while (!fetch_->ended()) co_await fetch_->changes().Wait();
@@ -182,7 +180,6 @@ awaitable<void> ChunkFetcher::Worker() {
     uint32_t k = next_++;
     co_await Chunk(k);
   }
-  --workers_;
 }
 
 awaitable<void> ChunkFetcher::Chunk(uint32_t k) {

@@ -8,6 +8,7 @@
 
 #include <openssl/evp.h>
 
+#include "lib/core/base64.h"
 #include "lib/core/sha256.h"
 #include "tests/support/agent.h"
 #include "tests/support/counting_proxy.h"
@@ -69,14 +70,6 @@ struct World {
     CHECK(pulled.layer_digests == image.layer_digests);
   }
 };
-
-std::string Base64(const std::string& s) {
-  std::string out(4 * ((s.size() + 2) / 3) + 1, '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
 
 }  // namespace
 
@@ -177,7 +170,7 @@ TEST_CASE("shim: an htpasswd upstream is pulled with credentials from a docker c
   // the loopback registry a registry name.
   const std::string host = "registry.test";
   WriteFile(dir.Sub("config.json"),
-            R"({"auths":{")" + host + R"(":{"auth":")" + Base64("alice:s3cret") + R"("}}})");
+            R"({"auths":{")" + host + R"(":{"auth":")" + Base64Encode("alice:s3cret") + R"("}}})");
   AgentOptions opts;
   opts.cache_dir = dir.Sub("cache");
   opts.upstreams = {host + "=" + reg.value()->Url()};

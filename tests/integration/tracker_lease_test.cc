@@ -18,6 +18,7 @@
 #include "lib/swarm/chunk_torrent.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
+#include "tests/support/tracker.h"
 
 namespace shoal::testkit {
 namespace {
@@ -34,7 +35,7 @@ const std::string kDigest = "sha256:" + std::string(64, 'e');
 
 // A running shoal-tracker on 127.0.0.1 with 64 KiB chunks and 16 KiB pieces.
 struct Tracker {
-  std::unique_ptr<Process> process;
+  std::unique_ptr<TrackerProcess> process;
   std::string base;  // http://127.0.0.1:<port>
 
   std::string Blob(const std::string& digest = kDigest) const {
@@ -45,31 +46,14 @@ struct Tracker {
   }
 };
 
-Tracker StartTracker(const TempDir& dir, std::vector<std::string> extra = {}) {
-  std::string port_file = dir.Sub("tracker.port");
-  std::vector<std::string> argv = {SHOAL_TRACKER_BIN,
-                                   "--listen",
-                                   "127.0.0.1:0",
-                                   "--port-file",
-                                   port_file,
-                                   "--log-format",
-                                   "text",
-                                   "--log-level",
-                                   "debug",
-                                   "--chunk-size-kib",
-                                   "64",
-                                   "--piece-size-kib",
-                                   "16"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto started = Process::Start(argv, dir.Sub("tracker.log"));
-  REQUIRE_MESSAGE(started.has_value(), started.error().message);
+Tracker StartTracker(const TempDir& /*dir*/, std::vector<std::string> extra = {}) {
+  // The shared fixture (tests/support/tracker.h): port file, log, /healthz wait.
+  std::vector<std::string> args = {"--chunk-size-kib", "64", "--piece-size-kib", "16"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto started = TrackerProcess::Start(std::move(args));
+  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
   Tracker t{std::move(started.value()), ""};
-  bool up =
-      WaitUntil([&] { return !t.process->Running() || !ReadFile(port_file).empty(); }, seconds(10));
-  REQUIRE_MESSAGE(up, "tracker wrote no port file: " << t.process->LogTail());
-  REQUIRE_MESSAGE(t.process->Running(), "tracker exited: " << t.process->LogTail());
-  t.base = "http://127.0.0.1:" + std::to_string(std::stoi(ReadFile(port_file)));
-  REQUIRE(WaitForHttp(t.base + "/healthz", seconds(5)));
+  t.base = t.process->Url();
   return t;
 }
 

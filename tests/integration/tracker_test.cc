@@ -30,6 +30,7 @@
 #include "lib/http/url.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
+#include "tests/support/tracker.h"
 
 namespace shoal::testkit {
 namespace {
@@ -40,27 +41,18 @@ using std::chrono::seconds;
 
 // A running shoal-tracker on 127.0.0.1 with a port picked by the OS.
 struct Tracker {
-  std::unique_ptr<Process> process;
+  std::unique_ptr<TrackerProcess> process;
   std::string base;  // http://127.0.0.1:<port>
 
   std::string AnnounceUrl() const { return base + "/announce"; }
 };
 
-Tracker StartTracker(const TempDir& dir, std::vector<std::string> extra = {}) {
-  std::string port_file = dir.Sub("tracker.port");
-  std::vector<std::string> argv = {
-      SHOAL_TRACKER_BIN, "--listen", "127.0.0.1:0", "--port-file", port_file,
-      "--log-format",    "text",     "--log-level", "debug"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  auto started = Process::Start(argv, dir.Sub("tracker.log"));
-  REQUIRE_MESSAGE(started.has_value(), started.error().message);
+Tracker StartTracker(const TempDir& /*dir*/, std::vector<std::string> extra = {}) {
+  // The shared fixture (tests/support/tracker.h): port file, log, /healthz wait.
+  auto started = TrackerProcess::Start(std::move(extra));
+  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
   Tracker t{std::move(started.value()), ""};
-  bool up =
-      WaitUntil([&] { return !t.process->Running() || !ReadFile(port_file).empty(); }, seconds(20));
-  REQUIRE_MESSAGE(up, "tracker wrote no port file: " << t.process->LogTail());
-  REQUIRE_MESSAGE(t.process->Running(), "tracker exited: " << t.process->LogTail());
-  t.base = "http://127.0.0.1:" + std::to_string(std::stoi(ReadFile(port_file)));
-  REQUIRE(WaitForHttp(t.base + "/healthz", seconds(10)));
+  t.base = t.process->Url();
   return t;
 }
 

@@ -10,6 +10,8 @@
 #include <openssl/x509.h>
 #include <nlohmann/json.hpp>
 
+#include "lib/core/base64.h"
+
 namespace shoal::testkit {
 namespace {
 
@@ -35,36 +37,14 @@ subjectKeyIdentifier = hash
 authorityKeyIdentifier = keyid
 )";
 
-std::string Base64(const std::string& in) {
-  std::string out(4 * ((in.size() + 2) / 3) + 1, '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()),
-                          static_cast<int>(in.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
 std::string Base64Url(const std::string& in) {
-  std::string s = Base64(in);
+  std::string s = Base64Encode(in);
   for (char& c : s) {
     if (c == '+') c = '-';
     if (c == '/') c = '_';
   }
   while (!s.empty() && s.back() == '=') s.pop_back();
   return s;
-}
-
-// Decodes standard base64; "" on malformed input.
-std::string DecodeBase64(const std::string& in) {
-  if (in.empty() || in.size() % 4 != 0) return "";
-  std::string out(in.size() / 4 * 3, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()),
-                          static_cast<int>(in.size()));
-  if (n < 0) return "";
-  size_t pad = in.size() - in.find_last_not_of('=') - 1;
-  out.resize(static_cast<size_t>(n) - std::min<size_t>(pad, static_cast<size_t>(n)));
-  return out;
 }
 
 std::string UrlDecode(const std::string& s) {
@@ -154,7 +134,7 @@ Result<std::unique_ptr<TokenServer>> TokenServer::Start(TokenServerOptions optio
   int der_len = i2d_X509(cert, &der);
   X509_free(cert);
   if (der_len <= 0) return MakeError(ErrorCode::kUnavailable, "i2d_X509 failed");
-  ts->signing_cert_der_b64_ = Base64(std::string(reinterpret_cast<char*>(der), der_len));
+  ts->signing_cert_der_b64_ = Base64Encode(std::string(reinterpret_cast<char*>(der), der_len));
   OPENSSL_free(der);
 
   auto server = SyncHttpServer::Start(
@@ -294,7 +274,7 @@ SyncHttpServer::Response TokenServer::Handle(const SyncHttpServer::Request& req)
       params = ParseForm(target.substr(target.find('?') + 1));
     std::string auth(req[http::field::authorization]);
     if (auth.rfind("Basic ", 0) == 0) {
-      std::string decoded = DecodeBase64(auth.substr(6));
+      std::string decoded = Base64Decode(auth.substr(6)).value_or("");
       size_t colon = decoded.find(':');
       if (colon == std::string::npos) {
         return refuse(http::status::unauthorized, "UNAUTHORIZED", "malformed Basic credentials");

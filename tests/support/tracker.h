@@ -26,6 +26,8 @@ class TrackerProcess {
   uint16_t port() const { return port_; }
   // MetricSum over the current /metrics (0 if unreachable).
   double Metric(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+  // True while the process has not exited.
+  bool Running() { return process_ && process_->Running(); }
   // SIGTERM and wait; returns the exit status.
   int Stop();
   void Kill();
