@@ -26,6 +26,7 @@
 #include "lib/store/blob_store.h"
 #include "lib/upstream/credentials.h"
 #include "lib/upstream/registry_client.h"
+#include "lib/upstream/upstream_map.h"
 #include "registry-shim/metrics.h"
 #include "registry-shim/server.h"
 
@@ -33,26 +34,6 @@ namespace shoal::agent {
 namespace asio = boost::asio;
 
 namespace {
-
-Result<std::map<std::string, upstream::RegistryEndpoint>> ParseUpstreams(
-    const std::vector<std::string>& specs) {
-  std::map<std::string, upstream::RegistryEndpoint> out;
-  for (const auto& spec : specs) {
-    auto eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       "--upstream \"" + spec + "\" must be REGISTRY=URL");
-    }
-    auto url = http::Url::Parse(spec.substr(eq + 1));
-    if (!url) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       "--upstream \"" + spec + "\": " + url.error().message);
-    }
-    std::string registry = spec.substr(0, eq);
-    out[registry] = upstream::RegistryEndpoint{registry, url.value()};
-  }
-  return out;
-}
 
 Result<std::vector<http::Url>> ParseTrackers(const std::vector<std::string>& specs) {
   std::vector<http::Url> out;
@@ -104,14 +85,26 @@ int RunAgent(const AgentConfig& config) {
     spdlog::info("removed {} partial files left by an earlier run",
                  store.value()->cleaned_temp_files());
   }
-  auto upstreams = ParseUpstreams(config.upstreams);
-  if (!upstreams) return fail(upstreams.error());
+  // Credentials: --credentials, then the map file's (which win for the same registry).
   upstream::Credentials credentials;
   if (!config.credentials_file.empty()) {
     auto loaded = upstream::Credentials::LoadDockerConfig(config.credentials_file);
     if (!loaded) return fail(loaded.error());
     credentials = std::move(loaded.value());
   }
+  // The upstream map: the file, then --upstream entries, then the unmapped policy flags.
+  upstream::UpstreamMap upstreams;
+  if (!config.upstream_map_file.empty()) {
+    if (auto st = upstreams.LoadFile(config.upstream_map_file, credentials); !st)
+      return fail(st.error());
+  }
+  if (auto st = upstreams.AddSpecs(config.upstreams); !st) return fail(st.error());
+  if (config.unmapped != "https" || config.upstream_map_file.empty()) {
+    if (auto st = upstreams.SetUnmapped(config.unmapped); !st) return fail(st.error());
+  }
+  if (config.strict_upstreams) (void)upstreams.SetUnmapped("error");
+  spdlog::info("upstream map: {}; credentials for {} registries", upstreams.Describe(),
+               credentials.size());
   auto listen = SplitHostPort(config.listen);
   if (!listen) return fail(listen.error());
 
@@ -171,8 +164,7 @@ int RunAgent(const AgentConfig& config) {
                          fetch_metrics};
 
   PullThroughOptions options;
-  options.upstreams = std::move(upstreams.value());
-  options.allow_unmapped_registries = !config.strict_upstreams;
+  options.upstreams = std::move(upstreams);
   options.tag_ttl = std::chrono::seconds(config.tag_ttl_s);
   PullThrough backend(ioc, pool, *store.value(), services, std::move(options), registry);
 

@@ -11,17 +11,28 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
   app.add_option("--cache-dir", c.cache_dir, "Blob cache directory (put it on the local SSD)")
       ->envname("SHOAL_CACHE_DIR")
       ->capture_default_str();
-  app.add_option("--upstream", c.upstreams,
-                 "Upstream endpoint of a registry, REGISTRY=URL (repeatable), e.g. "
-                 "docker.io=https://registry-1.docker.io")
+  app.add_option("--upstream,--upstream-map", c.upstreams,
+                 "Upstream map entries REGISTRY=URL (repeatable or comma-separated), e.g. "
+                 "gcr.io=https://gcr.io,docker.io=https://registry-1.docker.io (docker.io maps "
+                 "to registry-1.docker.io unless set)")
       ->envname("SHOAL_UPSTREAMS")
       ->delimiter(',');
+  app.add_option("--upstream-map-file", c.upstream_map_file,
+                 "JSON upstream map: {\"upstreams\": {REGISTRY: URL or {\"url\", \"auth\" or "
+                 "\"username\"/\"password\"}}, \"auths\": {docker config.json auths}, "
+                 "\"unmapped\": ...}; --upstream entries override it")
+      ->envname("SHOAL_UPSTREAM_MAP_FILE");
+  app.add_option("--unmapped", c.unmapped,
+                 "Registries not in the upstream map: https (https://REGISTRY), error (refused "
+                 "with NAME_UNKNOWN) or a URL that serves them all")
+      ->envname("SHOAL_UNMAPPED")
+      ->capture_default_str();
   app.add_option("--default-registry", c.default_registry,
                  "Registry for names without a registry prefix or ?ns=")
       ->envname("SHOAL_DEFAULT_REGISTRY")
       ->capture_default_str();
   app.add_flag("--strict-upstreams", c.strict_upstreams,
-               "Refuse registries that are not in the --upstream map (default: https://HOST)")
+               "Refuse registries that are not in the upstream map (same as --unmapped error)")
       ->envname("SHOAL_STRICT_UPSTREAMS");
   app.add_option("--credentials", c.credentials_file,
                  "docker config.json with upstream credentials per registry")

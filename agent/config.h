@@ -17,7 +17,9 @@ struct AgentConfig {
   std::string cache_dir = "/var/lib/shoal";    // blob cache root (the instance SSD)
   std::vector<std::string> upstreams;          // "registry=url", e.g. docker.io=https://...
   std::string default_registry = "docker.io";  // for names without a registry
-  bool strict_upstreams = false;               // refuse registries not in upstreams
+  std::string upstream_map_file;               // JSON map file (upstreams, auths, unmapped)
+  std::string unmapped = "https";              // unmapped registries: https, error or a URL
+  bool strict_upstreams = false;               // same as unmapped = "error"
   std::string credentials_file;                // docker config.json with per-registry auth
   std::string ca_file;                         // extra CA bundle for upstream TLS
   int tag_ttl_s = 30;

@@ -98,15 +98,13 @@ PullThrough::PullThrough(asio::io_context& ioc, asio::thread_pool& pool, store::
                           .Add({})) {}
 
 Result<upstream::RegistryEndpoint> PullThrough::EndpointFor(const std::string& registry) const {
-  if (auto it = options_.upstreams.find(registry); it != options_.upstreams.end())
-    return it->second;
-  if (!options_.allow_unmapped_registries) {
-    return MakeError(ErrorCode::kNotFound,
-                     "registry " + registry + " is not in this agent's upstream map (--upstream)");
-  }
-  auto url = http::Url::Parse("https://" + registry);
-  if (!url) return url.error();
-  return upstream::RegistryEndpoint{registry, url.value()};
+  return options_.upstreams.Resolve(registry);
+}
+
+Status PullThrough::CheckRegistry(const shim::RepoRef& repo) const {
+  auto ep = EndpointFor(repo.registry);
+  if (!ep) return ep.error();
+  return Ok();
 }
 
 awaitable<Result<shim::ManifestResult>> PullThrough::FetchManifest(

@@ -22,15 +22,15 @@
 #include "lib/oci/manifest.h"
 #include "lib/store/blob_store.h"
 #include "lib/upstream/registry_client.h"
+#include "lib/upstream/upstream_map.h"
 #include "registry-shim/backend.h"
 
 namespace shoal::agent {
 
 struct PullThroughOptions {
-  // Upstream endpoint per registry host ("docker.io" -> https://registry-1.docker.io).
-  std::map<std::string, upstream::RegistryEndpoint> upstreams;
-  // When a registry has no entry: true -> https://<registry>, false -> an error.
-  bool allow_unmapped_registries = true;
+  // Upstream endpoint per registry host ("docker.io" -> https://registry-1.docker.io) and the
+  // policy for registries without an entry.
+  upstream::UpstreamMap upstreams;
   // How long a tag -> digest resolution is trusted before asking upstream again.
   std::chrono::seconds tag_ttl{30};
 };
@@ -48,8 +48,11 @@ class PullThrough : public shim::Backend {
   boost::asio::awaitable<Result<std::shared_ptr<shim::BlobReader>>> OpenBlob(
       const shim::RepoRef& repo, const Digest& digest) override;
 
-  // The upstream endpoint for a registry host. Errors: kNotFound for an unmapped registry when
-  // unmapped registries are not allowed.
+  // Refuses registries the upstream map does not serve (kNotFound), before any other work.
+  Status CheckRegistry(const shim::RepoRef& repo) const override;
+
+  // The upstream endpoint for a registry host, from the upstream map. Errors: kNotFound for an
+  // unmapped registry under the "error" policy.
   Result<upstream::RegistryEndpoint> EndpointFor(const std::string& registry) const;
   // Blobs currently being fetched.
   size_t inflight() const { return inflight_.size(); }

@@ -54,6 +54,12 @@ class BlobReader {
 class Backend {
  public:
   virtual ~Backend() = default;
+  // Whether this node serves the repository's registry at all (e.g. it is in the upstream map).
+  // Called before GetManifest/OpenBlob; errors (kNotFound) are answered as NAME_UNKNOWN.
+  virtual Status CheckRegistry(const RepoRef& repo) const {
+    (void)repo;
+    return Ok();
+  }
   // Resolves a tag or digest to a manifest. accept is the client's list of media types (empty
   // means any). Errors: kNotFound, kInvalidArgument, kUnavailable, kUnauthorized, ...
   virtual boost::asio::awaitable<Result<ManifestResult>> GetManifest(

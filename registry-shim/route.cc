@@ -103,6 +103,11 @@ Result<RepoRef> ResolveRepo(std::string_view name, const std::optional<std::stri
     }
     repo.registry = oci::NormalizeRegistryHost(*ns);
     repo.repository = std::string(name);
+    // A containerd host whose URL path already names the registry (".../v2/gcr.io" with
+    // override_path) sends both: the name prefix repeats ns, so drop it.
+    if (auto split = oci::SplitRegistryPrefix(name); split && split->registry == repo.registry) {
+      repo.repository = split->repository;
+    }
   } else if (auto split = oci::SplitRegistryPrefix(name)) {
     if (auto st = oci::ValidateRegistryHost(split->registry); !st) {
       return MakeError(ErrorCode::kInvalidArgument, "registry prefix: " + st.error().message);

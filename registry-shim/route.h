@@ -24,8 +24,11 @@ struct Route {
 Result<Route> ParseRoute(std::string_view target);
 
 // Decides the upstream registry and repository for a name: ?ns= wins, then a registry-host
-// prefix in the name ("gcr.io/proj/img"), then default_registry. Docker Hub's one-component
-// names get "library/". Errors: kInvalidArgument (-> NAME_INVALID) naming the bad part.
+// prefix in the name ("gcr.io/proj/img"), then default_registry; a prefix equal to ?ns= is
+// dropped. These cover every mirror mode at once: dockerd registry-mirrors ("library/x" ->
+// default), a name prefix (dockerd, skopeo, CRI-O/podman mirrors whose location carries
+// "/gcr.io"), and containerd hosts.toml (?ns=). Docker Hub's one-component names get
+// "library/". Errors: kInvalidArgument (-> NAME_INVALID) naming the bad part.
 Result<RepoRef> ResolveRepo(std::string_view name, const std::optional<std::string>& ns,
                             std::string_view default_registry);
 

@@ -199,6 +199,10 @@ class Connection {
       StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
       co_return co_await Reply(r.kind, std::move(reply_));
     }
+    if (auto served = backend_.CheckRegistry(repo.value()); !served) {
+      StringResponse reply_ = MakeError(req, served.error(), "NAME_UNKNOWN");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
     auto ref = oci::ParseManifestRef(r.reference);
     if (!ref) {
       ref.error().code = ErrorCode::kInvalidArgument;
@@ -250,6 +254,10 @@ class Connection {
     auto repo = ResolveRepo(r.name, r.ns, options_.default_registry);
     if (!repo) {
       StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
+    if (auto served = backend_.CheckRegistry(repo.value()); !served) {
+      StringResponse reply_ = MakeError(req, served.error(), "NAME_UNKNOWN");
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     auto digest = Digest::Parse(r.reference);

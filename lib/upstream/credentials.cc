@@ -7,8 +7,54 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/core/base64.h"
+#include "lib/upstream/docker_auth_json.h"
 
 namespace shoal::upstream {
+namespace internal {
+
+Result<std::optional<BasicAuth>> ParseAuthEntry(const nlohmann::json& entry,
+                                                const std::string& where) {
+  auto bad = [&](std::string_view why) {
+    return MakeError(ErrorCode::kInvalidArgument, where + " " + std::string(why));
+  };
+  if (!entry.is_object()) return bad("is not an object");
+  auto field = [&](const char* name) -> std::optional<std::string> {
+    auto it = entry.find(name);
+    if (it == entry.end() || !it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  BasicAuth auth;
+  if (auto encoded = field("auth"); encoded && !encoded->empty()) {
+    auto decoded = Base64Decode(*encoded);
+    if (!decoded) return bad("has an \"auth\" value that is not base64");
+    size_t colon = decoded->find(':');
+    if (colon == std::string::npos) return bad("has an \"auth\" value without user:password");
+    auth.username = decoded->substr(0, colon);
+    auth.password = decoded->substr(colon + 1);
+    return std::optional<BasicAuth>(std::move(auth));
+  }
+  auto user = field("username");
+  auto pass = field("password");
+  if (!user || !pass || user->empty()) return std::optional<BasicAuth>();  // helper or token only
+  auth.username = *user;
+  auth.password = *pass;
+  return std::optional<BasicAuth>(std::move(auth));
+}
+
+Status AddAuths(const nlohmann::json& auths, const std::string& source, Credentials& creds) {
+  if (auths.is_null()) return Ok();
+  if (!auths.is_object()) {
+    return MakeError(ErrorCode::kInvalidArgument, source + ": \"auths\" is not an object");
+  }
+  for (const auto& item : auths.items()) {
+    auto auth = ParseAuthEntry(item.value(), source + ": entry for " + item.key());
+    if (!auth) return auth.error();
+    if (auth.value()) creds.Add(item.key(), std::move(*auth.value()));
+  }
+  return Ok();
+}
+
+}  // namespace internal
 
 std::string BasicAuthHeader(const BasicAuth& auth) {
   return "Basic " + Base64Encode(auth.username + ":" + auth.password);
@@ -47,42 +93,7 @@ Result<Credentials> Credentials::LoadDockerConfig(const std::string& path) {
   Credentials creds;
   auto auths = doc.find("auths");
   if (auths == doc.end() || auths->is_null()) return creds;
-  if (!auths->is_object()) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     "docker config " + path + ": \"auths\" is not an object");
-  }
-  for (const auto& item : auths->items()) {
-    // Named references, not a structured binding: clang 14 (the fuzz build) cannot capture
-    // structured bindings in the lambdas below.
-    const std::string& registry = item.key();
-    const nlohmann::json& entry = item.value();
-    auto bad = [&](std::string_view why) {
-      return MakeError(ErrorCode::kInvalidArgument, "docker config " + path + ": entry for " +
-                                                        registry + " " + std::string(why));
-    };
-    if (!entry.is_object()) return bad("is not an object");
-    BasicAuth auth;
-    auto field = [&](const char* name) -> std::optional<std::string> {
-      auto it = entry.find(name);
-      if (it == entry.end() || !it->is_string()) return std::nullopt;
-      return it->get<std::string>();
-    };
-    if (auto encoded = field("auth"); encoded && !encoded->empty()) {
-      auto decoded = Base64Decode(*encoded);
-      if (!decoded) return bad("has an \"auth\" value that is not base64");
-      size_t colon = decoded->find(':');
-      if (colon == std::string::npos) return bad("has an \"auth\" value without user:password");
-      auth.username = decoded->substr(0, colon);
-      auth.password = decoded->substr(colon + 1);
-    } else {
-      auto user = field("username");
-      auto pass = field("password");
-      if (!user || !pass || user->empty()) continue;  // helper-managed or token-only entry
-      auth.username = *user;
-      auth.password = *pass;
-    }
-    creds.Add(registry, std::move(auth));
-  }
+  if (auto st = internal::AddAuths(*auths, "docker config " + path, creds); !st) return st.error();
   return creds;
 }
 
