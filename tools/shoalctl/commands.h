@@ -9,5 +9,7 @@ namespace shoal::ctl {
 void AddPullCommand(CLI::App& app);
 // `shoalctl status`: a node agent's health and cache/upstream counters.
 void AddStatusCommand(CLI::App& app);
+// `shoalctl config dockerd|containerd|crio`: runtime configuration for pulling through an agent.
+void AddConfigCommand(CLI::App& app);
 
 }  // namespace shoal::ctl

@@ -1,0 +1,213 @@
+// `shoalctl config dockerd|containerd|crio`: the runtime configuration that sends a node's pulls
+// through its shoal agent, in the form each runtime expects (see docs/runtimes.md).
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/core/error.h"
+#include "lib/oci/reference.h"
+#include "tools/shoalctl/commands.h"
+
+namespace shoal::ctl {
+namespace {
+
+constexpr char kKubeletFlags[] = "--serialize-image-pulls=false --image-pull-progress-deadline=30m";
+
+struct ConfigOptions {
+  std::string agent = "127.0.0.1:5000";
+  std::vector<std::string> registries = {"docker.io"};
+  std::string output_dir;  // empty: print everything to stdout
+  std::string data_root;   // dockerd only
+};
+
+// "HOST:PORT" of the agent's shim; a leading http:// is accepted. Errors: kInvalidArgument.
+Result<std::string> AgentHostPort(std::string agent) {
+  if (agent.rfind("http://", 0) == 0) agent = agent.substr(7);
+  while (!agent.empty() && agent.back() == '/') agent.pop_back();
+  if (agent.rfind("https://", 0) == 0 || agent.find('/') != std::string::npos) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "--agent \"" + agent + "\" must be HOST:PORT (the shim speaks plain HTTP)");
+  }
+  if (agent.find(':') == std::string::npos) {
+    return MakeError(ErrorCode::kInvalidArgument, "--agent \"" + agent + "\" needs a port");
+  }
+  if (auto st = oci::ValidateRegistryHost(agent); !st) {
+    return MakeError(ErrorCode::kInvalidArgument, "--agent: " + st.error().message);
+  }
+  return agent;
+}
+
+// Normalised, validated registry hosts, without duplicates. Errors: kInvalidArgument.
+Result<std::vector<std::string>> Registries(const std::vector<std::string>& given) {
+  std::vector<std::string> out;
+  for (const auto& r : given) {
+    if (r.empty()) continue;
+    if (auto st = oci::ValidateRegistryHost(r); !st) {
+      return MakeError(ErrorCode::kInvalidArgument, "--registry: " + st.error().message);
+    }
+    std::string host = oci::NormalizeRegistryHost(r);
+    if (std::find(out.begin(), out.end(), host) == out.end()) out.push_back(host);
+  }
+  if (out.empty()) return MakeError(ErrorCode::kInvalidArgument, "no --registry given");
+  return out;
+}
+
+// A generated file: where it belongs on a node, and its content.
+struct File {
+  std::string node_path;  // e.g. /etc/docker/daemon.json
+  std::string name;       // relative path under --output-dir
+  std::string content;
+};
+
+// Writes the files under output_dir (creating directories) or prints them with their node path
+// as a header, then prints the notes. Returns the exit code.
+int Emit(const ConfigOptions& o, const std::vector<File>& files,
+         const std::vector<std::string>& notes) {
+  for (const auto& f : files) {
+    if (o.output_dir.empty()) {
+      std::cout << "# ---- " << f.node_path << "\n" << f.content;
+      if (!f.content.empty() && f.content.back() != '\n') std::cout << "\n";
+      std::cout << "\n";
+      continue;
+    }
+    std::filesystem::path p = std::filesystem::path(o.output_dir) / f.name;
+    std::error_code ec;
+    std::filesystem::create_directories(p.parent_path(), ec);
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out << f.content;
+    out.close();
+    if (ec || !out) {
+      std::cerr << "shoalctl: cannot write " << p.string() << "\n";
+      return 1;
+    }
+    std::cout << "# wrote " << p.string() << " (install as " << f.node_path << ")\n";
+  }
+  for (const auto& n : notes) std::cout << "# " << n << "\n";
+  return 0;
+}
+
+int ConfigDockerd(const ConfigOptions& o, const std::string& agent,
+                  const std::vector<std::string>& registries) {
+  nlohmann::ordered_json daemon = {
+      {"registry-mirrors", {"http://" + agent}},
+      {"insecure-registries", {agent}},
+      {"max-concurrent-downloads", 10},
+      {"storage-driver", "overlay2"},
+  };
+  if (!o.data_root.empty()) daemon["data-root"] = o.data_root;
+  std::vector<std::string> notes = {
+      "Merge these keys into /etc/docker/daemon.json; `kill -HUP $(pidof dockerd)` reloads "
+      "registry-mirrors and insecure-registries, the rest needs a restart.",
+      o.data_root.empty() ? "data-root: put it on the node's local SSD (e.g. \"data-root\": "
+                            "\"/mnt/disks/ssd0/docker\"); layer extraction is disk-bound."
+                          : "data-root " + o.data_root + " should be on the node's local SSD.",
+      "registry-mirrors only applies to Docker Hub (docker.io) images.",
+  };
+  for (const auto& r : registries) {
+    if (r == "docker.io") continue;
+    notes.push_back("dockerd has no mirror setting for " + r + ": pull it as " + agent + "/" + r +
+                    "/<repo>:<tag> (the shim reads the registry from the name).");
+  }
+  notes.push_back(std::string("kubelet flags: ") + kKubeletFlags);
+  std::vector<File> files = {{"/etc/docker/daemon.json", "daemon.json", daemon.dump(2) + "\n"}};
+  return Emit(o, files, notes);
+}
+
+int ConfigContainerd(const ConfigOptions& o, const std::string& agent,
+                     const std::vector<std::string>& registries) {
+  std::vector<File> files;
+  for (const auto& r : registries) {
+    // containerd appends /v2 and adds ?ns=<registry> to every request to this host.
+    std::string server = r == "docker.io" ? "https://registry-1.docker.io" : "https://" + r;
+    std::string toml = "# Pulls of " + r + " go through the shoal agent first, then " + server +
+                       ".\nserver = \"" + server + "\"\n\n[host.\"http://" + agent +
+                       "\"]\n  capabilities = [\"pull\", \"resolve\"]\n";
+    files.push_back({"/etc/containerd/certs.d/" + r + "/hosts.toml", r + "/hosts.toml", toml});
+  }
+  std::vector<std::string> notes = {
+      "In /etc/containerd/config.toml (version 2), then restart containerd:",
+      "  [plugins.\"io.containerd.grpc.v1.cri\".registry]",
+      "    config_path = \"/etc/containerd/certs.d\"",
+      "ctr: `ctr images pull --hosts-dir /etc/containerd/certs.d <image>`.",
+      std::string("kubelet flags: ") + kKubeletFlags,
+  };
+  return Emit(o, files, notes);
+}
+
+int ConfigCrio(const ConfigOptions& o, const std::string& agent,
+               const std::vector<std::string>& registries) {
+  std::string conf = "# Pulls go through the shoal agent first, then the registry itself.\n";
+  for (const auto& r : registries) {
+    // The mirror location carries the registry as a path prefix: gcr.io/proj/img becomes
+    // GET /v2/gcr.io/proj/img/... on the agent.
+    conf += "\n[[registry]]\nprefix = \"" + r + "\"\nlocation = \"" + r +
+            "\"\n\n[[registry.mirror]]\nlocation = \"" + agent + "/" + r + "\"\ninsecure = true\n";
+  }
+  std::vector<File> files = {
+      {"/etc/containers/registries.conf.d/50-shoal.conf", "50-shoal.conf", conf}};
+  std::vector<std::string> notes = {
+      "CRI-O and podman read registries.conf.d drop-ins; restart CRI-O (or `systemctl reload "
+      "crio`) to apply.",
+      "insecure = true lets them use the agent's plain-HTTP shim (HTTPS is tried first).",
+      std::string("kubelet flags: ") + kKubeletFlags,
+  };
+  return Emit(o, files, notes);
+}
+
+}  // namespace
+
+void AddConfigCommand(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand(
+      "config", "Print a container runtime's configuration for pulling through a node's agent");
+  cmd->require_subcommand(1);
+  struct Runtime {
+    const char* name;
+    const char* help;
+    int (*run)(const ConfigOptions&, const std::string&, const std::vector<std::string>&);
+  };
+  const Runtime runtimes[] = {
+      {"dockerd", "daemon.json: registry-mirrors, insecure-registries, downloads, overlay2",
+       ConfigDockerd},
+      {"containerd", "one hosts.toml per registry (certs.d layout)", ConfigContainerd},
+      {"crio", "registries.conf mirror entries for CRI-O and podman", ConfigCrio},
+  };
+  for (const Runtime& rt : runtimes) {
+    auto o = std::make_shared<ConfigOptions>();
+    CLI::App* sub = cmd->add_subcommand(rt.name, rt.help);
+    sub->add_option("--agent", o->agent, "The node agent's shim address HOST:PORT")
+        ->envname("SHOAL_AGENT_ADDR")
+        ->capture_default_str();
+    sub->add_option("--registry", o->registries,
+                    "Registry to send through the agent (repeatable or comma-separated)")
+        ->envname("SHOAL_REGISTRIES")
+        ->delimiter(',')
+        ->capture_default_str();
+    sub->add_option("-o,--output-dir", o->output_dir,
+                    "Write the files under this directory instead of printing them")
+        ->envname("SHOAL_CONFIG_OUTPUT_DIR");
+    if (std::string(rt.name) == "dockerd") {
+      sub->add_option("--data-root", o->data_root,
+                      "dockerd data-root to set (a directory on the local SSD)")
+          ->envname("SHOAL_DOCKER_DATA_ROOT");
+    }
+    auto run = rt.run;
+    sub->callback([o, run] {
+      auto agent = AgentHostPort(o->agent);
+      auto registries = Registries(o->registries);
+      if (!agent || !registries) {
+        std::cerr << "shoalctl: " << (!agent ? agent.error().message : registries.error().message)
+                  << "\n";
+        throw CLI::RuntimeError(2);
+      }
+      throw CLI::RuntimeError(run(*o, agent.value(), registries.value()));
+    });
+  }
+}
+
+}  // namespace shoal::ctl
