@@ -9,6 +9,9 @@ namespace shoal::ctl {
 void AddPullCommand(CLI::App& app);
 // `shoalctl status`: a node agent's health and cache/upstream counters.
 void AddStatusCommand(CLI::App& app);
+// `shoalctl extract IMAGE DIR`: pulls an image through a node's agent and extracts its layers
+// into DIR in overlay2's layout, extracting while downloading.
+void AddExtractCommand(CLI::App& app);
 // `shoalctl config dockerd|containerd|crio`: runtime configuration for pulling through an agent.
 void AddConfigCommand(CLI::App& app);
 

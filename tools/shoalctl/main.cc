@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   shoal::ctl::AddPullCommand(app);
   shoal::ctl::AddStatusCommand(app);
+  shoal::ctl::AddExtractCommand(app);
   shoal::ctl::AddConfigCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
