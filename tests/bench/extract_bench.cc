@@ -223,7 +223,9 @@ int main(int argc, char** argv) {
   std::printf("%-44s %8.2f %10.2f %7.2fx\n", "shoal, layers in parallel", best_par, gib / best_par,
               best_tar / best_par);
 
-  // gzip decode throughput on the largest gzip layer, in memory.
+  // gzip decode throughput, in memory: the largest gzip layer of the image (its content is half
+  // incompressible, half zeros) and a tar of real system files (/usr: headers, docs, shared
+  // libraries) compressed by gzip -6, the default level of docker and skopeo.
   size_t largest = 0;
   for (size_t i = 0; i < kinds.size(); ++i) {
     if (kinds[i] == Compression::kGzip &&
@@ -231,19 +233,31 @@ int main(int argc, char** argv) {
       largest = i;
     }
   }
-  std::string gz = ReadAll(BlobPath(img.value(), largest));
-  uint64_t out_isal = 0, out_zlib = 0;
-  double isal = 0, zlib = 0;
-  for (int r = 0; r < 3; ++r) {
-    isal = std::max(isal, IsalRate(gz, out_isal));
-    zlib = std::max(zlib, ZlibRate(gz, out_zlib));
+  const std::string real = work.Sub("usr.tar.gz");
+  auto made = testkit::RunCommand(
+      {"sh", "-c",
+       "tar -cf - -C /usr include share/doc lib/x86_64-linux-gnu 2>/dev/null | head -c 200000000 "
+       "| gzip -6 > " + real});
+  if (!made) Fail(made.error().ToString());
+  std::printf("\n%-44s %10s %10s %8s\n", "gzip decode (one core, in memory)", "zlib MiB/s",
+              "ISA-L MiB/s", "ratio");
+  for (const auto& [name, path] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"generated layer (random + zero blocks)", BlobPath(img.value(), largest)},
+           {"/usr files, gzip -6", real}}) {
+    std::string gz = ReadAll(path);
+    uint64_t out_isal = 0, out_zlib = 0;
+    double isal = 0, zlib = 0;
+    for (int r = 0; r < 3; ++r) {
+      isal = std::max(isal, IsalRate(gz, out_isal));
+      zlib = std::max(zlib, ZlibRate(gz, out_zlib));
+    }
+    if (out_isal != out_zlib) Fail("ISA-L and zlib decoded different sizes");
+    std::printf("%-44s %10.0f %10.0f %7.2fx   (%.0f MiB -> %.0f MiB)\n", name.c_str(),
+                zlib / (1 << 20), isal / (1 << 20), isal / zlib,
+                static_cast<double>(gz.size()) / (1 << 20),
+                static_cast<double>(out_isal) / (1 << 20));
   }
-  if (out_isal != out_zlib) Fail("ISA-L and zlib decoded different sizes");
-  std::printf("\n%-44s %10s %8s\n", "gzip decode (one core, in memory)", "MiB/s out", "vs zlib");
-  std::printf("%-44s %10.0f %8s\n", ("zlib " + std::string(zlibVersion())).c_str(), zlib / (1 << 20),
-              "1.00x");
-  std::printf("%-44s %10.0f %7.2fx\n", "ISA-L igzip (shoal)", isal / (1 << 20), isal / zlib);
-  std::printf("(layer of %.0f MiB compressed, %.0f MiB decoded)\n",
-              static_cast<double>(gz.size()) / (1 << 20), static_cast<double>(out_isal) / (1 << 20));
+  std::printf("(zlib %s)\n", zlibVersion());
   return 0;
 }
