@@ -73,7 +73,7 @@ struct World {
 
 }  // namespace
 
-TEST_CASE("shim: skopeo pulls through the agent digest for digest; the second pull is all cache") {
+TEST_CASE("shim: skopeo pulls through the agent digest for digest, and the second pull is all cache") {
   World w;
   auto first = w.Pull("out1");
   REQUIRE_MESSAGE(first.has_value(), (first.error().ToString() + "\n" + w.agent->LogTail()));

@@ -218,7 +218,7 @@ TEST_CASE("tracker lease: tables, grants, waits and publication over HTTP, with 
   CHECK(t.process->Stop() == 0);
 }
 
-TEST_CASE("tracker lease: malformed requests get 400 JSON errors; unknown blobs 404") {
+TEST_CASE("tracker lease: malformed requests get 400 JSON errors, unknown blobs 404") {
   TempDir dir("shoal-tracker-lease-bad");
   Tracker t = StartTracker(dir);
   struct Case {
