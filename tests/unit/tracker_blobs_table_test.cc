@@ -28,6 +28,7 @@ BlobTableOptions Options(uint32_t fetchers = 16, uint32_t per_agent = 2) {
   o.piece_size = kPiece;
   o.max_upstream_fetchers = fetchers;
   o.max_leases_per_agent = per_agent;
+  o.max_leases_per_blob = fetchers;
   o.lease_ttl = seconds(15);
   return o;
 }
@@ -102,6 +103,44 @@ TEST_CASE("tracker blobs: a table is created with the layout and remembers its f
   CHECK(t.totals().blobs == 1);
   CHECK(t.totals().chunks == 4);
   CHECK(t.Find(D('b'), kT0).error().code == BlobErrc::kNotFound);
+}
+
+TEST_CASE("tracker blobs: target_chunks gives smaller blobs smaller chunks, with a ramp") {
+  BlobTableOptions o = Options();
+  o.chunk_size = 64ull << 20;
+  o.piece_size = 4u << 20;
+  o.target_chunks = 32;
+  o.min_chunk_size = 4ull << 20;
+  o.first_chunk_size = 1ull << 20;
+  BlobTable t(o, 1);
+  // 256 MiB: 8 MiB chunks of 1 MiB pieces after a 1, 2, 4 MiB ramp.
+  auto l = t.LayoutFor(256ull << 20);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (8ull << 20));
+  CHECK(l.value().piece_size == (1u << 20));
+  CHECK(l.value().first_chunk_size == (1ull << 20));
+  CHECK(l.value().chunk_count() == 3 + 32);
+  // 17 GiB: the configured 64 MiB chunks and 4 MiB pieces.
+  l = t.LayoutFor(17ull << 30);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (64ull << 20));
+  CHECK(l.value().piece_size == (4u << 20));
+  // Small blobs: never below min_chunk_size.
+  l = t.LayoutFor(3ull << 20);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (4ull << 20));
+  CHECK(l.value().piece_size == (512u << 10));
+  CHECK(l.value().chunk_count() == 2);
+  // Without target_chunks every blob gets the configured layout; a first chunk at or above the
+  // chunk size means no ramp.
+  o.target_chunks = 0;
+  o.first_chunk_size = 64ull << 20;
+  BlobTable fixed(o, 1);
+  l = fixed.LayoutFor(256ull << 20);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (64ull << 20));
+  CHECK(l.value().first_chunk_size == 0);
+  CHECK(l.value().chunk_count() == 4);
 }
 
 TEST_CASE("tracker blobs: a known blob asked for with another size is a conflict") {
