@@ -448,3 +448,69 @@ TEST_CASE("tracker blobs: the chunk bound evicts too") {
 }
 
 }  // namespace shoal::tracker
+
+namespace shoal::tracker {
+
+TEST_CASE("tracker blobs: work hands out the lowest free chunk, within the blob cap, then done") {
+  BlobTableOptions o = Options(/*fetchers=*/16, /*per_agent=*/2);
+  o.max_leases_per_blob = 2;
+  BlobTable t(o, 1);
+  const Digest d = D('w');
+  auto work = [&](const std::string& agent) {
+    auto a = t.Work(d, agent, Source(), kT0);
+    REQUIRE_MESSAGE(a.has_value(), a.error().message);
+    return a.value();
+  };
+  LeaseAnswer a = work("a");
+  REQUIRE(a.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(a.chunk == 0);
+  CHECK(a.begin == 0);
+  CHECK(a.length == kChunk);
+  // Asking again returns the agent's own lease, not a second one.
+  LeaseAnswer again = work("a");
+  CHECK(again.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(again.chunk == 0);
+  CHECK(again.lease_id == a.lease_id);
+  LeaseAnswer b = work("b");
+  REQUIRE(b.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(b.chunk == 1);
+  // The blob cap (2) holds a third agent back.
+  LeaseAnswer c = work("c");
+  CHECK(c.kind == LeaseAnswer::Kind::kWait);
+  CHECK(c.reason == WaitReason::kBlobCap);
+  // A reader that may not be granted only waits, even for a free chunk.
+  auto reader = t.Lease(d, 2, "c", Source(), kT0, /*may_grant=*/false);
+  REQUIRE(reader.has_value());
+  CHECK(reader.value().kind == LeaseAnswer::Kind::kWait);
+  CHECK(reader.value().reason == WaitReason::kUnleased);
+  CHECK(StateOf(t, d, 2, kT0) == ChunkState::kNone);
+  // Publishing chunk 0 frees a slot: the next free chunk (2) goes to c.
+  REQUIRE(t.Publish(d, 0, "a", a.lease_id, Source(), Metainfo(kChunk, 1), kT0).has_value());
+  c = work("c");
+  REQUIRE(c.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(c.chunk == 2);
+  REQUIRE(t.Publish(d, 1, "b", b.lease_id, Source(), Metainfo(kChunk, 2), kT0).has_value());
+  REQUIRE(t.Publish(d, 2, "c", c.lease_id, Source(), Metainfo(kChunk, 3), kT0).has_value());
+  LeaseAnswer last = work("a");
+  REQUIRE(last.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(last.chunk == 3);
+  CHECK(last.length == 3392);
+  // Every other chunk is ready and the last one leased: nothing for b to do yet.
+  CHECK(work("b").kind == LeaseAnswer::Kind::kWait);
+  REQUIRE(t.Publish(d, 3, "a", last.lease_id, Source(), Metainfo(3392, 4), kT0).has_value());
+  CHECK(work("b").kind == LeaseAnswer::Kind::kDone);
+}
+
+TEST_CASE("tracker blobs: an expired work lease goes to the next agent that asks for work") {
+  BlobTable t(Options(), 1);
+  const Digest d = D('x');
+  auto a = t.Work(d, "a", Source(), kT0);
+  REQUIRE(a.has_value());
+  REQUIRE(a.value().chunk == 0);
+  auto b = t.Work(d, "b", Source(), kT0 + seconds(16));
+  REQUIRE(b.has_value());
+  CHECK(b.value().kind == LeaseAnswer::Kind::kGranted);
+  CHECK(b.value().chunk == 0);
+}
+
+}  // namespace shoal::tracker
