@@ -59,6 +59,8 @@ class BlobFetch : public std::enable_shared_from_this<BlobFetch> {
   const std::optional<Error>& error() const { return error_; }
   // Bytes filled so far (any order).
   uint64_t filled_bytes() const { return filled_bytes_; }
+  // Bytes [0, contiguous()) are filled: where a streaming reader waits.
+  uint64_t contiguous() const { return contiguous_; }
   // Wakes on every change worth a look (new bytes, end); for sources that wait on the blob.
   Notifier& changes() { return notifier_; }
   // See shim::BlobReader::WaitReadable.

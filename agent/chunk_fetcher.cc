@@ -78,7 +78,9 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
       : s_(s),
         fetch_(std::move(fetch)),
         endpoint_(std::move(endpoint)),
-        source_(std::move(source)) {}
+        source_(std::move(source)),
+        upstream_done_(s.ioc.get_executor()),
+        work_wanted_(s.ioc.get_executor()) {}
 
   awaitable<void> Run();
 
@@ -87,6 +89,9 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
 
   awaitable<void> Worker();
   awaitable<void> Chunk(uint32_t k);
+  // Asks the tracker for upstream work on this blob until the fetch ends or nothing is left:
+  // fetches, seeds and publishes each chunk the tracker hands it.
+  awaitable<void> UpstreamWorker();
   // Fetches chunk k from upstream (under lease_id when not empty), then seeds and publishes it.
   awaitable<Status> Upstream(uint32_t k, std::string lease_id, std::chrono::milliseconds ttl);
   awaitable<Status> FromPeers(uint32_t k, const std::string& metainfo);
@@ -109,6 +114,10 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   std::shared_ptr<swarm::BlobFile> file_;
   uint32_t next_ = 0;
   std::vector<Origin> origin_;
+  std::vector<bool> in_upstream_;  // our upstream worker is fetching the chunk
+  Notifier upstream_done_;         // woken when our upstream worker ends a chunk
+  Notifier work_wanted_;           // woken when a chunk may need fetching again (reported bad)
+  bool upstream_worker_ = false;
   std::vector<std::string> metainfo_;  // per chunk, once known
   std::vector<swarm::Sha1> added_;     // torrents this fetch put into the swarm
   Clock::time_point tracker_ok_ = Clock::now();
@@ -166,7 +175,12 @@ awaitable<void> ChunkFetcher::Run() {
   }
   uint32_t count = layout_.chunk_count();
   origin_.assign(count, Origin::kNone);
+  in_upstream_.assign(count, false);
   metainfo_.assign(count, "");
+  // With a swarm, upstream fetching is work the tracker hands out (any chunk of the blob);
+  // the window workers below only wait for chunks to become ready.
+  upstream_worker_ = use_tracker_ && hash_pieces_;
+  if (upstream_worker_) asio::co_spawn(s_.ioc, UpstreamWorker(), asio::detached);
   int workers = std::max(1, std::min<int>(s_.options.window, static_cast<int>(count)));
   for (int i = 0; i < workers; ++i) asio::co_spawn(s_.ioc, Worker(), asio::detached);
   // Wait for the end, then seed or clean up.
@@ -195,8 +209,16 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
   }
   int upstream_failures = 0;
   while (!fetch_->ended()) {
+    if (origin_[k] != Origin::kNone) co_return;  // our upstream worker fetched it
+    if (in_upstream_[k]) {
+      co_await upstream_done_.Wait(std::chrono::milliseconds(500));
+      continue;
+    }
     auto started = Clock::now();
-    auto answer = co_await s_.tracker->Lease(fetch_->digest(), k, source_, s_.options.lease_wait);
+    auto answer = co_await s_.tracker->Lease(fetch_->digest(), k, source_, s_.options.lease_wait,
+                                             !upstream_worker_);
+    if (origin_[k] != Origin::kNone) co_return;
+    if (in_upstream_[k]) continue;
     if (!answer) {
       const Error& e = answer.error();
       if (e.code == ErrorCode::kUnavailable &&
@@ -217,7 +239,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
     }
     tracker_ok_ = Clock::now();
     LeaseAnswer& a = answer.value();
-    if (a.layout.chunk_size != layout_.chunk_size || a.layout.piece_size != layout_.piece_size) {
+    if (!(a.layout == layout_)) {
       fetch_->Fail(MakeError(ErrorCode::kProtocol, "tracker changed the chunk layout of " +
                                                        fetch_->digest().str() + " mid-fetch"));
       co_return;
@@ -240,6 +262,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
         }
         break;
       }
+      case LeaseAnswer::Kind::kDone:  // a work answer; not sent for a chunk
       case LeaseAnswer::Kind::kWait:
         // The tracker long-polls; an early answer (e.g. the cluster cap) asks us to back off.
         if (Clock::now() - started < std::chrono::milliseconds(200)) {
@@ -252,11 +275,73 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
   }
 }
 
+awaitable<void> ChunkFetcher::UpstreamWorker() {
+  auto self = shared_from_this();
+  int failures = 0;
+  while (!fetch_->ended()) {
+    if (std::all_of(origin_.begin(), origin_.end(), [](Origin o) { return o != Origin::kNone; }))
+      co_return;
+    auto started = Clock::now();
+    auto answer = co_await s_.tracker->Work(fetch_->digest(), source_, s_.options.lease_wait);
+    if (fetch_->ended()) co_return;
+    if (!answer) {
+      // The window workers decide about falling back to upstream; just do not spin.
+      co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+      continue;
+    }
+    LeaseAnswer& a = answer.value();
+    if (!(a.layout == layout_)) {
+      fetch_->Fail(MakeError(ErrorCode::kProtocol, "tracker changed the chunk layout of " +
+                                                       fetch_->digest().str() + " mid-fetch"));
+      co_return;
+    }
+    if (a.kind == LeaseAnswer::Kind::kDone) {
+      // Every chunk is ready, but ours are not all filled yet: a chunk whose peers fail is
+      // reported bad and needs fetching again, so stay around (woken by the report).
+      co_await work_wanted_.Wait(s_.options.lease_wait);
+      continue;
+    }
+    if (a.kind != LeaseAnswer::Kind::kGranted) {
+      if (Clock::now() - started < std::chrono::milliseconds(200)) {
+        co_await Sleep(s_.ioc, std::clamp(a.retry_after, std::chrono::milliseconds(100),
+                                          std::chrono::milliseconds(2000)));
+      }
+      continue;
+    }
+    const uint32_t k = a.chunk;
+    s_.metrics.leases.Increment();
+    if (origin_[k] != Origin::kNone && !metainfo_[k].empty()) {
+      // We hold the chunk already (the tracker lost or dropped its metainfo): publish ours.
+      Status published = co_await s_.tracker->Publish(fetch_->digest(), k, source_, a.lease_id,
+                                                      metainfo_[k]);
+      if (!published) {
+        spdlog::warn("cannot re-publish chunk {} of {}: {}", k, fetch_->digest().str(),
+                     published.error().message);
+      }
+      continue;
+    }
+    in_upstream_[k] = true;
+    Status st = co_await Upstream(k, a.lease_id, a.ttl);
+    in_upstream_[k] = false;
+    upstream_done_.NotifyAll();
+    if (st) continue;
+    spdlog::warn("chunk {} of {} from upstream: {}", k, fetch_->digest().str(),
+                 st.error().message);
+    if (Fatal(st.error()) || ++failures >= s_.options.upstream_attempts) {
+      fetch_->Fail(st.error());
+      co_return;
+    }
+  }
+}
+
 Status ChunkFetcher::SeedChunk(uint32_t k, const swarm::ChunkTorrent& torrent,
                                swarm::ChunkSpec spec) {
   spec.torrent = torrent;
   spec.range = swarm::FileRange{file_, layout_.chunk_begin(k), layout_.chunk_length(k)};
-  spec.sequential = !spec.seed;
+  // In order only for the chunk a streaming client waits on; elsewhere rarest-first, so that
+  // peers fetching the same chunks hold different pieces and trade them.
+  spec.sequential = !spec.seed && fetch_->contiguous() < fetch_->size() &&
+                    layout_.chunk_at(fetch_->contiguous()) == k;
   if (s_.tracker != nullptr) spec.tracker_urls = s_.tracker->AnnounceUrls();
   // A torrent left from an earlier failed attempt on this chunk is replaced.
   if (s_.swarm->HasChunk(torrent.info_hash)) s_.swarm->RemoveChunk(torrent.info_hash);
@@ -271,7 +356,7 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   auto self = shared_from_this();
   const uint64_t begin = layout_.chunk_begin(k), length = layout_.chunk_length(k);
   std::optional<swarm::PieceHasher> hasher;
-  if (hash_pieces_) hasher.emplace(length, layout_.piece_size);
+  if (hash_pieces_) hasher.emplace(length, layout_.piece_size_of(k));
   auto progress = std::make_shared<uint64_t>(0);
   auto done = std::make_shared<bool>(false);
   if (!lease_id.empty())
@@ -302,7 +387,8 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   auto hashes = hasher->Finish();
   if (!hashes) co_return hashes.error();
   auto torrent =
-      swarm::BuildChunkTorrent(ChunkName(k), length, layout_.piece_size, std::move(hashes.value()));
+      swarm::BuildChunkTorrent(ChunkName(k), length, layout_.piece_size_of(k),
+                               std::move(hashes.value()));
   if (!torrent) co_return torrent.error();
   metainfo_[k] = torrent.value().metainfo;
   swarm::ChunkSpec seed_spec;
@@ -347,7 +433,7 @@ awaitable<void> ChunkFetcher::RenewLoop(uint32_t k, std::string lease_id,
 awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainfo) {
   auto self = shared_from_this();
   const uint64_t begin = layout_.chunk_begin(k);
-  auto torrent = swarm::ParseChunkTorrent(metainfo, layout_.chunk_length(k), layout_.piece_size);
+  auto torrent = swarm::ParseChunkTorrent(metainfo, layout_.chunk_length(k), layout_.piece_size_of(k));
   if (!torrent) co_return torrent.error();
   if (s_.swarm == nullptr || !file_)
     co_return MakeError(ErrorCode::kUnsupported, "this agent has no swarm session");
@@ -376,8 +462,18 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
     state->notifier.NotifyAll();
   };
   if (auto st = SeedChunk(k, torrent.value(), std::move(spec)); !st) co_return st;
+  Clock::time_point reannounced = state->progress;
   while (!state->complete && !state->error && !fetch_->ended()) {
     co_await state->notifier.Wait(std::chrono::milliseconds(500));
+    // Halfway to a stall, ask the tracker for peers again: seeds that finished since we
+    // joined are not connected to us yet (libtorrent would wait for the announce interval).
+    if (!state->complete && Clock::now() - state->progress > s_.options.peer_stall / 2 &&
+        reannounced != state->progress) {
+      reannounced = state->progress;
+      spdlog::info("chunk {} of {}: no piece from peers for {} ms; re-announcing", k,
+                   fetch_->digest().str(), (s_.options.peer_stall / 2).count());
+      s_.swarm->Reannounce(torrent.value().info_hash);
+    }
     if (!state->complete && Clock::now() - state->progress > s_.options.peer_stall) {
       s_.metrics.stalls.Increment();
       state->error = MakeError(ErrorCode::kUnavailable,
@@ -397,6 +493,7 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
   const std::string info_hash = swarm::Sha1Hex(torrent.value().info_hash);
   auto reported = co_await s_.tracker->ReportBad(fetch_->digest(), k, info_hash);
   (void)reported;
+  work_wanted_.NotifyAll();
   co_return *state->error;
 }
 
@@ -415,7 +512,8 @@ awaitable<void> ChunkFetcher::Finish() {
     // Some published chunk was wrong: drop what we took from peers so it is fetched again.
     for (uint32_t k = 0; k < origin_.size(); ++k) {
       if (origin_[k] != Origin::kPeers) continue;
-      auto t = swarm::ParseChunkTorrent(metainfo_[k], layout_.chunk_length(k), layout_.piece_size);
+      auto t = swarm::ParseChunkTorrent(metainfo_[k], layout_.chunk_length(k),
+                                        layout_.piece_size_of(k));
       if (!t) continue;
       const std::string info_hash = swarm::Sha1Hex(t.value().info_hash);
       auto reported = co_await s_.tracker->ReportBad(fetch_->digest(), k, info_hash);

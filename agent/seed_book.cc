@@ -23,6 +23,7 @@ json ToJson(const SeedEntry& e) {
               {"size", e.layout.blob_size},
               {"chunk_size", e.layout.chunk_size},
               {"piece_size", e.layout.piece_size},
+              {"first_chunk_size", e.layout.first_chunk_size},
               {"registry", e.source.registry},
               {"repository", e.source.repository},
               {"chunks", chunks}};
@@ -37,6 +38,7 @@ Result<SeedEntry> FromJson(const std::string& text) {
     e.layout.blob_size = j.at("size").get<uint64_t>();
     e.layout.chunk_size = j.at("chunk_size").get<uint64_t>();
     e.layout.piece_size = j.at("piece_size").get<uint32_t>();
+    e.layout.first_chunk_size = j.value("first_chunk_size", uint64_t{0});
     if (auto st = e.layout.Validate(); !st) return st.error();
     e.source = BlobSource{e.layout.blob_size, j.at("registry").get<std::string>(),
                           j.at("repository").get<std::string>()};
@@ -87,7 +89,7 @@ Status SeedBook::Seed(const SeedEntry& entry) {
   auto file = adopted.value();
   for (uint32_t k = 0; k < entry.layout.chunk_count(); ++k) {
     auto torrent = swarm::ParseChunkTorrent(entry.metainfo[k], entry.layout.chunk_length(k),
-                                            entry.layout.piece_size);
+                                            entry.layout.piece_size_of(k));
     if (!torrent) return torrent.error();
     swarm::ChunkSpec spec;
     spec.torrent = std::move(torrent.value());

@@ -45,6 +45,7 @@ Result<swarm::ChunkLayout> LayoutOf(const json& j) {
   layout.blob_size = j.at("size").get<uint64_t>();
   layout.chunk_size = j.at("chunk_size").get<uint64_t>();
   layout.piece_size = j.at("piece_size").get<uint32_t>();
+  layout.first_chunk_size = j.value("first_chunk_size", uint64_t{0});
   if (auto st = layout.Validate(); !st) {
     return MakeError(ErrorCode::kProtocol, "tracker chunk layout: " + st.error().message);
   }
@@ -196,11 +197,55 @@ awaitable<Result<ChunkTable>> TrackerClient::FindTable(const Digest& digest) {
   co_return ParseTable(reply.value().body);
 }
 
+namespace {
+
+Result<LeaseAnswer> ParseLeaseAnswer(const std::string& body) {
+  try {
+    json j = json::parse(body);
+    LeaseAnswer out;
+    auto layout = LayoutOf(j);
+    if (!layout) return layout.error();
+    out.layout = layout.value();
+    std::string state = j.at("state").get<std::string>();
+    if (state == "ready") {
+      out.kind = LeaseAnswer::Kind::kReady;
+      auto m = MetainfoOf(j);
+      if (!m) return m.error();
+      out.metainfo = std::move(m.value());
+    } else if (state == "granted") {
+      out.kind = LeaseAnswer::Kind::kGranted;
+      out.chunk = j.value("chunk", uint32_t{0});
+      out.lease_id = j.at("lease_id").get<std::string>();
+      out.ttl = std::chrono::milliseconds(j.at("ttl_ms").get<int64_t>());
+      if (out.chunk >= out.layout.chunk_count()) {
+        return MakeError(ErrorCode::kProtocol, "tracker granted chunk " +
+                                                   std::to_string(out.chunk) + " of " +
+                                                   std::to_string(out.layout.chunk_count()));
+      }
+    } else if (state == "wait") {
+      out.kind = LeaseAnswer::Kind::kWait;
+      out.retry_after = std::chrono::milliseconds(j.value("retry_after_ms", int64_t{1000}));
+      out.reason = j.value("reason", "");
+    } else if (state == "done") {
+      out.kind = LeaseAnswer::Kind::kDone;
+    } else {
+      return MakeError(ErrorCode::kProtocol, "tracker lease state \"" + state + "\" unknown");
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return MakeError(ErrorCode::kProtocol, std::string("tracker lease answer: ") + e.what());
+  }
+}
+
+}  // namespace
+
 awaitable<Result<LeaseAnswer>> TrackerClient::Lease(const Digest& digest, uint32_t k,
                                                     const BlobSource& source,
-                                                    std::chrono::milliseconds wait) {
+                                                    std::chrono::milliseconds wait,
+                                                    bool may_grant) {
   std::string target = "/v1/blobs/" + digest.str() + "/chunks/" + std::to_string(k) +
-                       "/lease?wait_ms=" + std::to_string(wait.count());
+                       "/lease?wait_ms=" + std::to_string(wait.count()) +
+                       (may_grant ? "" : "&grant=0");
   std::string body = SourceJson(options_.agent_id, source).dump();
   auto reply = co_await Call(digest, http_::verb::post, std::move(target), std::move(body));
   if (!reply) co_return reply.error();
@@ -208,33 +253,21 @@ awaitable<Result<LeaseAnswer>> TrackerClient::Lease(const Digest& digest, uint32
     co_return ReplyError(reply.value().status, reply.value().body,
                          "lease for chunk " + std::to_string(k) + " of " + digest.str());
   }
-  try {
-    json j = json::parse(reply.value().body);
-    LeaseAnswer out;
-    auto layout = LayoutOf(j);
-    if (!layout) co_return layout.error();
-    out.layout = layout.value();
-    std::string state = j.at("state").get<std::string>();
-    if (state == "ready") {
-      out.kind = LeaseAnswer::Kind::kReady;
-      auto m = MetainfoOf(j);
-      if (!m) co_return m.error();
-      out.metainfo = std::move(m.value());
-    } else if (state == "granted") {
-      out.kind = LeaseAnswer::Kind::kGranted;
-      out.lease_id = j.at("lease_id").get<std::string>();
-      out.ttl = std::chrono::milliseconds(j.at("ttl_ms").get<int64_t>());
-    } else if (state == "wait") {
-      out.kind = LeaseAnswer::Kind::kWait;
-      out.retry_after = std::chrono::milliseconds(j.value("retry_after_ms", int64_t{1000}));
-      out.reason = j.value("reason", "");
-    } else {
-      co_return MakeError(ErrorCode::kProtocol, "tracker lease state \"" + state + "\" unknown");
-    }
-    co_return out;
-  } catch (const std::exception& e) {
-    co_return MakeError(ErrorCode::kProtocol, std::string("tracker lease answer: ") + e.what());
+  co_return ParseLeaseAnswer(reply.value().body);
+}
+
+awaitable<Result<LeaseAnswer>> TrackerClient::Work(const Digest& digest, const BlobSource& source,
+                                                   std::chrono::milliseconds wait) {
+  std::string target =
+      "/v1/blobs/" + digest.str() + "/work?wait_ms=" + std::to_string(wait.count());
+  std::string body = SourceJson(options_.agent_id, source).dump();
+  auto reply = co_await Call(digest, http_::verb::post, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200) {
+    co_return ReplyError(reply.value().status, reply.value().body,
+                         "upstream work on " + digest.str());
   }
+  co_return ParseLeaseAnswer(reply.value().body);
 }
 
 awaitable<Status> TrackerClient::Renew(const Digest& digest, uint32_t k,

@@ -38,16 +38,18 @@ struct ChunkTable {
   std::vector<std::string> metainfo;  // per chunk: the bencoded torrent, empty unless ready
 };
 
-// The tracker's answer to a lease request for one chunk.
+// The tracker's answer to a lease request for one chunk, or to a work request for a blob.
 struct LeaseAnswer {
-  enum class Kind { kReady, kGranted, kWait };
+  // kDone (work only): every chunk of the blob is ready.
+  enum class Kind { kReady, kGranted, kWait, kDone };
   Kind kind = Kind::kWait;
   swarm::ChunkLayout layout;
+  uint32_t chunk = 0;    // kGranted: the chunk to fetch
   std::string metainfo;  // kReady: the chunk's bencoded torrent
   std::string lease_id;  // kGranted
   std::chrono::milliseconds ttl{0};          // kGranted: renew well before this passes
   std::chrono::milliseconds retry_after{0};  // kWait
-  std::string reason;                        // kWait: "leased", "cluster_cap", "agent_cap"
+  std::string reason;  // kWait: "leased", "cluster_cap", "agent_cap", "blob_cap", "unleased"
 };
 
 struct TrackerClientOptions {
@@ -73,11 +75,16 @@ class TrackerClient {
   boost::asio::awaitable<Result<ChunkTable>> Table(const Digest& digest, const BlobSource& source);
   // Reads a table without creating it; kNotFound when the tracker does not know the blob.
   boost::asio::awaitable<Result<ChunkTable>> FindTable(const Digest& digest);
-  // Asks for chunk k: ready (metainfo), granted (we fetch it from upstream) or wait. With wait > 0
-  // the tracker holds the request up to that long for a change.
+  // Asks for chunk k: ready (metainfo), granted (we fetch it from upstream; only when
+  // may_grant) or wait. With wait > 0 the tracker holds the request up to that long for a change.
   boost::asio::awaitable<Result<LeaseAnswer>> Lease(const Digest& digest, uint32_t k,
                                                     const BlobSource& source,
-                                                    std::chrono::milliseconds wait);
+                                                    std::chrono::milliseconds wait,
+                                                    bool may_grant = true);
+  // Asks for upstream work on the blob: granted (a lease on the chunk the tracker picked),
+  // wait, or done. Long-polls like Lease.
+  boost::asio::awaitable<Result<LeaseAnswer>> Work(const Digest& digest, const BlobSource& source,
+                                                   std::chrono::milliseconds wait);
   // Extends a lease. Errors: kDenied when the lease was lost (expired or re-granted).
   boost::asio::awaitable<Status> Renew(const Digest& digest, uint32_t k,
                                        const std::string& lease_id, uint64_t bytes);

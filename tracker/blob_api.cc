@@ -17,7 +17,7 @@ namespace http = boost::beast::http;
 using nlohmann::json;
 
 // The blob API's endpoints (at namespace scope: BlobCall, declared in the header, holds one).
-enum class BlobRoute { kCreate, kGet, kLease, kRelease, kRenew, kPublish, kBad, kUnknown };
+enum class BlobRoute { kCreate, kGet, kLease, kWork, kRelease, kRenew, kPublish, kBad, kUnknown };
 
 namespace {
 
@@ -36,6 +36,8 @@ std::string_view RouteName(BlobRoute route) {
       return "get_blob";
     case BlobRoute::kLease:
       return "lease";
+    case BlobRoute::kWork:
+      return "work";
     case BlobRoute::kRelease:
       return "release";
     case BlobRoute::kRenew:
@@ -205,6 +207,7 @@ void AddLayout(json& j, const swarm::ChunkLayout& layout) {
   j["size"] = layout.blob_size;
   j["chunk_size"] = layout.chunk_size;
   j["piece_size"] = layout.piece_size;
+  j["first_chunk_size"] = layout.first_chunk_size;
 }
 
 std::string FormatBytes(uint64_t bytes) {
@@ -231,6 +234,7 @@ struct BlobCall {
   swarm::Sha1 info_hash{};
   uint64_t bytes = 0;
   std::chrono::milliseconds wait{0};
+  bool may_grant = true;  // lease: false = only ready or wait
 };
 
 namespace {
@@ -272,7 +276,8 @@ boost::asio::awaitable<BlobResponse> BlobApi::Handle(BlobRequest req) {
     Finish(response);
     co_return response;
   }
-  if (route != BlobRoute::kLease || call.wait.count() == 0) {
+  const bool polls = route == BlobRoute::kLease || route == BlobRoute::kWork;
+  if (!polls || call.wait.count() == 0) {
     BlobResponse response = Execute(call, TrackerClock::now());
     Finish(response);
     co_return response;
@@ -283,18 +288,21 @@ boost::asio::awaitable<BlobResponse> BlobApi::Handle(BlobRequest req) {
   for (;;) {
     TimePoint now = TrackerClock::now();
     BlobResult<LeaseAnswer> answer =
-        table_.Lease(call.digest, call.k, call.agent, call.source, now);
+        route == BlobRoute::kWork
+            ? table_.Work(call.digest, call.agent, call.source, now)
+            : table_.Lease(call.digest, call.k, call.agent, call.source, now, call.may_grant);
     bool wait = answer && answer.value().kind == LeaseAnswer::Kind::kWait;
     if (wait && !counted) {
       metrics_.lease_waits.Increment();
       counted = true;
     }
     if (!wait || now >= deadline || stopping_ || waiters_.size() >= options_.max_waiters) {
-      BlobResponse response = LeaseResponse(answer);
+      BlobResponse response = LeaseResponse(answer, RouteName(route));
       Finish(response);
       co_return response;
     }
-    bool cap_waiter = answer.value().reason != WaitReason::kLeased;
+    bool cap_waiter = answer.value().reason == WaitReason::kClusterCap ||
+                      answer.value().reason == WaitReason::kAgentCap;
     TimePoint until = std::min(deadline, answer.value().recheck_at);
     co_await waiters_.Wait(call.digest, cap_waiter, until);
   }
@@ -339,12 +347,16 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
       j["chunks"] = std::move(chunks);
       return Json(200, route, std::move(j));
     }
-    case BlobRoute::kLease: {
-      auto answer = table_.Lease(call.digest, call.k, call.agent, call.source, now);
+    case BlobRoute::kLease:
+    case BlobRoute::kWork: {
+      auto answer = call.route == BlobRoute::kWork
+                        ? table_.Work(call.digest, call.agent, call.source, now)
+                        : table_.Lease(call.digest, call.k, call.agent, call.source, now,
+                                       call.may_grant);
       if (answer && answer.value().kind == LeaseAnswer::Kind::kWait) {
         metrics_.lease_waits.Increment();
       }
-      return LeaseResponse(answer);
+      return LeaseResponse(answer, route);
     }
     case BlobRoute::kRenew: {
       auto ttl = table_.Renew(call.digest, call.k, call.agent, call.lease_id, call.bytes, now);
@@ -384,19 +396,23 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
   return Error(404, "no such blob API endpoint", route);
 }
 
-BlobResponse BlobApi::LeaseResponse(const BlobResult<LeaseAnswer>& result) const {
-  constexpr std::string_view route = "lease";
+BlobResponse BlobApi::LeaseResponse(const BlobResult<LeaseAnswer>& result,
+                                    std::string_view route) const {
   if (!result) return Failure(result.error(), route);
   const LeaseAnswer& a = result.value();
   json j;
   AddLayout(j, a.layout);
   switch (a.kind) {
+    case LeaseAnswer::Kind::kDone:
+      j["state"] = "done";
+      break;
     case LeaseAnswer::Kind::kReady:
       j["state"] = "ready";
       j["metainfo"] = Base64Encode(a.published->metainfo);
       break;
     case LeaseAnswer::Kind::kGranted:
       j["state"] = "granted";
+      j["chunk"] = a.chunk;
       j["lease_id"] = a.lease_id;
       j["ttl_ms"] = a.ttl.count();
       j["begin"] = a.begin;
@@ -527,7 +543,8 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
     rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
     if (slash != std::string_view::npos && rest.empty()) parts.emplace_back();  // trailing '/'
   }
-  bool shape_ok = (parts.size() == 1 || (parts.size() >= 3 && parts[1] == "chunks")) &&
+  bool shape_ok = (parts.size() == 1 || (parts.size() == 2 && parts[1] == "work") ||
+                   (parts.size() >= 3 && parts[1] == "chunks")) &&
                   parts.size() <= 4 &&
                   std::none_of(parts.begin(), parts.end(), [](auto p) { return p.empty(); });
   std::string_view action = parts.size() == 4 ? parts[3] : std::string_view();
@@ -535,7 +552,7 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
       (parts.size() == 4 && action != "lease" && action != "renew" && action != "bad")) {
     route = BlobRoute::kUnknown;
     return Rejection{404, "no such blob API endpoint: " + Quoted(req.path) +
-                              " (want /v1/blobs/{digest}[/chunks/{k}[/lease|/renew|/bad]])"};
+                              " (want /v1/blobs/{digest}[/work|/chunks/{k}[/lease|/renew|/bad]])"};
   }
 
   // Method.
@@ -545,6 +562,9 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
     allow = "GET, HEAD, POST";
     if (m == http::verb::get || m == http::verb::head) route = BlobRoute::kGet;
     if (m == http::verb::post) route = BlobRoute::kCreate;
+  } else if (parts.size() == 2) {
+    allow = "POST";
+    if (m == http::verb::post) route = BlobRoute::kWork;
   } else if (parts.size() == 3) {
     allow = "PUT";
     if (m == http::verb::put) route = BlobRoute::kPublish;
@@ -582,6 +602,14 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
   std::map<std::string, std::string> query;
   if (auto r = ParseQuery(req.query, query)) return r;
   if (route == BlobRoute::kLease) {
+    if (auto it = query.find("grant"); it != query.end()) {
+      if (it->second != "0" && it->second != "1") {
+        return Rejection{400, "grant " + Quoted(it->second) + " is not 0 or 1"};
+      }
+      call.may_grant = it->second == "1";
+    }
+  }
+  if (route == BlobRoute::kLease || route == BlobRoute::kWork) {
     if (auto it = query.find("wait_ms"); it != query.end()) {
       auto wait = ParseDecimal(it->second, 19);
       if (!wait) {
@@ -612,6 +640,7 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
     case BlobRoute::kCreate:
       return ParseSource(body, call.source);
     case BlobRoute::kLease:
+    case BlobRoute::kWork:
       if (auto r = ParseAgent(body, call.agent)) return r;
       return ParseSource(body, call.source);
     case BlobRoute::kRenew:

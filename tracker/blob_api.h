@@ -82,7 +82,7 @@ class BlobApi {
 
  private:
   BlobResponse Execute(const BlobCall& call, TimePoint now);
-  BlobResponse LeaseResponse(const BlobResult<LeaseAnswer>& answer) const;
+  BlobResponse LeaseResponse(const BlobResult<LeaseAnswer>& answer, std::string_view route) const;
   BlobResponse Json(unsigned status, std::string_view route, nlohmann::json body) const;
   BlobResponse Failure(const BlobError& error, std::string_view route) const;
   void OnEvent(BlobEvent event, const Digest& digest);

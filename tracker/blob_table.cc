@@ -1,7 +1,9 @@
 #include "tracker/blob_table.h"
 
 #include <algorithm>
+#include <bit>
 #include <iterator>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -36,6 +38,10 @@ std::string_view WaitReasonName(WaitReason reason) {
       return "cluster_cap";
     case WaitReason::kAgentCap:
       return "agent_cap";
+    case WaitReason::kBlobCap:
+      return "blob_cap";
+    case WaitReason::kUnleased:
+      return "unleased";
   }
   return "leased";
 }
@@ -48,7 +54,18 @@ BlobTable::BlobTable(BlobTableOptions options, uint64_t seed)
 }
 
 BlobResult<swarm::ChunkLayout> BlobTable::LayoutFor(uint64_t size) const {
-  swarm::ChunkLayout layout{size, options_.chunk_size, options_.piece_size};
+  swarm::ChunkLayout layout{size, options_.chunk_size, options_.piece_size, 0};
+  if (options_.target_chunks > 0 && options_.min_chunk_size < layout.chunk_size) {
+    uint64_t want = std::bit_ceil(std::max<uint64_t>(size / options_.target_chunks, 1));
+    want = std::max(want, options_.min_chunk_size);
+    if (want < layout.chunk_size) {
+      layout.chunk_size = want;
+      layout.piece_size = static_cast<uint32_t>(std::min<uint64_t>(
+          options_.piece_size, std::max<uint64_t>(uint64_t{16} << 10, want / 8)));
+    }
+  }
+  if (options_.first_chunk_size < layout.chunk_size)
+    layout.first_chunk_size = options_.first_chunk_size;
   Status valid = layout.Validate();
   if (!valid) {
     return Fail(BlobErrc::kInvalid, "blob size " + std::to_string(size) +
@@ -82,7 +99,8 @@ BlobResult<BlobView> BlobTable::Find(const Digest& digest, TimePoint now) {
 }
 
 BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::string_view agent,
-                                         const BlobSource& source, TimePoint now) {
+                                         const BlobSource& source, TimePoint now,
+                                         bool may_grant) {
   ExpireLeases(now);
   auto checked = CheckChunk(digest, source, k);
   if (!checked) return checked.error();
@@ -93,6 +111,7 @@ BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::
 
   LeaseAnswer answer;
   answer.layout = blob.layout;
+  answer.chunk = k;
   if (chunk.published) {
     answer.kind = LeaseAnswer::Kind::kReady;
     answer.published = chunk.published;
@@ -113,6 +132,10 @@ BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::
     answer.recheck_at = recheck_at;
     return answer;
   };
+  if (!may_grant) {
+    if (chunk.lease) return wait(WaitReason::kLeased, chunk.lease->expiry->first);
+    return wait(WaitReason::kUnleased, TimePoint::max());
+  }
   if (chunk.lease) {
     if (chunk.lease->agent == agent) {
       // The agent asks again for what it holds (a retried request, a restarted fetch).
@@ -131,16 +154,79 @@ BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::
   if (totals_.leases >= options_.max_upstream_fetchers) {
     return wait(WaitReason::kClusterCap, first_expiry);
   }
+  if (blob.leases >= options_.max_leases_per_blob) return wait(WaitReason::kBlobCap, first_expiry);
+  return grant(Grant(digest, blob, k, agent, now));
+}
+
+BlobTable::LeaseRecord& BlobTable::Grant(const Digest& digest, Blob& blob, uint32_t k,
+                                         std::string_view agent, TimePoint now) {
+  Chunk& chunk = blob.chunks[k];
   chunk.lease = std::make_unique<LeaseRecord>();
   chunk.lease->id = NewLeaseId();
-  chunk.lease->agent = agent_key;
+  chunk.lease->agent = std::string(agent);
   chunk.lease->granted = now;
   chunk.lease->expiry = expiries_.emplace(now + options_.lease_ttl, LeaseKey{digest, k});
-  ++agent_leases_[agent_key];
+  ++agent_leases_[chunk.lease->agent];
   ++blob.leases;
   ++totals_.leases;
   Emit(BlobEvent::kGranted, digest);
-  return grant(*chunk.lease);
+  return *chunk.lease;
+}
+
+BlobResult<LeaseAnswer> BlobTable::Work(const Digest& digest, std::string_view agent,
+                                        const BlobSource& source, TimePoint now) {
+  ExpireLeases(now);
+  auto ensured = EnsureBlob(digest, source);
+  if (!ensured) return ensured.error();
+  Blob& blob = *ensured.value();
+  LeaseAnswer answer;
+  answer.layout = blob.layout;
+  auto grant = [&](uint32_t k, const LeaseRecord& lease) {
+    answer.kind = LeaseAnswer::Kind::kGranted;
+    answer.chunk = k;
+    answer.lease_id = lease.id;
+    answer.ttl = options_.lease_ttl;
+    answer.begin = blob.layout.chunk_begin(k);
+    answer.length = blob.layout.chunk_length(k);
+    return answer;
+  };
+  auto wait = [&](WaitReason reason, TimePoint recheck_at) {
+    answer.kind = LeaseAnswer::Kind::kWait;
+    answer.reason = reason;
+    answer.retry_after = options_.retry_after;
+    answer.recheck_at = recheck_at;
+    return answer;
+  };
+  if (blob.ready == blob.chunks.size()) {
+    answer.kind = LeaseAnswer::Kind::kDone;
+    return answer;
+  }
+  // One pass: the agent's own lease, the lowest free chunk, the earliest expiry on this blob.
+  std::optional<uint32_t> free;
+  TimePoint blob_expiry = TimePoint::max();
+  for (uint32_t k = 0; k < blob.chunks.size(); ++k) {
+    Chunk& chunk = blob.chunks[k];
+    if (chunk.lease) {
+      if (chunk.lease->agent == agent) {
+        SetExpiry(digest, k, *chunk.lease, now + options_.lease_ttl);
+        return grant(k, *chunk.lease);
+      }
+      blob_expiry = std::min(blob_expiry, chunk.lease->expiry->first);
+    } else if (!chunk.published && !free) {
+      free = k;
+    }
+  }
+  TimePoint first_expiry = expiries_.empty() ? TimePoint::max() : expiries_.begin()->first;
+  auto held = agent_leases_.find(std::string(agent));
+  if (held != agent_leases_.end() && held->second >= options_.max_leases_per_agent) {
+    return wait(WaitReason::kAgentCap, first_expiry);
+  }
+  if (totals_.leases >= options_.max_upstream_fetchers) {
+    return wait(WaitReason::kClusterCap, first_expiry);
+  }
+  if (blob.leases >= options_.max_leases_per_blob) return wait(WaitReason::kBlobCap, blob_expiry);
+  if (!free) return wait(WaitReason::kLeased, blob_expiry);
+  return grant(*free, Grant(digest, blob, *free, agent, now));
 }
 
 BlobResult<std::chrono::milliseconds> BlobTable::Renew(const Digest& digest, uint32_t k,
@@ -191,7 +277,7 @@ BlobResult<PublishAnswer> BlobTable::Publish(const Digest& digest, uint32_t k,
   auto checked = CheckChunk(digest, source, k);
   if (!checked) return checked.error();
   const swarm::ChunkLayout& layout = checked.value();
-  auto parsed = swarm::ParseChunkTorrent(metainfo, layout.chunk_length(k), layout.piece_size);
+  auto parsed = swarm::ParseChunkTorrent(metainfo, layout.chunk_length(k), layout.piece_size_of(k));
   if (!parsed) {
     return Fail(BlobErrc::kInvalid,
                 "metainfo of " + ChunkName(digest, k) + ": " + parsed.error().message);

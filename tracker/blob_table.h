@@ -29,10 +29,20 @@
 namespace shoal::tracker {
 
 struct BlobTableOptions {
-  uint64_t chunk_size = 64ull << 20;  // every table's layout; validated by the caller
+  // The layout of a new table (validated by the caller): full chunks of chunk_size bytes with
+  // pieces of piece_size. With target_chunks > 0 a smaller blob gets smaller chunks: the power of
+  // two nearest above size / target_chunks, at least min_chunk_size, with pieces of an eighth of
+  // a chunk (at most piece_size), so a blob of any size has enough chunks to spread over the
+  // swarm and its last chunk is a small tail. first_chunk_size > 0 adds the ramp of
+  // ChunkLayout (small first chunks, so the swarm starts sharing a blob at once).
+  uint64_t chunk_size = 64ull << 20;
   uint32_t piece_size = 4u << 20;
+  uint32_t target_chunks = 0;
+  uint64_t min_chunk_size = 4ull << 20;  // a power of two
+  uint64_t first_chunk_size = 0;         // 0 or a power of two >= 16 KiB
   uint32_t max_upstream_fetchers = 8;            // active leases over all blobs
   uint32_t max_leases_per_agent = 2;             // active leases of one agent
+  uint32_t max_leases_per_blob = 4;              // active leases on one blob (U goes to its head)
   std::chrono::milliseconds lease_ttl{15'000};   // a lease not renewed for this long expires
   std::chrono::milliseconds retry_after{1'000};  // the hint in a wait answer
   size_t max_blobs = 100'000;                    // tables kept; beyond, the LRU lease-free one goes
@@ -81,15 +91,17 @@ struct BlobView {
   std::vector<ChunkView> chunks;
 };
 
-enum class WaitReason { kLeased, kClusterCap, kAgentCap };
-// "leased", "cluster_cap" or "agent_cap".
+enum class WaitReason { kLeased, kClusterCap, kAgentCap, kBlobCap, kUnleased };
+// "leased", "cluster_cap", "agent_cap", "blob_cap" or "unleased" (nobody fetches it yet).
 std::string_view WaitReasonName(WaitReason reason);
 
 // The answer to a lease request.
 struct LeaseAnswer {
-  enum class Kind { kReady, kGranted, kWait };
+  // kDone (Work only): every chunk is ready, nothing is left to fetch.
+  enum class Kind { kReady, kGranted, kWait, kDone };
   Kind kind = Kind::kWait;
   swarm::ChunkLayout layout;
+  uint32_t chunk = 0;                               // kGranted, kReady: which chunk
   std::shared_ptr<const PublishedChunk> published;  // kReady
   std::string lease_id;                             // kGranted
   std::chrono::milliseconds ttl{0};                 // kGranted
@@ -160,8 +172,18 @@ class BlobTable {
   // Chunk k for agent (creating the table like Ensure): ready with its metainfo; granted (a new
   // lease if the chunk has none and both caps allow, or the agent's own lease on it again with a
   // fresh expiry); or wait with the reason. Errors: as Ensure, kInvalid for k out of range.
+  // With may_grant false the answer is only ever ready or wait (the agent's upstream worker
+  // asks for work with Work; its readers only wait for chunks).
   BlobResult<LeaseAnswer> Lease(const Digest& digest, uint32_t k, std::string_view agent,
-                                const BlobSource& source, TimePoint now);
+                                const BlobSource& source, TimePoint now, bool may_grant = true);
+  // Upstream work on digest for agent (creating the table like Ensure): the agent's live lease
+  // on this blob again (fresh expiry); else, if every cap allows (cluster, agent, blob), a new
+  // lease on the lowest chunk that is neither leased nor ready; else wait with the reason; done
+  // when every chunk is ready. The tracker, not the agent, picks the chunk: whoever is idle
+  // fetches the next one, so upstream bytes keep flowing in blob order and leases spread over
+  // the agents that ask (long-polls parked first are woken first). Errors: as Ensure.
+  BlobResult<LeaseAnswer> Work(const Digest& digest, std::string_view agent,
+                               const BlobSource& source, TimePoint now);
   // Extends agent's lease on chunk k and records its progress; returns the new ttl.
   // Errors: kConflict ("lease lost") unless lease_id is the chunk's live lease held by agent,
   // kInvalid for k out of range.
@@ -233,6 +255,9 @@ class BlobTable {
   static BlobResult<Chunk*> ChunkOf(const Digest& digest, Blob& blob, uint32_t k);
   // Evicts least recently used lease-free tables until one of `chunks` chunks fits.
   BlobResult<void> MakeRoom(const Digest& digest, uint32_t chunks);
+  // A new lease on chunk k of blob for agent (the caps were checked).
+  LeaseRecord& Grant(const Digest& digest, Blob& blob, uint32_t k, std::string_view agent,
+                     TimePoint now);
   // Ends chunk's lease (event says why).
   void EndLease(const Digest& digest, Blob& blob, Chunk& chunk, BlobEvent event);
   void SetExpiry(const Digest& digest, uint32_t k, LeaseRecord& lease, TimePoint expires);

@@ -60,10 +60,36 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_PIECE_SIZE_KIB")
       ->check(CLI::Range(16u, 65536u))
       ->capture_default_str();
+  app.add_option("--target-chunks", c.target_chunks,
+                 "Chunks a blob is cut into at least: a blob smaller than target x chunk size "
+                 "gets chunks of about size / target (a power of two, at least "
+                 "--min-chunk-size-kib) with pieces of an eighth of a chunk; 0 keeps "
+                 "--chunk-size-kib for every blob")
+      ->envname("SHOAL_TARGET_CHUNKS")
+      ->check(CLI::Range(0u, 1u << 20))
+      ->capture_default_str();
+  app.add_option("--min-chunk-size-kib", c.min_chunk_size_kib,
+                 "Smallest full chunk --target-chunks may choose, in KiB: a power of two")
+      ->envname("SHOAL_MIN_CHUNK_SIZE_KIB")
+      ->check(CLI::Range(uint64_t{16}, uint64_t{1} << 32))
+      ->capture_default_str();
+  app.add_option("--first-chunk-kib", c.first_chunk_kib,
+                 "Size of a blob's first chunk, in KiB: each next chunk doubles up to the chunk "
+                 "size, so peers share a blob's first bytes at once (a power of two; 0: all "
+                 "chunks full size)")
+      ->envname("SHOAL_FIRST_CHUNK_KIB")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 32))
+      ->capture_default_str();
   app.add_option("--max-upstream-fetchers", c.max_upstream_fetchers,
                  "Upstream leases active at once in the whole cluster: at most this many agents "
                  "fetch chunks from the registries at a time")
       ->envname("SHOAL_MAX_UPSTREAM_FETCHERS")
+      ->check(CLI::Range(1u, 100'000u))
+      ->capture_default_str();
+  app.add_option("--max-leases-per-blob", c.max_leases_per_blob,
+                 "Upstream leases active at once on one blob: the upstream link goes to the "
+                 "blob's next chunks, so peers can share them sooner")
+      ->envname("SHOAL_MAX_LEASES_PER_BLOB")
       ->check(CLI::Range(1u, 100'000u))
       ->capture_default_str();
   app.add_option("--max-leases-per-agent", c.max_leases_per_agent,

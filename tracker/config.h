@@ -22,10 +22,14 @@ struct TrackerConfig {
   bool trust_ip_param = false;  // believe the announce's ip= (only behind a trusted proxy)
   int max_connections = 4096;
   // Chunk tables and upstream leases (the blob API).
-  uint64_t chunk_size_kib = 65536;      // 64 MiB chunks
-  uint32_t piece_size_kib = 4096;       // 4 MiB pieces in each chunk torrent
+  uint64_t chunk_size_kib = 65536;      // 64 MiB chunks (the largest; smaller blobs get smaller)
+  uint32_t piece_size_kib = 4096;       // 4 MiB pieces in each chunk torrent (the largest)
+  uint32_t target_chunks = 32;          // smaller blobs get chunks of about size / 32
+  uint64_t min_chunk_size_kib = 4096;   // but not below 4 MiB
+  uint64_t first_chunk_kib = 1024;      // ramp: chunk 0 is 1 MiB, then 2, 4, ... (0: no ramp)
   uint32_t max_upstream_fetchers = 8;  // active leases in the whole cluster (NAT quota)
   uint32_t max_leases_per_agent = 2;
+  uint32_t max_leases_per_blob = 4;
   int lease_ttl_s = 15;
   size_t max_blobs = 100'000;
   std::string log_format = "json";

@@ -84,16 +84,31 @@ int RunTracker(const TrackerConfig& config) {
   BlobApiOptions blob_options;
   blob_options.table.chunk_size = config.chunk_size_kib << 10;
   blob_options.table.piece_size = config.piece_size_kib << 10;
+  blob_options.table.target_chunks = config.target_chunks;
+  blob_options.table.min_chunk_size = config.min_chunk_size_kib << 10;
+  blob_options.table.first_chunk_size = config.first_chunk_kib << 10;
   blob_options.table.max_upstream_fetchers = config.max_upstream_fetchers;
   blob_options.table.max_leases_per_agent = config.max_leases_per_agent;
+  blob_options.table.max_leases_per_blob = config.max_leases_per_blob;
   blob_options.table.lease_ttl = std::chrono::seconds(config.lease_ttl_s);
   blob_options.table.max_blobs = config.max_blobs;
-  swarm::ChunkLayout layout{1, blob_options.table.chunk_size, blob_options.table.piece_size};
+  swarm::ChunkLayout layout{1, blob_options.table.chunk_size, blob_options.table.piece_size, 0};
   if (Status valid = layout.Validate(); !valid) {
     return fail(MakeError(ErrorCode::kInvalidArgument,
                           "--chunk-size-kib " + std::to_string(config.chunk_size_kib) +
                               " / --piece-size-kib " + std::to_string(config.piece_size_kib) +
                               ": " + valid.error().message));
+  }
+  auto pow2 = [](uint64_t v) { return v != 0 && (v & (v - 1)) == 0; };
+  if (!pow2(config.min_chunk_size_kib)) {
+    return fail(MakeError(ErrorCode::kInvalidArgument,
+                          "--min-chunk-size-kib " + std::to_string(config.min_chunk_size_kib) +
+                              " is not a power of two"));
+  }
+  if (config.first_chunk_kib != 0 && (!pow2(config.first_chunk_kib) || config.first_chunk_kib < 16)) {
+    return fail(MakeError(ErrorCode::kInvalidArgument,
+                          "--first-chunk-kib " + std::to_string(config.first_chunk_kib) +
+                              " is not 0 or a power of two of at least 16"));
   }
 
   asio::io_context ioc(1);
@@ -117,9 +132,11 @@ int RunTracker(const TrackerConfig& config) {
       listen.value().first, port.value(), options.announce_interval.count(),
       options.min_interval.count(), service.table().options().peer_ttl.count());
   spdlog::info(
-      "tracker id {}; chunks of {} KiB with {} KiB pieces; at most {} upstream leases ({} per "
+      "tracker id {}; chunks of up to {} KiB with {} KiB pieces (at least {} chunks per blob, "
+      "chunks of at least {} KiB, first chunk {} KiB); at most {} upstream leases ({} per "
       "agent), lease ttl {} s, at most {} blob tables",
-      blobs.tracker_id(), config.chunk_size_kib, config.piece_size_kib,
+      blobs.tracker_id(), config.chunk_size_kib, config.piece_size_kib, config.target_chunks,
+      config.min_chunk_size_kib, config.first_chunk_kib,
       config.max_upstream_fetchers, config.max_leases_per_agent, config.lease_ttl_s,
       config.max_blobs);
 

@@ -52,26 +52,74 @@ Status ChunkLayout::Validate() const {
                          " is not a positive multiple of the piece size " +
                          std::to_string(piece_size));
   }
-  if ((blob_size + chunk_size - 1) / chunk_size > (1ull << 31)) {
+  if (first_chunk_size != 0 &&
+      (first_chunk_size < kMinPieceSize || first_chunk_size >= chunk_size ||
+       (first_chunk_size & (first_chunk_size - 1)) != 0)) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "first chunk size " + std::to_string(first_chunk_size) +
+                         " is not 0 or a power of two from 16 KiB up to below the chunk size " +
+                         std::to_string(chunk_size));
+  }
+  if (blob_size / chunk_size + ramp_count() + 1 > (1ull << 31)) {
     return MakeError(ErrorCode::kInvalidArgument, "blob has too many chunks");
   }
   return Ok();
 }
 
-uint32_t ChunkLayout::chunk_count() const {
-  return static_cast<uint32_t>((blob_size + chunk_size - 1) / chunk_size);
+uint32_t ChunkLayout::ramp_count() const {
+  if (first_chunk_size == 0) return 0;
+  uint32_t r = 0;
+  while ((first_chunk_size << r) < chunk_size) ++r;
+  return r;
 }
 
-uint64_t ChunkLayout::chunk_begin(uint32_t k) const { return uint64_t{k} * chunk_size; }
+uint64_t ChunkLayout::ramp_bytes() const {
+  return first_chunk_size * ((uint64_t{1} << ramp_count()) - 1);
+}
+
+uint64_t ChunkLayout::nominal_length(uint32_t k) const {
+  return k < ramp_count() ? first_chunk_size << k : chunk_size;
+}
+
+uint32_t ChunkLayout::chunk_count() const {
+  if (blob_size == 0) return 0;
+  return chunk_at(blob_size - 1) + 1;
+}
+
+uint32_t ChunkLayout::chunk_at(uint64_t offset) const {
+  const uint32_t r = ramp_count();
+  const uint64_t ramp = ramp_bytes();
+  if (offset < ramp) {
+    // Chunk k starts at first * (2^k - 1): the largest k with that <= offset.
+    uint32_t k = 0;
+    while (k + 1 < r && first_chunk_size * ((uint64_t{1} << (k + 1)) - 1) <= offset) ++k;
+    return k;
+  }
+  return r + static_cast<uint32_t>((offset - ramp) / chunk_size);
+}
+
+uint64_t ChunkLayout::chunk_begin(uint32_t k) const {
+  const uint32_t r = ramp_count();
+  if (k < r) return first_chunk_size * ((uint64_t{1} << k) - 1);
+  return ramp_bytes() + uint64_t{k - r} * chunk_size;
+}
 
 uint64_t ChunkLayout::chunk_length(uint32_t k) const {
   uint64_t begin = chunk_begin(k);
   if (begin >= blob_size) return 0;
-  return std::min<uint64_t>(chunk_size, blob_size - begin);
+  return std::min<uint64_t>(nominal_length(k), blob_size - begin);
+}
+
+uint32_t ChunkLayout::piece_size_of(uint32_t k) const {
+  uint64_t nominal = nominal_length(k);
+  if (nominal >= chunk_size) return piece_size;
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(piece_size, std::max<uint64_t>(kMinPieceSize, nominal / 4)));
 }
 
 uint32_t ChunkLayout::piece_count(uint32_t k) const {
-  return static_cast<uint32_t>((chunk_length(k) + piece_size - 1) / piece_size);
+  uint32_t p = piece_size_of(k);
+  return static_cast<uint32_t>((chunk_length(k) + p - 1) / p);
 }
 
 struct PieceHasher::Ctx {

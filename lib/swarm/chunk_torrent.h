@@ -21,19 +21,35 @@ using Sha1 = std::array<uint8_t, 20>;
 // Lowercase hex of a SHA-1 (40 chars).
 std::string Sha1Hex(const Sha1& hash);
 
-// How a blob of blob_size bytes is cut: chunk k covers [k*chunk_size, min(S, (k+1)*chunk_size)),
-// and each chunk's torrent has pieces of piece_size bytes (the last one may be shorter).
+// How a blob of blob_size bytes is cut into chunks. Without a ramp (first_chunk_size 0) chunk k
+// covers [k*chunk_size, min(S, (k+1)*chunk_size)). With a ramp the first chunks are small so
+// that the swarm starts at once: chunk 0 has first_chunk_size bytes and each next chunk doubles
+// until it reaches chunk_size; the rest are chunk_size. Each chunk's torrent has pieces of
+// piece_size(k) bytes (the last one may be shorter).
 struct ChunkLayout {
   uint64_t blob_size = 0;
   uint64_t chunk_size = 64ull << 20;  // a multiple of piece_size
-  uint32_t piece_size = 4u << 20;     // a power of two, at least 16 KiB
+  uint32_t piece_size = 4u << 20;     // full chunks' pieces: a power of two, at least 16 KiB
+  uint64_t first_chunk_size = 0;      // 0, or a power of two in [16 KiB, chunk_size)
 
   // Checks the invariants above (and blob_size > 0). Errors: kInvalidArgument saying which.
   Status Validate() const;
   uint32_t chunk_count() const;
   uint64_t chunk_begin(uint32_t k) const;
   uint64_t chunk_length(uint32_t k) const;
+  // The piece size of chunk k's torrent: piece_size for full chunks; a ramp chunk of c bytes
+  // has pieces of min(piece_size, max(16 KiB, c / 4)).
+  uint32_t piece_size_of(uint32_t k) const;
   uint32_t piece_count(uint32_t k) const;
+  // The chunk holding byte offset (offset < blob_size).
+  uint32_t chunk_at(uint64_t offset) const;
+  bool operator==(const ChunkLayout&) const = default;
+
+ private:
+  // Ramp chunks (each smaller than chunk_size) and the bytes they cover together.
+  uint32_t ramp_count() const;
+  uint64_t ramp_bytes() const;
+  uint64_t nominal_length(uint32_t k) const;
 };
 
 // Streaming SHA-1 per piece over a chunk's bytes fed in order (any split). Not thread-safe.

@@ -469,6 +469,12 @@ Result<ChunkHandle> Swarm::AddChunk(ChunkSpec spec) { return impl_->AddChunk(std
 void Swarm::RemoveChunk(const Sha1& info_hash) { impl_->RemoveChunk(info_hash); }
 bool Swarm::HasChunk(const Sha1& info_hash) const { return impl_->chunks.count(info_hash) > 0; }
 SwarmStats Swarm::Stats() { return impl_->Stats(); }
+void Swarm::Reannounce(const Sha1& info_hash) {
+  auto it = impl_->chunks.find(info_hash);
+  if (it == impl_->chunks.end()) return;
+  it->second.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+}
+
 void Swarm::ReannounceAll() {
   for (auto& [key, chunk] : impl_->chunks)
     chunk.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);

@@ -44,7 +44,7 @@ struct SwarmOptions {
   // Peer connections of the whole session.
   int connections_limit = 400;
   // Peers unchoked at once (uploading to them); -1 unchokes everyone.
-  int unchoke_slots = 16;
+  int unchoke_slots = -1;
   // Bytes received from peers and not yet written to the blob file before we stop reading
   // from sockets.
   int max_queued_disk_bytes = 16 << 20;
@@ -139,6 +139,8 @@ class Swarm {
   SwarmStats Stats();
   // Announces every chunk to its trackers now (e.g. a restarted tracker lost its peer lists).
   void ReannounceAll();
+  // Announces one chunk now, to learn peers that joined since (no-op when absent).
+  void Reannounce(const Sha1& info_hash);
 
  private:
   struct Impl;

@@ -34,6 +34,55 @@ TEST_CASE("chunk layout: chunk and piece arithmetic") {
                   .Validate().has_value());
 }
 
+TEST_CASE("chunk layout: a ramp of doubling first chunks, then full chunks, tiles the blob") {
+  ChunkLayout l{.blob_size = (20ull << 20) + 7,
+                .chunk_size = 8ull << 20,
+                .piece_size = 1u << 20,
+                .first_chunk_size = 1ull << 20};
+  REQUIRE(l.Validate().has_value());
+  // 1, 2, 4 MiB ramp (7 MiB), then 8 and a 5 MiB + 7 B tail.
+  CHECK(l.chunk_count() == 5);
+  const uint64_t begins[] = {0, 1ull << 20, 3ull << 20, 7ull << 20, 15ull << 20, 23ull << 20};
+  const uint64_t lengths[] = {1ull << 20, 2ull << 20, 4ull << 20, 8ull << 20, (5ull << 20) + 7};
+  for (uint32_t k = 0; k < 5; ++k) {
+    CAPTURE(k);
+    CHECK(l.chunk_begin(k) == begins[k]);
+    CHECK(l.chunk_length(k) == lengths[k]);
+  }
+  CHECK(l.chunk_begin(5) == (23ull << 20));
+  CHECK(l.chunk_length(5) == 0);
+  // Pieces: a quarter of a ramp chunk (at least 16 KiB), piece_size for full chunks.
+  CHECK(l.piece_size_of(0) == (256u << 10));
+  CHECK(l.piece_size_of(2) == (1u << 20));
+  CHECK(l.piece_size_of(3) == (1u << 20));
+  CHECK(l.piece_count(0) == 4);
+  CHECK(l.piece_count(4) == 6);
+  // Every byte belongs to exactly the chunk whose range holds it.
+  uint64_t covered = 0;
+  for (uint32_t k = 0; k < l.chunk_count(); ++k) {
+    CHECK(l.chunk_begin(k) == covered);
+    CHECK(l.chunk_at(covered) == k);
+    CHECK(l.chunk_at(covered + l.chunk_length(k) - 1) == k);
+    covered += l.chunk_length(k);
+  }
+  CHECK(covered == l.blob_size);
+  // A blob that ends inside the ramp.
+  ChunkLayout small = l;
+  small.blob_size = (2ull << 20);
+  CHECK(small.chunk_count() == 2);
+  CHECK(small.chunk_length(1) == (1ull << 20));
+  small.blob_size = 100;
+  CHECK(small.chunk_count() == 1);
+  CHECK(small.chunk_length(0) == 100);
+  CHECK(small.piece_count(0) == 1);
+  // The ramp's first chunk must be a power of two below the chunk size.
+  for (uint64_t bad : {3ull << 20, 8ull << 20, 8ull << 10, 16ull << 20}) {
+    ChunkLayout b = l;
+    b.first_chunk_size = bad;
+    CHECK_FALSE(b.Validate().has_value());
+  }
+}
+
 TEST_CASE("piece hasher: SHA-1 per piece for any split, matching OpenSSL one-shot") {
   const uint32_t piece = 16u << 10;
   std::string data = Bytes(3 * piece + 100);

@@ -28,6 +28,7 @@ BlobTableOptions Options(uint32_t fetchers = 16, uint32_t per_agent = 2) {
   o.piece_size = kPiece;
   o.max_upstream_fetchers = fetchers;
   o.max_leases_per_agent = per_agent;
+  o.max_leases_per_blob = fetchers;
   o.lease_ttl = seconds(15);
   return o;
 }
@@ -102,6 +103,44 @@ TEST_CASE("tracker blobs: a table is created with the layout and remembers its f
   CHECK(t.totals().blobs == 1);
   CHECK(t.totals().chunks == 4);
   CHECK(t.Find(D('b'), kT0).error().code == BlobErrc::kNotFound);
+}
+
+TEST_CASE("tracker blobs: target_chunks gives smaller blobs smaller chunks, with a ramp") {
+  BlobTableOptions o = Options();
+  o.chunk_size = 64ull << 20;
+  o.piece_size = 4u << 20;
+  o.target_chunks = 32;
+  o.min_chunk_size = 4ull << 20;
+  o.first_chunk_size = 1ull << 20;
+  BlobTable t(o, 1);
+  // 256 MiB: 8 MiB chunks of 1 MiB pieces after a 1, 2, 4 MiB ramp.
+  auto l = t.LayoutFor(256ull << 20);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (8ull << 20));
+  CHECK(l.value().piece_size == (1u << 20));
+  CHECK(l.value().first_chunk_size == (1ull << 20));
+  CHECK(l.value().chunk_count() == 3 + 32);
+  // 17 GiB: the configured 64 MiB chunks and 4 MiB pieces.
+  l = t.LayoutFor(17ull << 30);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (64ull << 20));
+  CHECK(l.value().piece_size == (4u << 20));
+  // Small blobs: never below min_chunk_size.
+  l = t.LayoutFor(3ull << 20);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (4ull << 20));
+  CHECK(l.value().piece_size == (512u << 10));
+  CHECK(l.value().chunk_count() == 2);
+  // Without target_chunks every blob gets the configured layout; a first chunk at or above the
+  // chunk size means no ramp.
+  o.target_chunks = 0;
+  o.first_chunk_size = 64ull << 20;
+  BlobTable fixed(o, 1);
+  l = fixed.LayoutFor(256ull << 20);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (64ull << 20));
+  CHECK(l.value().first_chunk_size == 0);
+  CHECK(l.value().chunk_count() == 4);
 }
 
 TEST_CASE("tracker blobs: a known blob asked for with another size is a conflict") {
@@ -406,6 +445,72 @@ TEST_CASE("tracker blobs: the chunk bound evicts too") {
   REQUIRE(t.Ensure(D('c'), Source(kChunk), kT0).has_value());  // one chunk: a goes
   CHECK(t.Find(D('a'), kT0).error().code == BlobErrc::kNotFound);
   CHECK(t.totals().chunks == 5);
+}
+
+}  // namespace shoal::tracker
+
+namespace shoal::tracker {
+
+TEST_CASE("tracker blobs: work hands out the lowest free chunk, within the blob cap, then done") {
+  BlobTableOptions o = Options(/*fetchers=*/16, /*per_agent=*/2);
+  o.max_leases_per_blob = 2;
+  BlobTable t(o, 1);
+  const Digest d = D('w');
+  auto work = [&](const std::string& agent) {
+    auto a = t.Work(d, agent, Source(), kT0);
+    REQUIRE_MESSAGE(a.has_value(), a.error().message);
+    return a.value();
+  };
+  LeaseAnswer a = work("a");
+  REQUIRE(a.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(a.chunk == 0);
+  CHECK(a.begin == 0);
+  CHECK(a.length == kChunk);
+  // Asking again returns the agent's own lease, not a second one.
+  LeaseAnswer again = work("a");
+  CHECK(again.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(again.chunk == 0);
+  CHECK(again.lease_id == a.lease_id);
+  LeaseAnswer b = work("b");
+  REQUIRE(b.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(b.chunk == 1);
+  // The blob cap (2) holds a third agent back.
+  LeaseAnswer c = work("c");
+  CHECK(c.kind == LeaseAnswer::Kind::kWait);
+  CHECK(c.reason == WaitReason::kBlobCap);
+  // A reader that may not be granted only waits, even for a free chunk.
+  auto reader = t.Lease(d, 2, "c", Source(), kT0, /*may_grant=*/false);
+  REQUIRE(reader.has_value());
+  CHECK(reader.value().kind == LeaseAnswer::Kind::kWait);
+  CHECK(reader.value().reason == WaitReason::kUnleased);
+  CHECK(StateOf(t, d, 2, kT0) == ChunkState::kNone);
+  // Publishing chunk 0 frees a slot: the next free chunk (2) goes to c.
+  REQUIRE(t.Publish(d, 0, "a", a.lease_id, Source(), Metainfo(kChunk, 1), kT0).has_value());
+  c = work("c");
+  REQUIRE(c.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(c.chunk == 2);
+  REQUIRE(t.Publish(d, 1, "b", b.lease_id, Source(), Metainfo(kChunk, 2), kT0).has_value());
+  REQUIRE(t.Publish(d, 2, "c", c.lease_id, Source(), Metainfo(kChunk, 3), kT0).has_value());
+  LeaseAnswer last = work("a");
+  REQUIRE(last.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(last.chunk == 3);
+  CHECK(last.length == 3392);
+  // Every other chunk is ready and the last one leased: nothing for b to do yet.
+  CHECK(work("b").kind == LeaseAnswer::Kind::kWait);
+  REQUIRE(t.Publish(d, 3, "a", last.lease_id, Source(), Metainfo(3392, 4), kT0).has_value());
+  CHECK(work("b").kind == LeaseAnswer::Kind::kDone);
+}
+
+TEST_CASE("tracker blobs: an expired work lease goes to the next agent that asks for work") {
+  BlobTable t(Options(), 1);
+  const Digest d = D('x');
+  auto a = t.Work(d, "a", Source(), kT0);
+  REQUIRE(a.has_value());
+  REQUIRE(a.value().chunk == 0);
+  auto b = t.Work(d, "b", Source(), kT0 + seconds(16));
+  REQUIRE(b.has_value());
+  CHECK(b.value().kind == LeaseAnswer::Kind::kGranted);
+  CHECK(b.value().chunk == 0);
 }
 
 }  // namespace shoal::tracker
