@@ -132,6 +132,7 @@ int RunAgent(const AgentConfig& config) {
     swarm::SwarmOptions swarm_options;
     swarm_options.listen_interface = config.swarm_listen;
     swarm_options.allow_multiple_connections_per_ip = true;
+    swarm_options.unchoke_slots = config.unchoke_slots;
     swarm = std::make_unique<swarm::Swarm>(ioc, swarm_options);
     if (auto st = swarm->Start(); !st) return fail(st.error());
     seeds = std::make_unique<SeedBook>(config.cache_dir + "/swarm", *store.value(), *swarm,

@@ -79,6 +79,12 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_PEER_STALL_MS")
       ->check(CLI::Range(100, 600000))
       ->capture_default_str();
+  app.add_option("--unchoke-slots", c.unchoke_slots,
+                 "Peers this agent uploads to at once over all chunks; -1 unchokes every "
+                 "interested peer (right on a LAN, where TCP shares the link fairly)")
+      ->envname("SHOAL_UNCHOKE_SLOTS")
+      ->check(CLI::Range(-1, 100000))
+      ->capture_default_str();
   app.add_option("--log-format", c.log_format, "json or text")
       ->envname("SHOAL_LOG_FORMAT")
       ->check(CLI::IsMember({"json", "text"}))

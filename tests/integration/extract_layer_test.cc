@@ -580,7 +580,7 @@ TEST_CASE("extract: parallel extraction equals sequential extraction, file for f
   for (const auto& l : again.value()) CHECK(l.reused);
 }
 
-TEST_CASE("extract: one hostile layer fails the image; the good layers stay, the bad leaves nothing") {
+TEST_CASE("extract: one hostile layer fails the image, the good layers stay, the bad leaves nothing") {
   TempDir tmp("shoal-extract-image-fail");
   auto img = WriteOciImage(
       tmp.Sub("layout"), "1",

@@ -248,7 +248,7 @@ TEST_CASE("tracker blobs: an expired lease goes to the next agent that asks") {
   CHECK(t.ActiveLeases(10).empty());
 }
 
-TEST_CASE("tracker blobs: renewals extend a lease; after expiry or re-grant the lease is lost") {
+TEST_CASE("tracker blobs: renewals extend a lease, after expiry or re-grant the lease is lost") {
   BlobTable t(Options(), 1);
   auto a = MustLease(t, D('a'), 0, "n1", kT0);
   auto ttl = t.Renew(D('a'), 0, "n1", a.lease_id, 1000, kT0 + seconds(10));
@@ -343,7 +343,7 @@ TEST_CASE("tracker blobs: a chunk published by someone else ends the current hol
   CHECK(t.Release(D('a'), 0, "n1", a.lease_id, kT0).error().code == BlobErrc::kConflict);
 }
 
-TEST_CASE("tracker blobs: re-publishing without a lease rebuilds a table; the first wins") {
+TEST_CASE("tracker blobs: re-publishing without a lease rebuilds a table, the first wins") {
   BlobTable t(Options(), 1);
   std::string first = Metainfo(kChunk, 1);
   std::string second = Metainfo(kChunk, 2);

@@ -88,7 +88,7 @@ TEST_CASE("tracker response: announce reply has intervals, counts and compact pe
   CHECK_FALSE(d.dict_find("failure reason"));
 }
 
-TEST_CASE("tracker response: peers is present even when empty; no peers6 without IPv6 peers") {
+TEST_CASE("tracker response: peers is present even when empty, no peers6 without IPv6 peers") {
   Decoded d = Decode(EncodeAnnounceReply(AnnounceReply{}, seconds(300), seconds(60)));
   lt::bdecode_node peers = d.dict_find_string("peers");
   REQUIRE(peers);
