@@ -117,21 +117,8 @@ BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::
     answer.published = chunk.published;
     return answer;
   }
-  auto grant = [&](const LeaseRecord& lease) {
-    answer.kind = LeaseAnswer::Kind::kGranted;
-    answer.lease_id = lease.id;
-    answer.ttl = options_.lease_ttl;
-    answer.begin = blob.layout.chunk_begin(k);
-    answer.length = blob.layout.chunk_length(k);
-    return answer;
-  };
-  auto wait = [&](WaitReason reason, TimePoint recheck_at) {
-    answer.kind = LeaseAnswer::Kind::kWait;
-    answer.reason = reason;
-    answer.retry_after = options_.retry_after;
-    answer.recheck_at = recheck_at;
-    return answer;
-  };
+  auto grant = [&](const LeaseRecord& lease) { return Granted(answer, blob, k, lease); };
+  auto wait = [&](WaitReason reason, TimePoint at) { return Waiting(answer, reason, at); };
   if (!may_grant) {
     if (chunk.lease) return wait(WaitReason::kLeased, chunk.lease->expiry->first);
     return wait(WaitReason::kUnleased, TimePoint::max());
@@ -158,6 +145,25 @@ BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::
   return grant(Grant(digest, blob, k, agent, now));
 }
 
+LeaseAnswer BlobTable::Granted(LeaseAnswer answer, const Blob& blob, uint32_t k,
+                               const LeaseRecord& lease) const {
+  answer.kind = LeaseAnswer::Kind::kGranted;
+  answer.chunk = k;
+  answer.lease_id = lease.id;
+  answer.ttl = options_.lease_ttl;
+  answer.begin = blob.layout.chunk_begin(k);
+  answer.length = blob.layout.chunk_length(k);
+  return answer;
+}
+
+LeaseAnswer BlobTable::Waiting(LeaseAnswer answer, WaitReason reason, TimePoint recheck_at) const {
+  answer.kind = LeaseAnswer::Kind::kWait;
+  answer.reason = reason;
+  answer.retry_after = options_.retry_after;
+  answer.recheck_at = recheck_at;
+  return answer;
+}
+
 BlobTable::LeaseRecord& BlobTable::Grant(const Digest& digest, Blob& blob, uint32_t k,
                                          std::string_view agent, TimePoint now) {
   Chunk& chunk = blob.chunks[k];
@@ -182,21 +188,9 @@ BlobResult<LeaseAnswer> BlobTable::Work(const Digest& digest, std::string_view a
   LeaseAnswer answer;
   answer.layout = blob.layout;
   auto grant = [&](uint32_t k, const LeaseRecord& lease) {
-    answer.kind = LeaseAnswer::Kind::kGranted;
-    answer.chunk = k;
-    answer.lease_id = lease.id;
-    answer.ttl = options_.lease_ttl;
-    answer.begin = blob.layout.chunk_begin(k);
-    answer.length = blob.layout.chunk_length(k);
-    return answer;
+    return Granted(answer, blob, k, lease);
   };
-  auto wait = [&](WaitReason reason, TimePoint recheck_at) {
-    answer.kind = LeaseAnswer::Kind::kWait;
-    answer.reason = reason;
-    answer.retry_after = options_.retry_after;
-    answer.recheck_at = recheck_at;
-    return answer;
-  };
+  auto wait = [&](WaitReason reason, TimePoint at) { return Waiting(answer, reason, at); };
   if (blob.ready == blob.chunks.size()) {
     answer.kind = LeaseAnswer::Kind::kDone;
     return answer;

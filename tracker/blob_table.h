@@ -255,6 +255,10 @@ class BlobTable {
   static BlobResult<Chunk*> ChunkOf(const Digest& digest, Blob& blob, uint32_t k);
   // Evicts least recently used lease-free tables until one of `chunks` chunks fits.
   BlobResult<void> MakeRoom(const Digest& digest, uint32_t chunks);
+  // answer (layout set) completed as a grant of lease on chunk k, or as a wait.
+  LeaseAnswer Granted(LeaseAnswer answer, const Blob& blob, uint32_t k,
+                      const LeaseRecord& lease) const;
+  LeaseAnswer Waiting(LeaseAnswer answer, WaitReason reason, TimePoint recheck_at) const;
   // A new lease on chunk k of blob for agent (the caps were checked).
   LeaseRecord& Grant(const Digest& digest, Blob& blob, uint32_t k, std::string_view agent,
                      TimePoint now);

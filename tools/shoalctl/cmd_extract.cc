@@ -30,6 +30,7 @@
 #include "lib/oci/manifest.h"
 #include "lib/oci/reference.h"
 #include "tools/shoalctl/commands.h"
+#include "tools/shoalctl/human.h"
 
 namespace shoal::ctl {
 namespace {
@@ -50,17 +51,6 @@ struct ExtractFlags {
 
 constexpr size_t kMaxManifest = 4 << 20;
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f %s", bytes, units[u]);
-  return buf;
-}
 
 // Download progress shared between the network thread (writer) and the extraction workers
 // (readers waiting for a layer's prefix).

@@ -13,6 +13,7 @@
 
 #include "tools/shoalctl/agent_client.h"
 #include "tools/shoalctl/commands.h"
+#include "tools/shoalctl/human.h"
 
 namespace shoal::ctl {
 namespace {
@@ -24,17 +25,6 @@ struct PullFlags {
   bool json = false;
 };
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.1f %s", bytes, units[u]);
-  return buf;
-}
 
 int RunPull(const PullFlags& flags) {
   auto agent = http::Url::Parse(flags.agent);
