@@ -4,6 +4,8 @@
 #include <charconv>
 #include <unordered_set>
 
+#include "lib/oci/quote.h"
+
 namespace shoal::tracker {
 namespace {
 
@@ -68,7 +70,7 @@ Result<uint64_t> ParseNumber(std::string_view raw, std::string_view name, uint64
   auto decoded = PercentDecode(raw, name);
   if (!decoded) return decoded.error();
   const std::string& text = decoded.value();
-  auto shown = [&] { return "\"" + text.substr(0, 32) + (text.size() > 32 ? "...\"" : "\""); };
+  auto shown = [&] { return oci::Quote(text, 32); };
   if (text.empty()) return Invalid(std::string(name) + " is empty");
   if (!std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return Invalid(std::string(name) + " must be a non-negative decimal integer, got " + shown());
@@ -104,8 +106,8 @@ Result<AnnounceEvent> ParseEvent(std::string_view raw) {
   if (e == "completed") return AnnounceEvent::kCompleted;
   if (e == "stopped") return AnnounceEvent::kStopped;
   if (e == "paused") return AnnounceEvent::kPaused;
-  return Invalid("event \"" + e.substr(0, 32) +
-                 "\" is not one of started, completed, stopped, paused");
+  return Invalid("event " + oci::Quote(e, 32) +
+                 " is not one of started, completed, stopped, paused");
 }
 
 }  // namespace
@@ -142,8 +144,8 @@ Result<std::string> PercentDecode(std::string_view text, std::string_view what) 
     int hi = HexValue(text[i + 1]);
     int lo = HexValue(text[i + 2]);
     if (hi < 0 || lo < 0) {
-      return Invalid(std::string(what) + " has a bad percent-escape \"" +
-                     std::string(text.substr(i, 3)) + "\" at offset " + std::to_string(i));
+      return Invalid(std::string(what) + " has a bad percent-escape " +
+                     oci::Quote(text.substr(i, 3), 3) + " at offset " + std::to_string(i));
     }
     out.push_back(static_cast<char>(hi * 16 + lo));
     i += 2;

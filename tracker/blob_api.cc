@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/core/base64.h"
+#include "lib/oci/quote.h"
 #include "tracker/announce.h"
 
 namespace shoal::tracker {
@@ -59,12 +60,7 @@ struct Rejection {
   std::string_view allow;
 };
 
-std::string Quoted(std::string_view text) {
-  constexpr size_t kShown = 80;
-  std::string out = "\"" + std::string(text.substr(0, kShown)) + "\"";
-  if (text.size() > kShown) out += "...";
-  return out;
-}
+std::string Quoted(std::string_view text) { return oci::Quote(text, 80); }
 
 std::optional<uint64_t> ParseDecimal(std::string_view text, size_t max_digits) {
   if (text.empty() || text.size() > max_digits) return std::nullopt;

@@ -24,11 +24,9 @@ using namespace shoal::tracker;
 
 namespace {
 
-// Known gap: error messages quote decoded parameter values (ParseNumber, ParseEvent) and raw
-// escapes (PercentDecode) without escaping, so "port=%0a" yields a message with a newline
-// (logged at debug level by tracker/service.cc). Set to true once tracker/announce.cc escapes
-// what it echoes.
-constexpr bool kErrorsArePrintable = false;
+// Error messages echo client bytes only through oci::Quote, so they are printable ASCII on one
+// line whatever the query holds.
+constexpr bool kErrorsArePrintable = true;
 
 // Messages quote at most 32 bytes of a value; nothing a client sends makes them long.
 constexpr size_t kMaxMessage = 256;
