@@ -5,6 +5,11 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "lib/core/sha256.h"
 
 #include "lib/oci/manifest.h"
 #include "lib/oci/media_types.h"
@@ -95,7 +100,23 @@ PullThrough::PullThrough(asio::io_context& ioc, asio::thread_pool& pool, store::
                           .Name("shoal_upstream_blob_fetches_inflight")
                           .Help("Blob fetches from upstream in progress")
                           .Register(metrics)
-                          .Add({})) {}
+                          .Add({})),
+      manifest_tracker_(prometheus::BuildCounter()
+                            .Name("shoal_manifest_requests_total")
+                            .Help("Manifest resolutions, by where the answer came from")
+                            .Register(metrics)
+                            .Add({{"source", "tracker"}})),
+      manifest_leases_(prometheus::BuildCounter()
+                           .Name("shoal_manifest_tracker_leases_total")
+                           .Help("Manifests this agent fetched upstream for the cluster under "
+                                 "the tracker's lease")
+                           .Register(metrics)
+                           .Add({})),
+      manifest_fallbacks_(prometheus::BuildCounter()
+                              .Name("shoal_manifest_tracker_fallbacks_total")
+                              .Help("Manifest resolutions that went straight upstream because "
+                                    "the tracker failed, by reason")
+                              .Register(metrics)) {}
 
 Result<upstream::RegistryEndpoint> PullThrough::EndpointFor(const std::string& registry) const {
   return options_.upstreams.Resolve(registry);
@@ -154,11 +175,22 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
                                      tag->second.digest};
     }
   }
-  auto fetched = co_await FetchManifest(repo, ep.value(), reference);
+  // The cluster-wide cache first (one upstream request for N nodes), else upstream directly.
+  std::optional<Digest> want;
+  if (ref.value().IsDigest()) want = *ref.value().digest;
+  std::chrono::milliseconds age{0};
+  std::optional<Result<shim::ManifestResult>> via =
+      co_await ViaTracker(repo, ep.value(), reference, want, age);
+  if (!via) {
+    auto direct = co_await FetchManifest(repo, ep.value(), reference);
+    via = std::move(direct);
+  }
+  Result<shim::ManifestResult> fetched = std::move(*via);
   if (fetched) {
     if (!ref.value().IsDigest()) {
-      tags_.insert_or_assign(key,
-                             TagEntry{fetched.value().digest, std::chrono::steady_clock::now()});
+      // A resolution from the cache is as old as its upstream fetch, not as this answer.
+      tags_.insert_or_assign(
+          key, TagEntry{fetched.value().digest, std::chrono::steady_clock::now() - age});
     }
     co_return fetched;
   }
@@ -174,6 +206,94 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
     }
   }
   co_return fetched.error();
+}
+
+awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
+    const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep, const std::string& reference,
+    const std::optional<Digest>& want, std::chrono::milliseconds& age) {
+  using Clock = std::chrono::steady_clock;
+  if (services_.tracker == nullptr || !services_.tracker->enabled()) co_return std::nullopt;
+  TrackerClient& tracker = *services_.tracker;
+  const ManifestRef mref{repo.registry, repo.repository, reference};
+  const std::string name = repo.str() + (want ? "@" : ":") + reference;
+  const Clock::time_point deadline = Clock::now() + options_.tracker_manifest_wait;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      spdlog::warn("manifest {}: no answer from the cluster cache within {} ms; fetching upstream",
+                   name, options_.tracker_manifest_wait.count());
+      manifest_fallbacks_.Add({{"reason", "timeout"}}).Increment();
+      co_return std::nullopt;
+    }
+    const auto asked = Clock::now();
+    auto answer =
+        co_await tracker.ResolveManifest(mref, std::min(left, std::chrono::milliseconds(5000)));
+    if (!answer) {
+      // Never worse than no mirror: a tracker that fails costs one upstream request.
+      spdlog::warn("manifest {}: tracker failed ({}); fetching upstream", name,
+                   answer.error().message);
+      manifest_fallbacks_.Add({{"reason", "error"}}).Increment();
+      co_return std::nullopt;
+    }
+    TrackerManifest& m = answer.value();
+    switch (m.kind) {
+      case TrackerManifest::Kind::kFound: {
+        // A lying tracker must not poison this node: the bytes must hash to the digest (and to
+        // the reference, for a digest). A tag -> digest answer itself can only be trusted.
+        auto digest = Digest::Parse(m.digest);
+        bool verified = digest && Sha256::Of(m.body) == digest.value() &&
+                        (!want || *want == digest.value());
+        auto parsed = oci::ParseManifest(
+            m.body, oci::IsManifestType(m.media_type) ? m.media_type : std::string());
+        if (!verified || !parsed) {
+          spdlog::warn("manifest {}: the tracker's answer does not verify ({}); fetching upstream",
+                       name, !verified ? "digest mismatch" : parsed.error().message);
+          manifest_fallbacks_.Add({{"reason", "unverified"}}).Increment();
+          co_return std::nullopt;
+        }
+        std::string media_type = parsed.value().media_type;
+        NoteSizes(parsed.value());
+        if (auto st = store_.PutManifest(digest.value(), m.body, media_type); !st) {
+          spdlog::warn("could not cache manifest {}: {}", m.digest, st.error().ToString());
+        }
+        manifest_tracker_.Increment();
+        age = m.age;
+        co_return Result<shim::ManifestResult>(
+            shim::ManifestResult{std::move(m.body), media_type, digest.value()});
+      }
+      case TrackerManifest::Kind::kFetch: {
+        manifest_leases_.Increment();
+        auto fetched = co_await FetchManifest(repo, ep, reference);
+        if (fetched) {
+          const shim::ManifestResult& f = fetched.value();
+          Status published = co_await tracker.PublishManifest(mref, f.digest, f.media_type, f.body);
+          if (!published) {
+            spdlog::warn("manifest {}: could not publish to the tracker: {}", name,
+                         published.error().message);
+          }
+        } else {
+          Status released = co_await tracker.ReleaseManifest(mref);
+          if (!released) {
+            spdlog::debug("manifest {}: lease release failed: {}", name,
+                          released.error().message);
+          }
+        }
+        co_return std::optional<Result<shim::ManifestResult>>(std::move(fetched));
+      }
+      case TrackerManifest::Kind::kWait: {
+        // Normally the tracker held the request; an immediate "wait" (its waiter cap) must not
+        // make a busy loop.
+        auto elapsed = Clock::now() - asked;
+        if (elapsed < m.retry_after) {
+          asio::steady_timer timer(ioc_);
+          timer.expires_after(m.retry_after - elapsed);
+          boost::system::error_code ec;
+          co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        }
+        break;
+      }
+    }
+  }
 }
 
 void PullThrough::NoteSizes(const oci::Manifest& manifest) {

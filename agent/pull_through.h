@@ -8,6 +8,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -33,6 +34,10 @@ struct PullThroughOptions {
   upstream::UpstreamMap upstreams;
   // How long a tag -> digest resolution is trusted before asking upstream again.
   std::chrono::seconds tag_ttl{30};
+  // With a tracker: how long to wait for another agent's upstream fetch of a manifest (through
+  // the tracker's cluster-wide cache) before fetching it upstream ourselves. Longer than the
+  // tracker's --manifest-lease-ttl-s (10 s), so a dead fetcher's lease passes to a waiter first.
+  std::chrono::milliseconds tracker_manifest_wait{20'000};
 };
 
 // Network-thread only (see docs/architecture.md, threading model).
@@ -65,6 +70,14 @@ class PullThrough : public shim::Backend {
   boost::asio::awaitable<Result<shim::ManifestResult>> FetchManifest(
       const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep,
       const std::string& reference);
+  // Resolves through the tracker's cluster-wide manifest cache: served from it (verified), or
+  // fetched upstream by us under the tracker's lease and published. nullopt: go upstream
+  // directly (no tracker, tracker errors, an answer that does not verify, or waited too long).
+  // want: the digest a digest reference names. age: how old a tag resolution from the cache is.
+  boost::asio::awaitable<std::optional<Result<shim::ManifestResult>>> ViaTracker(
+      const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep,
+      const std::string& reference, const std::optional<Digest>& want,
+      std::chrono::milliseconds& age);
   // Remembers the sizes of the blobs a manifest lists, so a blob miss needs no upstream HEAD.
   void NoteSizes(const oci::Manifest& manifest);
   // The blob's size: from a manifest seen before, the tracker's table, or an upstream HEAD.
@@ -89,6 +102,10 @@ class PullThrough : public shim::Backend {
   prometheus::Counter& manifest_cache_;
   prometheus::Counter& manifest_stale_;
   prometheus::Gauge& inflight_gauge_;
+  prometheus::Counter& manifest_tracker_;  // shoal_manifest_requests_total{source="tracker"}
+  prometheus::Counter& manifest_leases_;   // shoal_manifest_tracker_leases_total
+  // shoal_manifest_tracker_fallbacks_total{reason}: error, timeout, unverified.
+  prometheus::Family<prometheus::Counter>& manifest_fallbacks_;
 };
 
 }  // namespace shoal::agent

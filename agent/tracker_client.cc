@@ -322,4 +322,90 @@ awaitable<Status> TrackerClient::ReportBad(const Digest& digest, uint32_t k,
   co_return Ok();
 }
 
+// ---- The cluster-wide manifest cache ----
+
+namespace {
+
+// The rendezvous key of a manifest reference: every agent asks the same owner replica.
+Digest ManifestOwnerKey(const ManifestRef& ref) {
+  return Sha256::Of("manifest|" + ref.registry + "/" + ref.repository + "|" + ref.reference);
+}
+
+json ManifestRefJson(const std::string& agent, const ManifestRef& ref) {
+  return json{{"agent", agent},
+              {"registry", ref.registry},
+              {"repository", ref.repository},
+              {"reference", ref.reference}};
+}
+
+Result<TrackerManifest> ParseManifestAnswer(const std::string& body) {
+  try {
+    json j = json::parse(body);
+    TrackerManifest out;
+    std::string state = j.at("state").get<std::string>();
+    if (state == "found") {
+      out.kind = TrackerManifest::Kind::kFound;
+      out.digest = j.at("digest").get<std::string>();
+      out.media_type = j.at("media_type").get<std::string>();
+      auto decoded = Base64Decode(j.at("manifest").get<std::string>());
+      if (!decoded) return MakeError(ErrorCode::kProtocol, "tracker manifest is not base64");
+      out.body = std::move(*decoded);
+      out.age = std::chrono::milliseconds(std::max<int64_t>(0, j.value("age_ms", int64_t{0})));
+    } else if (state == "fetch") {
+      out.kind = TrackerManifest::Kind::kFetch;
+    } else if (state == "wait") {
+      out.kind = TrackerManifest::Kind::kWait;
+      out.retry_after = std::chrono::milliseconds(j.value("retry_after_ms", int64_t{500}));
+    } else {
+      return MakeError(ErrorCode::kProtocol, "tracker manifest state \"" + state + "\" unknown");
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return MakeError(ErrorCode::kProtocol, std::string("tracker manifest answer: ") + e.what());
+  }
+}
+
+}  // namespace
+
+awaitable<Result<TrackerManifest>> TrackerClient::ResolveManifest(const ManifestRef& ref,
+                                                                  std::chrono::milliseconds wait) {
+  std::string target = "/v1/manifests/resolve?wait_ms=" + std::to_string(wait.count());
+  std::string body = ManifestRefJson(options_.agent_id, ref).dump();
+  Digest key = ManifestOwnerKey(ref);
+  auto reply = co_await Call(key, http_::verb::post, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200) {
+    co_return ReplyError(reply.value().status, reply.value().body,
+                         "manifest " + ref.registry + "/" + ref.repository + ":" + ref.reference);
+  }
+  co_return ParseManifestAnswer(reply.value().body);
+}
+
+awaitable<Status> TrackerClient::PublishManifest(const ManifestRef& ref, const Digest& digest,
+                                                 const std::string& media_type,
+                                                 const std::string& body) {
+  json j = ManifestRefJson(options_.agent_id, ref);
+  j["media_type"] = media_type;
+  j["manifest"] = Base64Encode(body);
+  std::string target = "/v1/manifests/" + digest.str();
+  std::string payload = j.dump();
+  Digest key = ManifestOwnerKey(ref);
+  auto reply = co_await Call(key, http_::verb::put, std::move(target), std::move(payload));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "manifest publish");
+  co_return Ok();
+}
+
+awaitable<Status> TrackerClient::ReleaseManifest(const ManifestRef& ref) {
+  std::string target = "/v1/manifests/release";
+  std::string body = ManifestRefJson(options_.agent_id, ref).dump();
+  Digest key = ManifestOwnerKey(ref);
+  auto reply = co_await Call(key, http_::verb::post, std::move(target), std::move(body));
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "manifest lease release");
+  co_return Ok();
+}
+
 }  // namespace shoal::agent

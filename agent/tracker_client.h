@@ -52,6 +52,29 @@ struct LeaseAnswer {
   std::string reason;  // kWait: "leased", "cluster_cap", "agent_cap", "blob_cap", "unleased"
 };
 
+// ---- The cluster-wide manifest cache (tracker/manifest_api.h) ----
+
+// What a manifest reference names: a tag or a digest ("sha256:...") in one repository.
+struct ManifestRef {
+  std::string registry;
+  std::string repository;
+  std::string reference;
+};
+
+// The tracker's answer to a manifest resolution. kFound's bytes are NOT verified here: the
+// caller checks sha256(body) == digest (and == the reference, for a digest) before use.
+struct TrackerManifest {
+  // kFetch: this agent holds the lease: fetch upstream, then PublishManifest or ReleaseManifest.
+  // kWait: another agent is fetching; ask again (long-polls).
+  enum class Kind { kFound, kFetch, kWait };
+  Kind kind = Kind::kWait;
+  std::string digest;  // kFound, as the tracker sent it (parse and verify before use)
+  std::string media_type;
+  std::string body;
+  std::chrono::milliseconds age{0};          // kFound for a tag: since an agent fetched it
+  std::chrono::milliseconds retry_after{0};  // kWait
+};
+
 struct TrackerClientOptions {
   std::vector<http::Url> trackers;  // replica base URLs, e.g. http://10.0.0.5:7070
   std::string agent_id;             // this agent's identity in leases
@@ -98,6 +121,20 @@ class TrackerClient {
   // Reports chunk metainfo whose data did not verify, so the tracker drops it and re-leases.
   boost::asio::awaitable<Status> ReportBad(const Digest& digest, uint32_t k,
                                            const std::string& info_hash_hex);
+
+  // ---- The cluster-wide manifest cache (tracker/manifest_api.h). The owner replica is chosen by
+  // rendezvous over "registry/repository:reference", so every agent asks the same one. ----
+
+  // Asks for ref: found, fetch (we hold the lease) or wait. With wait > 0 the tracker holds the
+  // request until the reference is published, the lease moves, or wait passes. Errors as Table.
+  boost::asio::awaitable<Result<TrackerManifest>> ResolveManifest(const ManifestRef& ref,
+                                                                  std::chrono::milliseconds wait);
+  // Publishes a manifest fetched from upstream for ref (ending our lease on it).
+  boost::asio::awaitable<Status> PublishManifest(const ManifestRef& ref, const Digest& digest,
+                                                 const std::string& media_type,
+                                                 const std::string& body);
+  // Gives our lease on ref back after a failed upstream fetch.
+  boost::asio::awaitable<Status> ReleaseManifest(const ManifestRef& ref);
 
   // Called (on the network thread) when a replica answers with a tracker_id different from the
   // one it gave before: it restarted and lost its tables.

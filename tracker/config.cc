@@ -109,6 +109,31 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_MAX_BLOBS")
       ->check(CLI::Range(static_cast<size_t>(1), static_cast<size_t>(100'000'000)))
       ->capture_default_str();
+  // The cluster-wide manifest cache.
+  app.add_option("--manifest-ttl-s", c.manifest_ttl_s,
+                 "Seconds a tag -> digest resolution an agent reported is served to every agent; "
+                 "then the next agent that asks fetches it from upstream again (manifests by "
+                 "digest never expire)")
+      ->envname("SHOAL_MANIFEST_TTL_S")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
+  app.add_option("--manifest-lease-ttl-s", c.manifest_lease_ttl_s,
+                 "Seconds the agent told to fetch a missing manifest has to publish it; then the "
+                 "next agent that asks fetches it instead")
+      ->envname("SHOAL_MANIFEST_LEASE_TTL_S")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  app.add_option("--max-manifests", c.max_manifests,
+                 "Manifests kept in the cluster-wide cache; beyond, the least recently used go")
+      ->envname("SHOAL_MAX_MANIFESTS")
+      ->check(CLI::Range(static_cast<size_t>(1), static_cast<size_t>(100'000'000)))
+      ->capture_default_str();
+  app.add_option("--max-manifest-cache-mib", c.max_manifest_cache_mib,
+                 "Manifest bytes kept in the cluster-wide cache, in MiB; beyond, the least "
+                 "recently used go")
+      ->envname("SHOAL_MAX_MANIFEST_CACHE_MIB")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20))
+      ->capture_default_str();
   app.add_option("--log-format", c.log_format, "json or text")
       ->envname("SHOAL_LOG_FORMAT")
       ->check(CLI::IsMember({"json", "text"}))

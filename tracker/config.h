@@ -32,6 +32,11 @@ struct TrackerConfig {
   uint32_t max_leases_per_blob = 4;
   int lease_ttl_s = 15;
   size_t max_blobs = 100'000;
+  // The cluster-wide manifest cache (the manifest API).
+  int manifest_ttl_s = 30;              // a tag resolution is served this long
+  int manifest_lease_ttl_s = 10;        // an agent fetching a manifest for the cluster, at most
+  size_t max_manifests = 10'000;        // manifests kept (LRU beyond)
+  uint64_t max_manifest_cache_mib = 256;  // manifest bytes kept (LRU beyond)
   std::string log_format = "json";
   std::string log_level = "info";
 };

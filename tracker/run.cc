@@ -19,6 +19,7 @@
 #include "lib/core/log.h"
 #include "lib/swarm/chunk_torrent.h"
 #include "tracker/blob_api.h"
+#include "tracker/manifest_api.h"
 #include "tracker/server.h"
 #include "tracker/service.h"
 
@@ -111,13 +112,21 @@ int RunTracker(const TrackerConfig& config) {
                               " is not 0 or a power of two of at least 16"));
   }
 
+  // The cluster-wide manifest cache.
+  ManifestApiOptions manifest_options;
+  manifest_options.cache.tag_ttl = std::chrono::seconds(config.manifest_ttl_s);
+  manifest_options.cache.lease_ttl = std::chrono::seconds(config.manifest_lease_ttl_s);
+  manifest_options.cache.max_manifests = config.max_manifests;
+  manifest_options.cache.max_bytes = config.max_manifest_cache_mib << 20;
+
   asio::io_context ioc(1);
   prometheus::Registry registry;
   TrackerService service(options, registry);
   BlobApi blobs(blob_options, registry, BlobApi::NewTrackerId());
   ServerOptions server_options;
   server_options.max_connections = config.max_connections;
-  Server server(ioc, service, blobs, server_options);
+  ManifestApi manifests(manifest_options, registry, blobs.tracker_id());
+  Server server(ioc, service, blobs, manifests, server_options);
   server.SetMetricsHandler(
       [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
   auto port = server.Listen(listen.value().first, listen.value().second);
@@ -139,6 +148,9 @@ int RunTracker(const TrackerConfig& config) {
       config.min_chunk_size_kib, config.first_chunk_kib,
       config.max_upstream_fetchers, config.max_leases_per_agent, config.lease_ttl_s,
       config.max_blobs);
+  spdlog::info("manifest cache: tag ttl {} s, fetch lease ttl {} s, at most {} manifests / {} MiB",
+               config.manifest_ttl_s, config.manifest_lease_ttl_s, config.max_manifests,
+               config.max_manifest_cache_mib);
 
   // Upkeep: drop silent peers. A tenth of the TTL keeps the overshoot small and the cost low
   // (one pass over the peers).
@@ -150,6 +162,7 @@ int RunTracker(const TrackerConfig& config) {
       if (ec) return;
       service.Sweep(TrackerClock::now());
       blobs.Sweep(TrackerClock::now());
+      manifests.Sweep(TrackerClock::now());
       schedule_sweep();
     });
   };
@@ -173,6 +186,7 @@ int RunTracker(const TrackerConfig& config) {
     spdlog::info("signal {}: shutting down", sig);
     server.Stop();
     blobs.Shutdown();
+    manifests.Shutdown();
     sweep.cancel();
     deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     drain_check();

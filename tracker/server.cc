@@ -75,11 +75,12 @@ StringResponse MakeResponse(unsigned version, bool keep_alive, http::status stat
 // frees in the registry shim), so no co_await here takes a non-trivial temporary.
 class Connection {
  public:
-  Connection(tcp::socket socket, TrackerService& service, BlobApi& blobs,
+  Connection(tcp::socket socket, TrackerService& service, BlobApi& blobs, ManifestApi& manifests,
              const ServerOptions& options, const std::function<std::string()>& metrics_text)
       : stream_(std::move(socket)),
         service_(service),
         blobs_(blobs),
+        manifests_(manifests),
         options_(options),
         metrics_text_(metrics_text) {
     beast::error_code ec;
@@ -114,7 +115,8 @@ class Connection {
         StringResponse res =
             MakeResponse(parser.get().version(), false, http::status::payload_too_large,
                          message + "\n", "text/plain");
-        if (BlobApi::Owns(target.substr(0, target.find('?')))) {
+        std::string_view body_path = target.substr(0, target.find('?'));
+        if (BlobApi::Owns(body_path) || ManifestApi::Owns(body_path)) {
           BlobResponse answer = blobs_.Error(413, std::move(message));
           res = MakeResponse(parser.get().version(), false, http::status::payload_too_large,
                              std::move(answer.body), "application/json");
@@ -167,6 +169,12 @@ class Connection {
                          std::move(answer.body), "application/json");
       if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
       route_name = "blobs";
+    } else if (ManifestApi::Owns(path)) {
+      BlobRequest manifest_req{req.method(), path, query, req.body()};
+      BlobResponse answer = co_await manifests_.Handle(manifest_req);
+      res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
+                         std::move(answer.body), "application/json");
+      route_name = "manifests";
     } else {
       Route route = RouteOf(path);
       res = Answer(req, route, query);
@@ -201,6 +209,7 @@ class Connection {
       case Route::kMetrics:
         service_.UpdateGauges();
         blobs_.Sweep(TrackerClock::now());
+        manifests_.Sweep(TrackerClock::now());
         return MakeResponse(v, keep, http::status::ok, metrics_text_ ? metrics_text_() : "",
                             "text/plain; version=0.0.4");
       case Route::kHealth:
@@ -208,7 +217,8 @@ class Connection {
       case Route::kStatus:
         return MakeResponse(
             v, keep, http::status::ok,
-            service_.StatusPage() + "\n" + blobs_.StatusSection(TrackerClock::now()),
+            service_.StatusPage() + "\n" + blobs_.StatusSection(TrackerClock::now()) +
+                manifests_.StatusSection(),
             "text/plain; charset=utf-8");
       case Route::kNotFound:
         break;
@@ -221,6 +231,7 @@ class Connection {
   beast::tcp_stream stream_;
   TrackerService& service_;
   BlobApi& blobs_;
+  ManifestApi& manifests_;
   const ServerOptions& options_;
   const std::function<std::string()>& metrics_text_;
   tcp::endpoint remote_;
@@ -229,8 +240,13 @@ class Connection {
 }  // namespace
 
 Server::Server(asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
-               ServerOptions options)
-    : ioc_(ioc), service_(service), blobs_(blobs), options_(std::move(options)), acceptor_(ioc) {}
+               ManifestApi& manifests, ServerOptions options)
+    : ioc_(ioc),
+      service_(service),
+      blobs_(blobs),
+      manifests_(manifests),
+      options_(std::move(options)),
+      acceptor_(ioc) {}
 
 Result<uint16_t> Server::Listen(const std::string& address, uint16_t port) {
   beast::error_code ec;
@@ -280,7 +296,7 @@ awaitable<void> Server::AcceptLoop() {
 awaitable<void> Server::Session(tcp::socket socket) {
   ++active_;
   service_.metrics().connections.Set(active_);
-  Connection conn(std::move(socket), service_, blobs_, options_, metrics_text_);
+  Connection conn(std::move(socket), service_, blobs_, manifests_, options_, metrics_text_);
   try {
     co_await conn.Run();
   } catch (const std::exception& e) {

@@ -1,7 +1,8 @@
 #pragma once
 // The tracker's HTTP server on Boost.Beast, one coroutine per connection: GET /announce,
 // /scrape (BitTorrent), /metrics (Prometheus), /healthz and / (status page), and the blob API
-// under /v1/blobs (JSON; lease long-polls suspend their connection's coroutine only).
+// under /v1/blobs and the manifest cache under /v1/manifests (JSON; long-polls suspend their
+// connection's coroutine only).
 
 #include <utility>
 
@@ -16,6 +17,7 @@
 
 #include "lib/core/error.h"
 #include "tracker/blob_api.h"
+#include "tracker/manifest_api.h"
 #include "tracker/service.h"
 
 namespace shoal::tracker {
@@ -32,9 +34,9 @@ struct ServerOptions {
 // Lives on one io_context; all methods must be called on that context's (single) thread.
 class Server {
  public:
-  // service and blobs must outlive the server.
+  // service, blobs and manifests must outlive the server.
   Server(boost::asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
-         ServerOptions options);
+         ManifestApi& manifests, ServerOptions options);
 
   // Binds address:port (port 0 picks a free one) and returns the bound port. Errors:
   // kInvalidArgument for a bad address, kIo when binding fails.
@@ -57,6 +59,7 @@ class Server {
   boost::asio::io_context& ioc_;
   TrackerService& service_;
   BlobApi& blobs_;
+  ManifestApi& manifests_;
   ServerOptions options_;
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> metrics_text_;

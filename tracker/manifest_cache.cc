@@ -1,0 +1,133 @@
+#include "tracker/manifest_cache.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "lib/core/sha256.h"
+
+namespace shoal::tracker {
+
+std::string ManifestCache::ManifestKey(std::string_view registry, std::string_view repository,
+                                       std::string_view reference, bool digest_ref) {
+  std::string key;
+  key.reserve(registry.size() + repository.size() + reference.size() + 2);
+  key.append(registry).append("/").append(repository).append(digest_ref ? "@" : ":");
+  key.append(reference);
+  return key;
+}
+
+ManifestAnswer ManifestCache::Resolve(const std::string& key, const Digest* digest,
+                                      const std::string& agent, TimePoint now) {
+  ManifestAnswer answer;
+  if (digest != nullptr) {
+    if (auto found = Find(*digest)) {
+      answer.kind = ManifestAnswer::Kind::kFound;
+      answer.manifest = std::move(found);
+      return answer;
+    }
+  } else if (auto tag = tags_.find(key); tag != tags_.end()) {
+    if (now - tag->second.fetched < options_.tag_ttl) {
+      if (auto found = Find(tag->second.digest)) {
+        answer.kind = ManifestAnswer::Kind::kFound;
+        answer.manifest = std::move(found);
+        answer.age =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - tag->second.fetched);
+        return answer;
+      }
+    } else {
+      tags_.erase(tag);
+    }
+  }
+  auto lease = leases_.find(key);
+  if (lease != leases_.end() && lease->second.agent != agent && now < lease->second.expires) {
+    answer.kind = ManifestAnswer::Kind::kWait;
+    answer.recheck_at = lease->second.expires;
+    return answer;
+  }
+  answer.kind = ManifestAnswer::Kind::kFetch;
+  answer.lease_ttl = options_.lease_ttl;
+  if (lease != leases_.end()) {
+    answer.took_over = lease->second.agent != agent;
+    lease->second = Lease{agent, now + options_.lease_ttl};
+  } else if (leases_.size() < options_.max_leases) {
+    leases_.emplace(key, Lease{agent, now + options_.lease_ttl});
+  }
+  // With max_leases reached the asker fetches without a lease: no single-flight, but never a
+  // request that waits on nobody.
+  return answer;
+}
+
+PublishErrc ManifestCache::Publish(const Digest& digest, std::string media_type, std::string body,
+                                   const std::string& lease_key, bool is_tag, TimePoint now) {
+  if (body.size() > options_.max_manifest_bytes) return PublishErrc::kTooLarge;
+  if (body.empty() || media_type.empty() || media_type.size() > 256) return PublishErrc::kInvalid;
+  // Agents verify what they get, but a cache that stores wrong bytes would make every node
+  // fall back to upstream: check before storing.
+  if (Sha256::Of(body) != digest) return PublishErrc::kDigestMismatch;
+  auto manifest = std::make_shared<CachedManifest>();
+  manifest->digest = digest;
+  manifest->media_type = std::move(media_type);
+  manifest->body = std::move(body);
+  Store(std::move(manifest));
+  if (is_tag && !lease_key.empty()) {
+    if (tags_.size() >= options_.max_tags && tags_.find(lease_key) == tags_.end()) {
+      // Drop expired resolutions first; if none, an arbitrary one (it is only re-fetched).
+      std::erase_if(tags_, [&](const auto& t) { return now - t.second.fetched >= options_.tag_ttl; });
+      if (tags_.size() >= options_.max_tags) tags_.erase(tags_.begin());
+    }
+    tags_.insert_or_assign(lease_key, Tag{digest, now});
+  }
+  if (!lease_key.empty()) leases_.erase(lease_key);
+  return PublishErrc::kOk;
+}
+
+bool ManifestCache::Release(const std::string& key, const std::string& agent) {
+  auto lease = leases_.find(key);
+  if (lease == leases_.end() || lease->second.agent != agent) return false;
+  leases_.erase(lease);
+  return true;
+}
+
+std::shared_ptr<const CachedManifest> ManifestCache::Find(const Digest& digest) {
+  auto it = manifests_.find(digest);
+  if (it == manifests_.end()) return nullptr;
+  lru_.splice(lru_.begin(), lru_, it->second.lru);
+  return it->second.manifest;
+}
+
+size_t ManifestCache::Sweep(TimePoint now) {
+  size_t expired =
+      std::erase_if(leases_, [&](const auto& l) { return now >= l.second.expires; });
+  std::erase_if(tags_, [&](const auto& t) { return now - t.second.fetched >= options_.tag_ttl; });
+  return expired;
+}
+
+ManifestTotals ManifestCache::totals() const {
+  return ManifestTotals{manifests_.size(), bytes_, tags_.size(), leases_.size()};
+}
+
+void ManifestCache::Store(std::shared_ptr<const CachedManifest> manifest) {
+  const Digest digest = manifest->digest;
+  if (auto it = manifests_.find(digest); it != manifests_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second.lru);  // same digest, same bytes
+    return;
+  }
+  bytes_ += manifest->body.size();
+  lru_.push_front(digest);
+  manifests_.emplace(digest, Entry{std::move(manifest), lru_.begin()});
+  EvictOverBounds();
+}
+
+void ManifestCache::EvictOverBounds() {
+  // The newest entry (front) is never evicted: it was stored because an agent needs it now.
+  while (lru_.size() > 1 && (manifests_.size() > options_.max_manifests ||
+                             bytes_ > options_.max_bytes)) {
+    const Digest& victim = lru_.back();
+    auto it = manifests_.find(victim);
+    bytes_ -= it->second.manifest->body.size();
+    manifests_.erase(it);
+    lru_.pop_back();
+  }
+}
+
+}  // namespace shoal::tracker

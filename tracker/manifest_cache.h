@@ -1,0 +1,122 @@
+#pragma once
+// The tracker's cluster-wide manifest cache: tag -> digest resolutions (with the time an agent
+// fetched them from upstream; they expire after a TTL) and manifest bytes by digest (never expire,
+// LRU-bounded by count and bytes). The tracker never talks to a registry: agents report what they
+// fetched. Single-flight: when a reference is missing (or its tag expired), the first agent that
+// asks gets a short fetch lease ("you fetch"); the others are told to wait until it publishes or
+// its lease expires, so N agents resolving one tag cost about one upstream request. No network
+// here; callers pass "now" into every call, so tests control time.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "lib/core/digest.h"
+#include "tracker/swarm_table.h"
+
+namespace shoal::tracker {
+
+struct ManifestCacheOptions {
+  std::chrono::milliseconds tag_ttl{30'000};    // a tag resolution is served this long
+  std::chrono::milliseconds lease_ttl{10'000};  // a fetcher that does not publish by then loses it
+  size_t max_manifests = 10'000;                // manifests kept (LRU beyond)
+  uint64_t max_bytes = 256ull << 20;            // manifest bytes kept (LRU beyond)
+  size_t max_tags = 100'000;                    // tag resolutions kept
+  size_t max_leases = 10'000;                   // fetch leases at once; beyond, no single-flight
+  size_t max_manifest_bytes = 4u << 20;         // a larger manifest is refused (OCI's own limit)
+};
+
+// A manifest as stored. Immutable once stored; shared with readers.
+struct CachedManifest {
+  Digest digest = Digest::FromSha256Hex(std::string(64, '0'));
+  std::string media_type;
+  std::string body;
+};
+
+// The answer to Resolve.
+struct ManifestAnswer {
+  enum class Kind {
+    kFound,  // manifest (and, for a tag, its resolution) is known
+    kFetch,  // the asker holds the fetch lease: fetch upstream, then Publish (or Release)
+    kWait,   // another agent holds the lease; ask again by recheck_at or when woken
+  };
+  Kind kind = Kind::kWait;
+  std::shared_ptr<const CachedManifest> manifest;  // kFound
+  std::chrono::milliseconds age{0};                // kFound for a tag: since it was fetched
+  std::chrono::milliseconds lease_ttl{0};          // kFetch
+  bool took_over = false;  // kFetch: another agent's lease had expired (it never published)
+  TimePoint recheck_at = TimePoint::max();         // kWait: the lease's expiry
+};
+
+// Why Publish refused a manifest (the API answers 400 / 413).
+enum class PublishErrc { kOk, kDigestMismatch, kTooLarge, kInvalid };
+
+// Sizes for gauges and the status page.
+struct ManifestTotals {
+  size_t manifests = 0;
+  uint64_t bytes = 0;
+  size_t tags = 0;
+  size_t leases = 0;
+};
+
+// Not thread-safe: the tracker calls it from its single network thread. `key` names what is
+// resolved: "registry/repository:tag" for a tag, "registry/repository@sha256:..." for a digest
+// (the caller builds it; ManifestKey does).
+class ManifestCache {
+ public:
+  explicit ManifestCache(ManifestCacheOptions options) : options_(options) {}
+
+  // The key for a reference: "registry/repository:tag", or "...@digest" when digest_ref.
+  static std::string ManifestKey(std::string_view registry, std::string_view repository,
+                                 std::string_view reference, bool digest_ref);
+
+  // A tag (digest == nullptr) or digest reference (digest set) for agent: kFound when fresh and
+  // stored; else kFetch if nobody holds an unexpired lease on key (or agent itself does), else
+  // kWait. Touches the manifest's LRU position when found.
+  ManifestAnswer Resolve(const std::string& key, const Digest* digest, const std::string& agent,
+                         TimePoint now);
+  // Stores body (after checking sha256(body) == digest) with its media type, records
+  // tag_key -> digest fetched now when tag_key is not empty, and ends the lease on lease_key
+  // (tag_key, or the digest reference's key). Returns kOk or why it was refused.
+  PublishErrc Publish(const Digest& digest, std::string media_type, std::string body,
+                      const std::string& lease_key, bool is_tag, TimePoint now);
+  // Drops agent's lease on key (its upstream fetch failed), so the next asker fetches.
+  // Returns whether a lease was dropped.
+  bool Release(const std::string& key, const std::string& agent);
+  // The stored manifest for digest, or nullptr.
+  std::shared_ptr<const CachedManifest> Find(const Digest& digest);
+  // Drops expired leases and expired tags; returns the number of leases that expired.
+  size_t Sweep(TimePoint now);
+
+  ManifestTotals totals() const;
+  const ManifestCacheOptions& options() const { return options_; }
+
+ private:
+  struct Tag {
+    Digest digest;
+    TimePoint fetched;
+  };
+  struct Lease {
+    std::string agent;
+    TimePoint expires;
+  };
+  struct Entry {
+    std::shared_ptr<const CachedManifest> manifest;
+    std::list<Digest>::iterator lru;  // position in lru_ (front: most recent)
+  };
+  void Store(std::shared_ptr<const CachedManifest> manifest);
+  void EvictOverBounds();
+
+  ManifestCacheOptions options_;
+  std::unordered_map<Digest, Entry> manifests_;
+  std::list<Digest> lru_;
+  uint64_t bytes_ = 0;
+  std::unordered_map<std::string, Tag> tags_;
+  std::unordered_map<std::string, Lease> leases_;
+};
+
+}  // namespace shoal::tracker
