@@ -85,6 +85,15 @@ int RunAgent(const AgentConfig& config) {
     spdlog::info("removed {} partial files left by an earlier run",
                  store.value()->cleaned_temp_files());
   }
+  auto budget = store::ParseBudget(config.cache_budget, config.cache_dir);
+  if (!budget) return fail(budget.error());
+  store.value()->SetBudget(budget.value());
+  {
+    store::CacheStats cs = store.value()->Stats();
+    spdlog::info("cache {}: {} blobs, {} bytes; budget {} bytes ({}); {} bytes pinned",
+                 config.cache_dir, cs.blobs, cs.bytes, cs.budget, config.cache_budget,
+                 cs.pinned_bytes);
+  }
   // Credentials: --credentials, then the map file's (which win for the same registry).
   upstream::Credentials credentials;
   if (!config.credentials_file.empty()) {
@@ -168,13 +177,24 @@ int RunAgent(const AgentConfig& config) {
   options.upstreams = std::move(upstreams);
   options.tag_ttl = std::chrono::seconds(config.tag_ttl_s);
   PullThrough backend(ioc, pool, *store.value(), services, std::move(options), registry);
+  // Before a blob's file goes, its chunk torrents leave the swarm (they read that file).
+  store.value()->SetEvictHook([&seeds](const Digest& digest) {
+    if (seeds) seeds->Forget(digest);
+  });
+  backend.RegisterCacheMetrics(registry);
+  backend.Evict();  // the budget may be smaller than what an earlier run left
 
   shim::Metrics shim_metrics = shim::Metrics::Create(registry);
   shim::ServerOptions server_options;
   server_options.default_registry = config.default_registry;
+  server_options.admin_any_address = config.admin_any_address;
   shim::Server server(ioc, backend, shim_metrics, server_options);
-  server.SetMetricsHandler([&registry, &swarm, &swarm_metrics] {
+  server.SetAdminHandler([&backend](const std::string& method, const std::string& target) {
+    return backend.HandleAdmin(method, target);
+  });
+  server.SetMetricsHandler([&registry, &swarm, &swarm_metrics, &backend] {
     if (swarm && swarm_metrics) swarm_metrics->Update(swarm->Stats());
+    backend.UpdateCacheMetrics();
     return prometheus::TextSerializer().Serialize(registry.Collect());
   });
   auto port = server.Listen(listen.value().first, listen.value().second);
@@ -211,6 +231,7 @@ int RunAgent(const AgentConfig& config) {
   });
   ioc.run();
   pool.join();
+  if (auto st = store.value()->Flush(); !st) spdlog::warn("cache index: {}", st.error().ToString());
   spdlog::info("stopped");
   return 0;
 }

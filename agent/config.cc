@@ -39,6 +39,16 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_CREDENTIALS");
   app.add_option("--ca-file", c.ca_file, "Extra CA certificates (PEM) for upstream TLS")
       ->envname("SHOAL_CA_FILE");
+  app.add_option("--cache-budget", c.cache_budget,
+                 "Disk budget of the blob cache: bytes with a unit (50GiB, 512MiB) or a percentage "
+                 "of the cache's file system (80%); 0 = unlimited. Least recently used unpinned "
+                 "blobs that are not being served are evicted beyond it")
+      ->envname("SHOAL_CACHE_BUDGET")
+      ->capture_default_str();
+  app.add_flag("--admin-any-address", c.admin_any_address,
+               "Answer the cache admin API (/shoal/v1/cache...) from any address, not only from "
+               "loopback")
+      ->envname("SHOAL_ADMIN_ANY_ADDRESS");
   app.add_option("--tag-ttl", c.tag_ttl_s, "Seconds a tag resolution is cached")
       ->envname("SHOAL_TAG_TTL")
       ->check(CLI::Range(0, 86400))

@@ -23,6 +23,8 @@ struct AgentConfig {
   std::string credentials_file;                // docker config.json with per-registry auth
   std::string ca_file;                         // extra CA bundle for upstream TLS
   int tag_ttl_s = 30;
+  std::string cache_budget = "80%";  // bytes with a unit ("50GiB") or % of the cache's file system
+  bool admin_any_address = false;    // serve /shoal/v1/ (cache admin) to non-loopback peers too
   int range_streams = 4;        // chunks of one blob in flight (upstream Range GETs or torrents)
   uint64_t part_size_mib = 16;  // chunk size when no tracker dictates one
   std::vector<std::string> trackers;          // tracker replica base URLs; empty = no swarm

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -21,10 +22,11 @@ using asio::awaitable;
 
 namespace {
 
-// A complete blob in the cache.
+// A complete blob in the cache; in use (never evicted) while the reader lives.
 class CachedReader : public shim::BlobReader {
  public:
-  CachedReader(int fd, uint64_t size) : fd_(fd), size_(size) {}
+  CachedReader(int fd, uint64_t size, std::shared_ptr<void> in_use)
+      : fd_(fd), size_(size), in_use_(std::move(in_use)) {}
   ~CachedReader() override { ::close(fd_); }
   uint64_t size() const override { return size_; }
   int fd() const override { return fd_; }
@@ -34,6 +36,7 @@ class CachedReader : public shim::BlobReader {
  private:
   int fd_;
   uint64_t size_;
+  std::shared_ptr<void> in_use_;
 };
 
 // A blob still arriving from upstream.
@@ -321,11 +324,14 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
   // Stat, open and the in-flight lookup happen without suspending, so a fetch that completes
   // concurrently is seen either in the store or in inflight_, never neither.
   if (auto size = store_.Stat(digest)) {
+    // Marked in use before the open, so eviction cannot delete it between the two.
+    std::shared_ptr<void> in_use = store_.MarkInUse(digest);
     auto fd = store_.OpenBlob(digest);
     if (fd) {
       cache_hits_.Increment();
+      store_.Touch(digest);  // for LRU eviction
       co_return std::shared_ptr<shim::BlobReader>(
-          std::make_shared<CachedReader>(fd.value(), *size));
+          std::make_shared<CachedReader>(fd.value(), *size, std::move(in_use)));
     }
   }
   cache_misses_.Increment();
@@ -349,6 +355,7 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
     fetches_.Add({{"result", result}}).Increment();
     if (it != inflight_.end() && it->second->ended()) inflight_.erase(it);
     inflight_gauge_.Set(static_cast<double>(inflight_.size()));
+    if (ok) Evict();  // a new blob may have taken the cache over its budget
   };
   fetch = std::make_shared<BlobFetch>(ioc_, pool_, store_, digest, std::move(on_end));
   inflight_.emplace(digest, fetch);
@@ -364,6 +371,279 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
   asio::co_spawn(ioc_, RunChunkFetch(services_, fetch, ep.value(), std::move(source)),
                  asio::detached);
   co_return std::shared_ptr<shim::BlobReader>(std::make_shared<InflightReader>(fetch));
+}
+
+// --- Cache budget and pins ---
+
+namespace {
+
+std::optional<std::string> PercentDecode(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      out += ' ';
+    } else if (s[i] == '%') {
+      auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+      };
+      if (i + 2 >= s.size()) return std::nullopt;
+      int hi = hex(s[i + 1]), lo = hex(s[i + 2]);
+      if (hi < 0 || lo < 0) return std::nullopt;
+      out += static_cast<char>(hi * 16 + lo);
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The path and the decoded query parameters of a target (repeated keys: the last wins, except
+// that every "digest" is kept in `digests`).
+struct AdminTarget {
+  std::string path;
+  std::map<std::string, std::string> params;
+  std::vector<std::string> digests;
+};
+
+std::optional<AdminTarget> ParseAdminTarget(const std::string& target) {
+  AdminTarget t;
+  auto q = target.find('?');
+  t.path = target.substr(0, q);
+  if (q == std::string::npos) return t;
+  std::string_view query(target);
+  query.remove_prefix(q + 1);
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (pair.empty()) continue;
+    auto eq = pair.find('=');
+    auto key = PercentDecode(pair.substr(0, eq));
+    auto value = PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1));
+    if (!key || !value) return std::nullopt;
+    if (*key == "digest") t.digests.push_back(*value);
+    t.params[*key] = *value;
+  }
+  return t;
+}
+
+shim::AdminReply JsonReply(unsigned status, const nlohmann::json& body) {
+  return shim::AdminReply{status, body.dump(2) + "\n"};
+}
+
+shim::AdminReply ErrorReply(const Error& e) {
+  unsigned status = e.code == ErrorCode::kNotFound          ? 404
+                    : e.code == ErrorCode::kInvalidArgument ? 400
+                    : e.code == ErrorCode::kUnavailable     ? 503
+                                                            : 500;
+  return JsonReply(status, {{"error", e.ToString()}});
+}
+
+int64_t UnixMs(std::chrono::system_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+
+nlohmann::json PinsJson(const std::vector<store::Pin>& pins) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& p : pins) {
+    nlohmann::json j = {{"owner", p.owner}, {"reason", p.reason}};
+    if (p.expires) j["expires_ms"] = UnixMs(*p.expires);
+    arr.push_back(j);
+  }
+  return arr;
+}
+
+}  // namespace
+
+void PullThrough::RegisterCacheMetrics(prometheus::Registry& metrics) {
+  cache_metrics_.bytes = &prometheus::BuildGauge()
+                              .Name("shoal_cache_bytes")
+                              .Help("Bytes of complete blobs in the cache")
+                              .Register(metrics)
+                              .Add({});
+  cache_metrics_.budget_bytes = &prometheus::BuildGauge()
+                                     .Name("shoal_cache_budget_bytes")
+                                     .Help("The cache's disk budget (0: unlimited)")
+                                     .Register(metrics)
+                                     .Add({});
+  cache_metrics_.pinned_bytes = &prometheus::BuildGauge()
+                                     .Name("shoal_cache_pinned_bytes")
+                                     .Help("Bytes of cached blobs held by an unexpired pin")
+                                     .Register(metrics)
+                                     .Add({});
+  cache_metrics_.evictions = &prometheus::BuildCounter()
+                                  .Name("shoal_cache_evictions_total")
+                                  .Help("Blobs evicted from the cache to keep it within budget")
+                                  .Register(metrics)
+                                  .Add({});
+  UpdateCacheMetrics();
+}
+
+store::EvictReport PullThrough::Evict(std::optional<uint64_t> to) {
+  store::EvictReport r = to ? store_.EvictTo(*to) : store_.Evict();
+  if (!r.evicted.empty()) {
+    if (cache_metrics_.evictions) cache_metrics_.evictions->Increment(static_cast<double>(r.evicted.size()));
+    spdlog::info("cache: evicted {} blobs ({} bytes) to fit the budget", r.evicted.size(),
+                 r.freed_bytes);
+  }
+  if (r.over_budget > 0) {
+    spdlog::warn("cache: {} bytes over budget; the rest is pinned or in use", r.over_budget);
+  }
+  UpdateCacheMetrics();
+  return r;
+}
+
+void PullThrough::UpdateCacheMetrics() {
+  if (!cache_metrics_.bytes) return;
+  store::CacheStats s = store_.Stats();
+  cache_metrics_.bytes->Set(static_cast<double>(s.bytes));
+  cache_metrics_.budget_bytes->Set(static_cast<double>(s.budget));
+  cache_metrics_.pinned_bytes->Set(static_cast<double>(s.pinned_bytes));
+}
+
+awaitable<Result<std::vector<Digest>>> PullThrough::PinImage(
+    const std::string& image, const std::string& platform, bool pin, const std::string& owner,
+    std::optional<std::chrono::seconds> ttl) {
+  auto ref = oci::ParseImageRef(image);
+  if (!ref) co_return ref.error();
+  shim::RepoRef repo{ref.value().registry, ref.value().repository};
+  const std::string reference = ref.value().RefString();
+  const std::vector<std::string> accept;
+  auto top = co_await GetManifest(repo, reference, accept);
+  if (!top) co_return top.error();
+  std::vector<Digest> digests{top.value().digest};
+  auto parsed = oci::ParseManifest(top.value().body, top.value().media_type);
+  if (!parsed) co_return parsed.error();
+  oci::Manifest manifest = parsed.value();
+  if (manifest.is_index) {
+    std::optional<Digest> chosen;
+    for (const auto& d : manifest.manifests) {
+      if (d.platform && d.platform->os + "/" + d.platform->architecture == platform) {
+        chosen = d.digest;
+        break;
+      }
+    }
+    if (!chosen) {
+      co_return MakeError(ErrorCode::kNotFound, image + " has no manifest for " + platform);
+    }
+    const std::string child_ref = chosen->str();
+    auto child = co_await GetManifest(repo, child_ref, accept);
+    if (!child) co_return child.error();
+    auto child_parsed = oci::ParseManifest(child.value().body, child.value().media_type);
+    if (!child_parsed) co_return child_parsed.error();
+    digests.push_back(*chosen);
+    manifest = child_parsed.value();
+  }
+  if (manifest.config) digests.push_back(manifest.config->digest);
+  for (const auto& l : manifest.layers) digests.push_back(l.digest);
+  for (const auto& d : digests) {
+    if (pin) {
+      if (auto st = store_.Pin(d, owner, image, ttl); !st) co_return st.error();
+    } else {
+      if (auto n = store_.Unpin(d, owner); !n) co_return n.error();
+    }
+  }
+  co_return digests;
+}
+
+awaitable<shim::AdminReply> PullThrough::HandleAdmin(const std::string& method,
+                                                     const std::string& target) {
+  auto parsed = ParseAdminTarget(target);
+  if (!parsed) co_return JsonReply(400, {{"error", "malformed query in " + target}});
+  const AdminTarget& t = parsed.value();
+  auto param = [&t](const std::string& key, std::string dflt = "") {
+    auto it = t.params.find(key);
+    return it == t.params.end() ? dflt : it->second;
+  };
+
+  if (t.path == "/shoal/v1/cache" && method == "GET") {
+    store::CacheStats s = store_.Stats();
+    nlohmann::json entries = nlohmann::json::array();
+    for (const auto& e : store_.List()) {
+      entries.push_back({{"digest", e.digest.str()},
+                         {"size", e.size},
+                         {"last_use_ms", UnixMs(e.last_use)},
+                         {"in_use", e.in_use || inflight_.count(e.digest) > 0},
+                         {"pinned", !e.pins.empty()},
+                         {"pins", PinsJson(e.pins)}});
+    }
+    co_return JsonReply(200, {{"bytes", s.bytes},
+                              {"budget", s.budget},
+                              {"pinned_bytes", s.pinned_bytes},
+                              {"blobs", s.blobs},
+                              {"evictions", s.evictions},
+                              {"downloading", inflight_.size()},
+                              {"entries", entries}});
+  }
+  if (t.path == "/shoal/v1/cache/pins" && method == "GET") {
+    nlohmann::json pins = nlohmann::json::array();
+    for (const auto& [digest, list] : store_.Pins()) {
+      pins.push_back({{"digest", digest.str()},
+                      {"cached", store_.Stat(digest).has_value()},
+                      {"pins", PinsJson(list)}});
+    }
+    co_return JsonReply(200, {{"pins", pins}});
+  }
+  if (t.path == "/shoal/v1/cache/pins" && (method == "POST" || method == "DELETE")) {
+    const bool pin = method == "POST";
+    std::string owner = param("owner", pin ? "operator" : "");
+    std::optional<std::chrono::seconds> ttl;
+    if (std::string text = param("ttl"); !text.empty()) {
+      try {
+        size_t used = 0;
+        long long secs = std::stoll(text, &used);
+        if (used != text.size() || secs < 0) throw std::invalid_argument("ttl");
+        ttl = std::chrono::seconds(secs);
+      } catch (const std::exception&) {
+        co_return JsonReply(400, {{"error", "ttl \"" + text + "\" is not a number of seconds"}});
+      }
+    }
+    std::vector<Digest> digests;
+    for (const auto& text : t.digests) {
+      auto d = Digest::Parse(text);
+      if (!d) co_return ErrorReply(d.error());
+      digests.push_back(d.value());
+      if (pin) {
+        if (auto st = store_.Pin(d.value(), owner, param("reason"), ttl); !st)
+          co_return ErrorReply(st.error());
+      } else if (auto n = store_.Unpin(d.value(), owner); !n) {
+        co_return ErrorReply(n.error());
+      }
+    }
+    if (std::string image = param("ref"); !image.empty()) {
+      const std::string platform = param("platform", "linux/amd64");
+      auto got = co_await PinImage(image, platform, pin, owner, ttl);
+      if (!got) co_return ErrorReply(got.error());
+      digests.insert(digests.end(), got.value().begin(), got.value().end());
+    }
+    if (digests.empty()) co_return JsonReply(400, {{"error", "give ref=IMAGE or digest=DIGEST"}});
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& d : digests) list.push_back(d.str());
+    UpdateCacheMetrics();
+    co_return JsonReply(200, {{pin ? "pinned" : "unpinned", list}, {"owner", owner}});
+  }
+  if (t.path == "/shoal/v1/cache/gc" && method == "POST") {
+    std::optional<uint64_t> to;
+    if (std::string text = param("to"); !text.empty()) {
+      auto budget = store::ParseBudget(text, store_.root());
+      if (!budget) co_return ErrorReply(budget.error());
+      to = budget.value();
+    }
+    store::EvictReport r = Evict(to);
+    nlohmann::json evicted = nlohmann::json::array();
+    for (const auto& d : r.evicted) evicted.push_back(d.str());
+    store::CacheStats s = store_.Stats();
+    co_return JsonReply(200, {{"freed_bytes", r.freed_bytes},
+                              {"evicted", evicted},
+                              {"over_budget", r.over_budget},
+                              {"bytes", s.bytes},
+                              {"budget", s.budget}});
+  }
+  co_return JsonReply(404, {{"error", "no admin endpoint " + method + " " + t.path}});
 }
 
 }  // namespace shoal::agent

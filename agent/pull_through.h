@@ -25,6 +25,7 @@
 #include "lib/upstream/registry_client.h"
 #include "lib/upstream/upstream_map.h"
 #include "registry-shim/backend.h"
+#include "registry-shim/server.h"
 
 namespace shoal::agent {
 
@@ -61,6 +62,36 @@ class PullThrough : public shim::Backend {
   Result<upstream::RegistryEndpoint> EndpointFor(const std::string& registry) const;
   // Blobs currently being fetched.
   size_t inflight() const { return inflight_.size(); }
+
+  // --- Cache budget and pins (docs/architecture.md, "Cache budget and pins") ---
+
+  // Runs eviction down to the store's budget (or to `to` bytes) and counts what was evicted.
+  store::EvictReport Evict(std::optional<uint64_t> to = std::nullopt);
+  // Resolves an image reference (through the cache, else upstream) and pins (pin = true) or
+  // unpins its manifest, the platform's manifest of an index, its config and its layers for
+  // `owner`. Returns the digests concerned. Errors: the manifest's resolution errors.
+  boost::asio::awaitable<Result<std::vector<Digest>>> PinImage(
+      const std::string& image, const std::string& platform, bool pin, const std::string& owner,
+      std::optional<std::chrono::seconds> ttl);
+  // The cache admin API under /shoal/v1/cache (see registry-shim/server.h, AdminHandler).
+  boost::asio::awaitable<shim::AdminReply> HandleAdmin(const std::string& method,
+                                                       const std::string& target);
+  // Registers the shoal_cache_* metrics; call once before serving.
+  void RegisterCacheMetrics(prometheus::Registry& metrics);
+  // Refreshes the shoal_cache_* gauges (called before /metrics is rendered).
+  void UpdateCacheMetrics();
+
+ private:
+  // The shoal_cache_* metrics; null until RegisterCacheMetrics.
+  struct CacheMetrics {
+    prometheus::Gauge* bytes = nullptr;
+    prometheus::Gauge* budget_bytes = nullptr;
+    prometheus::Gauge* pinned_bytes = nullptr;
+    prometheus::Counter* evictions = nullptr;
+  };
+  CacheMetrics cache_metrics_;
+
+ public:
 
  private:
   struct TagEntry {

@@ -102,6 +102,20 @@ Status SeedBook::Seed(const SeedEntry& entry) {
   return Ok();
 }
 
+void SeedBook::Forget(const Digest& digest) {
+  auto it = entries_.find(digest.hex());
+  if (it == entries_.end()) return;
+  const SeedEntry& entry = it->second;
+  for (uint32_t k = 0; k < entry.metainfo.size(); ++k) {
+    auto torrent = swarm::ParseChunkTorrent(entry.metainfo[k], entry.layout.chunk_length(k),
+                                            entry.layout.piece_size_of(k));
+    if (torrent) swarm_.RemoveChunk(torrent.value().info_hash);
+  }
+  std::error_code ec;
+  fs::remove(PathOf(it->first), ec);
+  entries_.erase(it);
+}
+
 size_t SeedBook::Restore() {
   std::error_code ec;
   for (const auto& de : fs::directory_iterator(dir_, ec)) {

@@ -40,6 +40,9 @@ class SeedBook {
   size_t Restore();
   // Publishes every chunk of every seeded blob (no lease): at start and after a tracker restart.
   boost::asio::awaitable<void> RepublishAll();
+  // Stops seeding a blob before it leaves the cache: removes its chunk torrents from the swarm,
+  // its record and its file. No-op for a blob not in the book.
+  void Forget(const Digest& digest);
   bool Has(const Digest& digest) const { return entries_.count(digest.hex()) > 0; }
   size_t size() const { return entries_.size(); }
 

@@ -89,12 +89,13 @@ std::string_view RouteName(Route::Kind kind) {
 class Connection {
  public:
   Connection(tcp::socket socket, Backend& backend, Metrics& metrics, const ServerOptions& options,
-             const std::function<std::string()>& metrics_text)
+             const std::function<std::string()>& metrics_text, const AdminHandler& admin)
       : stream_(std::move(socket)),
         backend_(backend),
         metrics_(metrics),
         options_(options),
-        metrics_text_(metrics_text) {}
+        metrics_text_(metrics_text),
+        admin_(admin) {}
 
   awaitable<void> Run() {
     beast::flat_buffer buffer;
@@ -144,7 +145,31 @@ class Connection {
     co_return co_await Write(std::move(res));
   }
 
+  // The admin API (/shoal/v1/...): loopback only unless configured otherwise.
+  awaitable<bool> HandleAdmin(const Request& req) {
+    beast::error_code ec;
+    auto remote = stream_.socket().remote_endpoint(ec);
+    StringResponse res;
+    if (!admin_) {
+      res = MakeResponse(req, http::status::not_found, R"({"error":"no admin API here"})",
+                         "application/json");
+    } else if (!options_.admin_any_address && (ec || !remote.address().is_loopback())) {
+      res = MakeResponse(req, http::status::forbidden,
+                         R"({"error":"the admin API answers loopback clients only"})",
+                         "application/json");
+    } else {
+      std::string method(req.method_string());
+      std::string target(req.target());
+      AdminReply reply = co_await admin_(method, target);
+      res = MakeResponse(req, static_cast<http::status>(reply.status), std::move(reply.body),
+                         "application/json");
+    }
+    metrics_.CountRequest("admin", res.result_int());
+    co_return co_await Write(std::move(res));
+  }
+
   awaitable<bool> Handle(const Request& req) {
+    if (req.target().starts_with("/shoal/v1/")) co_return co_await HandleAdmin(req);
     auto route = ParseRoute(req.target());
     if (!route) {
       StringResponse reply_ = MakeError(req, route.error(), "NAME_INVALID");
@@ -400,6 +425,7 @@ class Connection {
   Metrics& metrics_;
   const ServerOptions& options_;
   const std::function<std::string()>& metrics_text_;
+  const AdminHandler& admin_;
 };
 
 }  // namespace
@@ -452,7 +478,7 @@ awaitable<void> Server::AcceptLoop() {
 
 awaitable<void> Server::Session(tcp::socket socket) {
   ++active_;
-  Connection conn(std::move(socket), backend_, metrics_, options_, metrics_text_);
+  Connection conn(std::move(socket), backend_, metrics_, options_, metrics_text_, admin_);
   try {
     co_await conn.Run();
   } catch (const std::exception& e) {

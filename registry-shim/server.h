@@ -29,7 +29,19 @@ struct ServerOptions {
   std::chrono::seconds idle_timeout{120};
   // A blob response that makes no progress for this long is aborted (client or fetch stalled).
   std::chrono::seconds stall_timeout{300};
+  // Serve the admin API (/shoal/v1/...) to peers that are not on loopback too.
+  bool admin_any_address = false;
 };
+
+// The answer of the admin API: a status and a JSON body.
+struct AdminReply {
+  unsigned status = 200;
+  std::string body;
+};
+// Handles an admin request: (method, origin-form target with its query); both stay alive until
+// the returned awaitable completes. Runs on the server's io_context.
+using AdminHandler = std::function<boost::asio::awaitable<AdminReply>(const std::string& method,
+                                                                      const std::string& target)>;
 
 // Lives on one io_context; all methods must be called on that context's thread.
 class Server {
@@ -47,6 +59,9 @@ class Server {
   int active_connections() const { return active_; }
   // Provides the /metrics body (Prometheus text format).
   void SetMetricsHandler(std::function<std::string()> handler) { metrics_text_ = std::move(handler); }
+  // Serves requests under /shoal/v1/ (any method) through handler; without one they get 404.
+  // Only loopback peers are answered unless ServerOptions::admin_any_address (others get 403).
+  void SetAdminHandler(AdminHandler handler) { admin_ = std::move(handler); }
 
  private:
   boost::asio::awaitable<void> AcceptLoop();
@@ -58,6 +73,7 @@ class Server {
   ServerOptions options_;
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> metrics_text_;
+  AdminHandler admin_;
   int active_ = 0;
 };
 

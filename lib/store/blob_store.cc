@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -79,8 +82,14 @@ Status WriteFileAtomic(const std::string& tmp_dir, const std::string& path,
 
 }  // namespace
 
-BlobWriter::BlobWriter(int fd, std::string temp_path, std::string final_path)
-    : fd_(fd), temp_path_(std::move(temp_path)), final_path_(std::move(final_path)) {}
+BlobWriter::BlobWriter(BlobStore* store, Digest digest, int fd, std::string temp_path,
+                       std::string final_path)
+    : store_(store),
+      digest_(std::move(digest)),
+      in_use_(store->MarkInUse(digest_)),
+      fd_(fd),
+      temp_path_(std::move(temp_path)),
+      final_path_(std::move(final_path)) {}
 
 BlobWriter::~BlobWriter() {
   if (!done_) ::unlink(temp_path_.c_str());
@@ -111,6 +120,8 @@ Status BlobWriter::Commit() {
     return IoError("rename into", final_path_, errno);
   }
   done_ = true;
+  struct stat st;
+  if (::fstat(fd_, &st) == 0) store_->Added(digest_, static_cast<uint64_t>(st.st_size));
   return FsyncDir(fs::path(final_path_).parent_path().string());
 }
 
@@ -132,6 +143,7 @@ Result<std::unique_ptr<BlobStore>> BlobStore::Open(std::string root) {
     if (!rm_ec) ++store->cleaned_temp_files_;
   }
   if (ec) return MakeError(ErrorCode::kIo, "list " + root + "/tmp: " + ec.message());
+  store->LoadIndex();
   return store;
 }
 
@@ -160,7 +172,7 @@ Result<std::unique_ptr<BlobWriter>> BlobStore::Create(const Digest& digest) {
   std::string tmp = root_ + "/tmp/" + digest.hex() + "." + UniqueSuffix() + ".partial";
   int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return IoError("create", tmp, errno);
-  return std::unique_ptr<BlobWriter>(new BlobWriter(fd, tmp, BlobPath(digest)));
+  return std::unique_ptr<BlobWriter>(new BlobWriter(this, digest, fd, tmp, BlobPath(digest)));
 }
 
 Status BlobStore::PutManifest(const Digest& digest, std::string_view body,
@@ -173,7 +185,9 @@ Status BlobStore::PutManifest(const Digest& digest, std::string_view body,
   nlohmann::json meta = {{"mediaType", media_type}, {"size", body.size()}};
   auto st = WriteFileAtomic(root_ + "/tmp", root_ + "/meta/" + digest.hex() + ".json", meta.dump());
   if (!st) return st;
-  return WriteFileAtomic(root_ + "/tmp", BlobPath(digest), body);
+  st = WriteFileAtomic(root_ + "/tmp", BlobPath(digest), body);
+  if (st) Added(digest, body.size());
+  return st;
 }
 
 std::optional<StoredManifest> BlobStore::GetManifest(const Digest& digest) const {
@@ -188,7 +202,360 @@ std::optional<StoredManifest> BlobStore::GetManifest(const Digest& digest) const
   body << body_in.rdbuf();
   StoredManifest m{body.str(), meta["mediaType"].get<std::string>()};
   if (Sha256::Of(m.body) != digest) return std::nullopt;
+  const_cast<BlobStore*>(this)->Touch(digest);
   return m;
+}
+
+// --- Budget, last use and pins ---
+
+namespace {
+
+using TimePoint = std::chrono::system_clock::time_point;
+
+int64_t ToMs(TimePoint t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+}
+TimePoint FromMs(int64_t ms) { return TimePoint(std::chrono::milliseconds(ms)); }
+
+std::optional<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+Result<uint64_t> ParseBudget(std::string_view spec, const std::string& path) {
+  std::string text(spec);
+  auto bad = [&](const std::string& why) {
+    return MakeError(ErrorCode::kInvalidArgument, "cache budget \"" + text + "\": " + why);
+  };
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  if (i == 0) return bad("expected a number, e.g. 50GiB or 80%");
+  double number = 0;
+  try {
+    number = std::stod(text.substr(0, i));
+  } catch (const std::exception&) {
+    return bad("not a number");
+  }
+  std::string unit = text.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  if (unit == "%") {
+    if (number > 100) return bad("a percentage must be at most 100");
+    struct statvfs vfs;
+    if (::statvfs(path.c_str(), &vfs) != 0) return IoError("statvfs", path, errno);
+    double fs_bytes = static_cast<double>(vfs.f_blocks) * static_cast<double>(vfs.f_frsize);
+    return static_cast<uint64_t>(fs_bytes * number / 100.0);
+  }
+  std::string u;
+  for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},         {"b", 1},
+      {"k", 1024.0},   {"kib", 1024.0},           {"kb", 1e3},
+      {"m", 1 << 20},  {"mib", 1 << 20},          {"mb", 1e6},
+      {"g", 1 << 30},  {"gib", 1 << 30},          {"gb", 1e9},
+      {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12}};
+  auto it = kUnits.find(u);
+  if (it == kUnits.end()) return bad("unknown unit \"" + unit + "\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB or %)");
+  return static_cast<uint64_t>(number * it->second);
+}
+
+TimePoint BlobStore::Now() const {
+  std::lock_guard lk(mu_);
+  return clock_ ? clock_() : std::chrono::system_clock::now();
+}
+
+void BlobStore::SetClock(Clock clock) {
+  std::lock_guard lk(mu_);
+  clock_ = std::move(clock);
+}
+
+void BlobStore::SetBudget(uint64_t bytes) {
+  std::lock_guard lk(mu_);
+  budget_ = bytes;
+}
+
+void BlobStore::SetEvictHook(std::function<void(const Digest&)> hook) {
+  std::lock_guard lk(mu_);
+  evict_hook_ = std::move(hook);
+}
+
+void BlobStore::Added(const Digest& digest, uint64_t size) {
+  TimePoint now = Now();
+  std::lock_guard lk(mu_);
+  auto [it, inserted] = index_.try_emplace(digest);
+  if (!inserted) total_bytes_ -= it->second.size;
+  it->second.size = size;
+  it->second.last_use = now;
+  it->second.seq = ++seq_;
+  total_bytes_ += size;
+}
+
+void BlobStore::Touch(const Digest& digest) {
+  TimePoint now = Now();
+  std::lock_guard lk(mu_);
+  auto it = index_.find(digest);
+  if (it == index_.end()) return;
+  it->second.last_use = std::max(it->second.last_use, now);
+  it->second.seq = ++seq_;
+}
+
+std::shared_ptr<void> BlobStore::MarkInUse(const Digest& digest) {
+  {
+    std::lock_guard lk(mu_);
+    ++users_[digest];
+  }
+  // The deleter only holds the digest: the store outlives every handle (readers and writers are
+  // gone before the agent destroys its store).
+  return std::shared_ptr<void>(nullptr, [this, digest](void*) { Release(digest); });
+}
+
+bool BlobStore::InUse(const Digest& digest) const {
+  std::lock_guard lk(mu_);
+  return users_.count(digest) > 0;
+}
+
+void BlobStore::Release(const Digest& digest) {
+  std::lock_guard lk(mu_);
+  auto it = users_.find(digest);
+  if (it != users_.end() && --it->second <= 0) users_.erase(it);
+}
+
+bool BlobStore::PinnedLocked(const Digest& digest, TimePoint now) const {
+  auto it = pins_.find(digest);
+  if (it == pins_.end()) return false;
+  for (const auto& [owner, pin] : it->second) {
+    if (!pin.expires || *pin.expires > now) return true;
+  }
+  return false;
+}
+
+void BlobStore::DropExpiredLocked(TimePoint now) {
+  bool changed = false;
+  for (auto it = pins_.begin(); it != pins_.end();) {
+    for (auto p = it->second.begin(); p != it->second.end();) {
+      if (p->second.expires && *p->second.expires <= now) {
+        p = it->second.erase(p);
+        changed = true;
+      } else {
+        ++p;
+      }
+    }
+    it = it->second.empty() ? pins_.erase(it) : std::next(it);
+  }
+  if (changed) (void)SavePinsLocked();
+}
+
+Status BlobStore::SavePinsLocked() const {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& [digest, by_owner] : pins_) {
+    for (const auto& [owner, pin] : by_owner) {
+      nlohmann::json j = {{"digest", digest.str()}, {"owner", owner}, {"reason", pin.reason}};
+      if (pin.expires) j["expires_ms"] = ToMs(*pin.expires);
+      arr.push_back(j);
+    }
+  }
+  return WriteFileAtomic(root_ + "/tmp", root_ + "/pins.json", arr.dump(1));
+}
+
+Status BlobStore::Pin(const Digest& digest, std::string owner, std::string reason,
+                      std::optional<std::chrono::seconds> ttl) {
+  TimePoint now = Now();
+  std::lock_guard lk(mu_);
+  shoal::store::Pin pin{owner, std::move(reason), std::nullopt};
+  if (ttl && ttl->count() > 0) pin.expires = now + *ttl;
+  pins_[digest].insert_or_assign(std::move(owner), std::move(pin));
+  return SavePinsLocked();
+}
+
+Result<int> BlobStore::Unpin(const Digest& digest, const std::string& owner) {
+  std::lock_guard lk(mu_);
+  auto it = pins_.find(digest);
+  if (it == pins_.end()) return 0;
+  int removed = 0;
+  if (owner.empty()) {
+    removed = static_cast<int>(it->second.size());
+    pins_.erase(it);
+  } else {
+    removed = static_cast<int>(it->second.erase(owner));
+    if (it->second.empty()) pins_.erase(it);
+  }
+  if (removed == 0) return 0;
+  if (auto st = SavePinsLocked(); !st) return st.error();
+  return removed;
+}
+
+std::map<Digest, std::vector<Pin>> BlobStore::Pins() const {
+  TimePoint now = Now();
+  std::lock_guard lk(mu_);
+  std::map<Digest, std::vector<shoal::store::Pin>> out;
+  for (const auto& [digest, by_owner] : pins_) {
+    for (const auto& [owner, pin] : by_owner) {
+      if (!pin.expires || *pin.expires > now) out[digest].push_back(pin);
+    }
+  }
+  return out;
+}
+
+bool BlobStore::IsPinned(const Digest& digest) const {
+  TimePoint now = Now();
+  std::lock_guard lk(mu_);
+  return PinnedLocked(digest, now);
+}
+
+std::vector<CacheEntry> BlobStore::List() const {
+  TimePoint now = Now();
+  std::lock_guard lk(mu_);
+  std::vector<std::pair<std::pair<TimePoint, uint64_t>, CacheEntry>> rows;
+  for (const auto& [digest, e] : index_) {
+    CacheEntry c{digest, e.size, e.last_use, users_.count(digest) > 0, {}};
+    if (auto p = pins_.find(digest); p != pins_.end()) {
+      for (const auto& [owner, pin] : p->second) {
+        if (!pin.expires || *pin.expires > now) c.pins.push_back(pin);
+      }
+    }
+    rows.push_back({{e.last_use, e.seq}, std::move(c)});
+  }
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<CacheEntry> out;
+  out.reserve(rows.size());
+  for (auto& r : rows) out.push_back(std::move(r.second));
+  return out;
+}
+
+CacheStats BlobStore::Stats() const {
+  TimePoint now = Now();
+  std::lock_guard lk(mu_);
+  CacheStats s;
+  s.bytes = total_bytes_;
+  s.budget = budget_;
+  s.blobs = index_.size();
+  s.evictions = evictions_;
+  for (const auto& [digest, e] : index_) {
+    if (PinnedLocked(digest, now)) s.pinned_bytes += e.size;
+  }
+  return s;
+}
+
+EvictReport BlobStore::Evict() {
+  uint64_t budget;
+  {
+    std::lock_guard lk(mu_);
+    budget = budget_;
+  }
+  if (budget == 0) {
+    EvictReport none;
+    TimePoint now = Now();
+    std::lock_guard lk(mu_);
+    DropExpiredLocked(now);
+    return none;
+  }
+  return EvictTo(budget);
+}
+
+EvictReport BlobStore::EvictTo(uint64_t budget) {
+  EvictReport report;
+  TimePoint now = Now();
+  std::function<void(const Digest&)> hook;
+  std::vector<std::pair<std::pair<TimePoint, uint64_t>, Digest>> order;
+  {
+    std::lock_guard lk(mu_);
+    DropExpiredLocked(now);
+    hook = evict_hook_;
+    for (const auto& [digest, e] : index_) order.push_back({{e.last_use, e.seq}, digest});
+  }
+  std::sort(order.begin(), order.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [when, digest] : order) {
+    {
+      std::lock_guard lk(mu_);
+      if (total_bytes_ <= budget) break;
+      auto it = index_.find(digest);
+      // Re-checked under the lock: a reader may have opened it, or someone pinned it, since.
+      if (it == index_.end() || users_.count(digest) > 0 || PinnedLocked(digest, now)) continue;
+    }
+    if (hook) hook(digest);
+    std::lock_guard lk(mu_);
+    auto it = index_.find(digest);
+    // The hook ran unlocked: skip the blob if it became used or pinned meanwhile.
+    if (it == index_.end() || users_.count(digest) > 0 || PinnedLocked(digest, now)) continue;
+    std::string path = BlobPath(digest);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) continue;
+    ::unlink((root_ + "/meta/" + digest.hex() + ".json").c_str());
+    total_bytes_ -= it->second.size;
+    report.freed_bytes += it->second.size;
+    report.evicted.push_back(digest);
+    index_.erase(it);
+    ++evictions_;
+  }
+  {
+    std::lock_guard lk(mu_);
+    report.over_budget = total_bytes_ > budget ? total_bytes_ - budget : 0;
+    (void)WriteFileAtomic(root_ + "/tmp", root_ + "/meta/access.json", IndexJsonLocked());
+  }
+  return report;
+}
+
+std::string BlobStore::IndexJsonLocked() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [digest, e] : index_) j[digest.hex()] = ToMs(e.last_use);
+  return j.dump();
+}
+
+Status BlobStore::Flush() {
+  std::lock_guard lk(mu_);
+  return WriteFileAtomic(root_ + "/tmp", root_ + "/meta/access.json", IndexJsonLocked());
+}
+
+void BlobStore::LoadIndex() {
+  std::lock_guard lk(mu_);
+  std::map<std::string, int64_t> last_use;
+  if (auto text = ReadSmallFile(root_ + "/meta/access.json")) {
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    if (j.is_object()) {
+      for (const auto& [hex, ms] : j.items()) {
+        if (ms.is_number_integer()) last_use[hex] = ms.get<int64_t>();
+      }
+    }
+  }
+  std::error_code ec;
+  for (const auto& shard : fs::directory_iterator(fs::path(root_) / "blobs/sha256", ec)) {
+    std::error_code ec2;
+    for (const auto& f : fs::directory_iterator(shard.path(), ec2)) {
+      auto digest = Digest::Parse("sha256:" + f.path().filename().string());
+      if (!digest) continue;
+      struct stat st;
+      if (::stat(f.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      IndexEntry e;
+      e.size = static_cast<uint64_t>(st.st_size);
+      auto lu = last_use.find(f.path().filename().string());
+      e.last_use = lu != last_use.end() ? FromMs(lu->second)
+                                        : TimePoint(std::chrono::seconds(st.st_mtime));
+      total_bytes_ += e.size;
+      index_.insert_or_assign(digest.value(), e);
+    }
+  }
+  if (auto text = ReadSmallFile(root_ + "/pins.json")) {
+    auto arr = nlohmann::json::parse(*text, nullptr, false);
+    if (arr.is_array()) {
+      for (const auto& j : arr) {
+        if (!j.is_object() || !j.contains("digest") || !j["digest"].is_string()) continue;
+        auto digest = Digest::Parse(j["digest"].get<std::string>());
+        if (!digest) continue;
+        shoal::store::Pin pin{j.value("owner", std::string("operator")),
+                              j.value("reason", std::string()), std::nullopt};
+        if (j.contains("expires_ms") && j["expires_ms"].is_number_integer())
+          pin.expires = FromMs(j["expires_ms"].get<int64_t>());
+        std::string owner = pin.owner;
+        pins_[digest.value()].insert_or_assign(owner, std::move(pin));
+      }
+    }
+  }
 }
 
 }  // namespace shoal::store

@@ -5,12 +5,24 @@
 // blobs being written (never served as complete); meta/<64 hex>.json holds a manifest's media
 // type. A blob appears under blobs/ only through BlobWriter::Commit, i.e. fsync + rename after
 // its sha256 matched, so a crash can leave garbage in tmp/ but never a wrong blob.
+//
+// Budget and pins: the store keeps an index of its complete blobs (size, last use). Last use is
+// recorded by Touch (the agent calls it when it serves a blob) and GetManifest (not atime, which noatime mounts do not keep) and saved
+// in meta/access.json by Evict and Flush. Evict deletes least recently used blobs until the total
+// fits the budget, skipping pinned blobs (pins.json, each with an owner and an optional expiry)
+// and blobs in use (an InUse handle: open readers, writers of the same digest).
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "lib/core/digest.h"
 #include "lib/core/error.h"
@@ -22,6 +34,8 @@ struct StoredManifest {
   std::string body;
   std::string media_type;
 };
+
+class BlobStore;
 
 // Owns one temp file that will become a blob. Not thread-safe; PWrite may be called from any
 // single thread at a time. Destroying an uncommitted writer removes the temp file.
@@ -46,14 +60,57 @@ class BlobWriter {
 
  private:
   friend class BlobStore;
-  BlobWriter(int fd, std::string temp_path, std::string final_path);
+  BlobWriter(BlobStore* store, Digest digest, int fd, std::string temp_path,
+             std::string final_path);
+  BlobStore* store_;
+  Digest digest_;
+  std::shared_ptr<void> in_use_;  // the digest is in use while it is being written
   int fd_;
   std::string temp_path_;
   std::string final_path_;
   bool done_ = false;
 };
 
-// Thread-safe: all methods may be called concurrently (the file system is the only state).
+// Parses a cache budget: bytes with an optional unit ("50GiB", "512MiB", "10GB", "1048576") or a
+// percentage of the size of the file system holding `path` ("80%"). "0" means no budget.
+// Errors: kInvalidArgument naming the bad text; kIo when the file system cannot be measured.
+Result<uint64_t> ParseBudget(std::string_view spec, const std::string& path);
+
+// One pin on a blob: while any unexpired pin holds it, eviction leaves the blob alone.
+struct Pin {
+  std::string owner;   // who pinned it ("prefetch", "operator"...); a digest has one pin per owner
+  std::string reason;  // free text, e.g. the image reference
+  std::optional<std::chrono::system_clock::time_point> expires;  // nullopt: until unpinned
+};
+
+// One cached blob as listed by BlobStore::List.
+struct CacheEntry {
+  Digest digest;
+  uint64_t size = 0;
+  std::chrono::system_clock::time_point last_use;
+  bool in_use = false;
+  std::vector<Pin> pins;  // unexpired pins only
+};
+
+// Totals of the cache.
+struct CacheStats {
+  uint64_t bytes = 0;         // complete blobs
+  uint64_t budget = 0;        // 0: unlimited
+  uint64_t pinned_bytes = 0;  // complete blobs with an unexpired pin
+  uint64_t blobs = 0;
+  uint64_t evictions = 0;     // blobs evicted since Open
+};
+
+// What one Evict call did.
+struct EvictReport {
+  uint64_t freed_bytes = 0;
+  std::vector<Digest> evicted;
+  // Bytes still above the budget because the rest is pinned or in use (0 when it fits).
+  uint64_t over_budget = 0;
+};
+
+// Thread-safe: all methods may be called concurrently (the index and the pins are guarded by a
+// mutex; the file system is the rest of the state).
 class BlobStore {
  public:
   // Creates the directory layout if needed and deletes leftover temp files from an earlier run.
@@ -79,10 +136,79 @@ class BlobStore {
   // Number of leftover temp files removed by Open (for logs and tests).
   int cleaned_temp_files() const { return cleaned_temp_files_; }
 
+  // --- Budget, last use and pins ---
+
+  using Clock = std::function<std::chrono::system_clock::time_point()>;
+  // Replaces the wall clock used for last use and pin expiry (tests). Call before other use.
+  void SetClock(Clock clock);
+  // The budget in bytes; 0 (the default) means unlimited. Takes effect at the next Evict.
+  void SetBudget(uint64_t bytes);
+  // Records a use of the blob now (for LRU). No-op for blobs not cached.
+  void Touch(const Digest& digest);
+  // Marks the blob in use until the returned handle is destroyed (handles nest): an open reader
+  // or a writer. Eviction never deletes a blob in use.
+  std::shared_ptr<void> MarkInUse(const Digest& digest);
+  // Whether a MarkInUse handle on the blob is alive.
+  bool InUse(const Digest& digest) const;
+  // Pins a blob (cached or not yet) for `owner`; replaces that owner's earlier pin on it. ttl
+  // nullopt or zero: until unpinned. Persisted at once. Errors: kIo.
+  Status Pin(const Digest& digest, std::string owner, std::string reason,
+             std::optional<std::chrono::seconds> ttl);
+  // Pin(digest, "operator", "", ttl): the short form for callers with no owner of their own.
+  Status Pin(const Digest& digest, std::optional<std::chrono::seconds> ttl) {
+    return Pin(digest, "operator", "", ttl);
+  }
+  // Removes the pin of `owner` on the blob, or every pin on it when owner is empty. Returns how
+  // many pins were removed. Errors: kIo when pins.json cannot be written.
+  Result<int> Unpin(const Digest& digest, const std::string& owner = "");
+  // Unexpired pins per digest (also of blobs not cached).
+  std::map<Digest, std::vector<shoal::store::Pin>> Pins() const;
+  bool IsPinned(const Digest& digest) const;
+  // Every complete blob, least recently used first.
+  std::vector<CacheEntry> List() const;
+  CacheStats Stats() const;
+  // Called with each digest just before its file is deleted by Evict, without the store's lock
+  // held, on the thread that called Evict (the agent removes the blob's torrents from the swarm).
+  void SetEvictHook(std::function<void(const Digest&)> hook);
+  // Deletes least recently used unpinned blobs that are not in use until the cache fits the
+  // budget (nothing with no budget), drops expired pins, and saves the last-use index.
+  EvictReport Evict();
+  // Like Evict but with this budget instead of the configured one (gc --to).
+  EvictReport EvictTo(uint64_t budget);
+  // Saves the last-use index (meta/access.json). Errors: kIo.
+  Status Flush();
+
  private:
+  struct IndexEntry {
+    uint64_t size = 0;
+    std::chrono::system_clock::time_point last_use;
+    uint64_t seq = 0;  // order of uses within this process (ties of last_use)
+  };
   explicit BlobStore(std::string root) : root_(std::move(root)) {}
+  // Registers a complete blob in the index (after a commit or a manifest write).
+  void Added(const Digest& digest, uint64_t size);
+  void Release(const Digest& digest);
+  void LoadIndex();
+  Status SavePinsLocked() const;   // requires mu_
+  std::string IndexJsonLocked() const;  // requires mu_
+  bool PinnedLocked(const Digest& digest, std::chrono::system_clock::time_point now) const;
+  void DropExpiredLocked(std::chrono::system_clock::time_point now);
+  std::chrono::system_clock::time_point Now() const;
+
   std::string root_;
   int cleaned_temp_files_ = 0;
+
+  mutable std::mutex mu_;
+  Clock clock_;                                        // GUARDED_BY(mu_)
+  uint64_t budget_ = 0;                                // GUARDED_BY(mu_)
+  uint64_t total_bytes_ = 0;                           // GUARDED_BY(mu_)
+  uint64_t seq_ = 0;                                   // GUARDED_BY(mu_)
+  uint64_t evictions_ = 0;                             // GUARDED_BY(mu_)
+  std::unordered_map<Digest, IndexEntry> index_;       // GUARDED_BY(mu_): complete blobs
+  std::unordered_map<Digest, int> users_;              // GUARDED_BY(mu_): in-use counts
+  std::map<Digest, std::map<std::string, shoal::store::Pin>> pins_;  // GUARDED_BY(mu_): by owner
+  std::function<void(const Digest&)> evict_hook_;      // GUARDED_BY(mu_)
+  friend class BlobWriter;
 };
 
 }  // namespace shoal::store

@@ -12,6 +12,11 @@ void AddStatusCommand(CLI::App& app);
 // `shoalctl extract IMAGE DIR`: pulls an image through a node's agent and extracts its layers
 // into DIR in overlay2's layout, extracting while downloading.
 void AddExtractCommand(CLI::App& app);
+// `shoalctl save IMAGE... -o file.tar`: writes images from a node's agent into a docker-archive
+// that `docker load` reads.
+void AddSaveCommand(CLI::App& app);
+// `shoalctl cache ls|pin|unpin|gc`: a node agent's cache: contents, pins and eviction.
+void AddCacheCommand(CLI::App& app);
 // `shoalctl config dockerd|containerd|crio`: runtime configuration for pulling through an agent.
 void AddConfigCommand(CLI::App& app);
 

@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   shoal::ctl::AddStatusCommand(app);
   shoal::ctl::AddExtractCommand(app);
   shoal::ctl::AddConfigCommand(app);
+  shoal::ctl::AddSaveCommand(app);
+  shoal::ctl::AddCacheCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -1,0 +1,211 @@
+// The blob store's budget: LRU eviction among unpinned blobs that are not in use, pins with
+// owners and expiry, and what survives a reopen.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "lib/core/sha256.h"
+#include "lib/store/blob_store.h"
+
+namespace shoal::store {
+namespace fs = std::filesystem;
+
+namespace {
+struct TempRoot {
+  std::string path;
+  TempRoot() {
+    char tmpl[] = "/tmp/shoal-budget-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempRoot() { fs::remove_all(path); }
+};
+
+// A fake wall clock the test moves by hand.
+struct FakeClock {
+  std::chrono::system_clock::time_point now =
+      std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 50));
+  void Advance(std::chrono::seconds s) { now += s; }
+};
+
+// Stores `size` bytes of `fill` as a committed blob and returns its digest.
+Digest PutBlob(BlobStore& store, char fill, size_t size) {
+  std::string data(size, fill);
+  Digest d = Sha256::Of(data);
+  auto w = store.Create(d).value();
+  REQUIRE(w->PWrite(data.data(), data.size(), 0).has_value());
+  REQUIRE(w->Commit().has_value());
+  return d;
+}
+
+std::unique_ptr<BlobStore> OpenWithClock(const std::string& root, FakeClock& clock) {
+  auto store = BlobStore::Open(root).value();
+  store->SetClock([&clock] { return clock.now; });
+  return store;
+}
+
+bool Contains(const std::vector<Digest>& v, const Digest& d) {
+  return std::find(v.begin(), v.end(), d) != v.end();
+}
+}  // namespace
+
+TEST_CASE("store budget: parses bytes, units and percentages of the file system") {
+  TempRoot root;
+  CHECK(ParseBudget("1048576", root.path).value() == 1048576);
+  CHECK(ParseBudget("50GiB", root.path).value() == 50ull << 30);
+  CHECK(ParseBudget("512MiB", root.path).value() == 512ull << 20);
+  CHECK(ParseBudget("10GB", root.path).value() == 10'000'000'000ull);
+  CHECK(ParseBudget("0", root.path).value() == 0);
+  auto pct = ParseBudget("80%", root.path);
+  REQUIRE(pct.has_value());
+  CHECK(pct.value() > 0);
+  CHECK(ParseBudget("100%", root.path).value() >= pct.value());
+  CHECK_FALSE(ParseBudget("lots", root.path).has_value());
+  CHECK_FALSE(ParseBudget("5 parsecs", root.path).has_value());
+  CHECK_FALSE(ParseBudget("150%", root.path).has_value());
+}
+
+TEST_CASE("store budget: evicts the least recently used blob first") {
+  TempRoot root;
+  FakeClock clock;
+  auto store = OpenWithClock(root.path, clock);
+  Digest a = PutBlob(*store, 'a', 1000);
+  clock.Advance(std::chrono::seconds(1));
+  Digest b = PutBlob(*store, 'b', 1000);
+  clock.Advance(std::chrono::seconds(1));
+  Digest c = PutBlob(*store, 'c', 1000);
+  clock.Advance(std::chrono::seconds(1));
+  // Reading a makes b the least recently used.
+  store->Touch(a);
+  CHECK(store->Stats().bytes == 3000);
+  store->SetBudget(2500);
+  EvictReport r = store->Evict();
+  CHECK(r.freed_bytes == 1000);
+  REQUIRE(r.evicted.size() == 1);
+  CHECK(r.evicted[0] == b);
+  CHECK_FALSE(store->Stat(b).has_value());
+  CHECK(store->Stat(a).has_value());
+  CHECK(store->Stat(c).has_value());
+  CHECK(store->Stats().bytes == 2000);
+  CHECK(store->Stats().evictions == 1);
+  // Within budget: nothing more goes.
+  CHECK(store->Evict().evicted.empty());
+  // No budget: nothing goes.
+  store->SetBudget(0);
+  CHECK(store->Evict().evicted.empty());
+}
+
+TEST_CASE("store budget: pinned blobs and blobs in use are never evicted") {
+  TempRoot root;
+  FakeClock clock;
+  auto store = OpenWithClock(root.path, clock);
+  Digest a = PutBlob(*store, 'a', 1000);
+  clock.Advance(std::chrono::seconds(1));
+  Digest b = PutBlob(*store, 'b', 1000);
+  clock.Advance(std::chrono::seconds(1));
+  Digest c = PutBlob(*store, 'c', 1000);
+  REQUIRE(store->Pin(a, "prefetch", "img:1", std::nullopt).has_value());
+  auto reading = store->MarkInUse(b);
+  CHECK(store->InUse(b));
+  EvictReport r = store->EvictTo(0);
+  CHECK(Contains(r.evicted, c));
+  CHECK_FALSE(Contains(r.evicted, a));
+  CHECK_FALSE(Contains(r.evicted, b));
+  CHECK(r.over_budget == 2000);
+  CHECK(store->Stat(a).has_value());
+  CHECK(store->Stat(b).has_value());
+  CHECK(store->Stats().pinned_bytes == 1000);
+  reading.reset();
+  CHECK_FALSE(store->InUse(b));
+  r = store->EvictTo(0);
+  CHECK(r.evicted == std::vector<Digest>{b});
+  CHECK(store->Stat(a).has_value());
+}
+
+TEST_CASE("store budget: a blob being written is in use until its writer is gone") {
+  TempRoot root;
+  auto store = BlobStore::Open(root.path).value();
+  std::string data(100, 'w');
+  Digest d = Sha256::Of(data);
+  auto w = store->Create(d).value();
+  REQUIRE(w->PWrite(data.data(), data.size(), 0).has_value());
+  REQUIRE(w->Commit().has_value());
+  CHECK(store->InUse(d));
+  CHECK(store->EvictTo(0).evicted.empty());
+  w.reset();
+  CHECK_FALSE(store->InUse(d));
+  CHECK(store->EvictTo(0).evicted == std::vector<Digest>{d});
+}
+
+TEST_CASE("store budget: pins expire after their TTL and unpin removes one owner or all") {
+  TempRoot root;
+  FakeClock clock;
+  auto store = OpenWithClock(root.path, clock);
+  Digest a = PutBlob(*store, 'a', 10);
+  REQUIRE(store->Pin(a, "prefetch", "", std::chrono::seconds(60)).has_value());
+  REQUIRE(store->Pin(a, "operator", "keep", std::nullopt).has_value());
+  CHECK(store->Pins()[a].size() == 2);
+  CHECK(store->Unpin(a, "operator").value() == 1);
+  CHECK(store->IsPinned(a));
+  clock.Advance(std::chrono::seconds(61));
+  CHECK_FALSE(store->IsPinned(a));
+  CHECK(store->Pins().empty());
+  CHECK(store->EvictTo(0).evicted == std::vector<Digest>{a});
+
+  Digest b = PutBlob(*store, 'b', 10);
+  REQUIRE(store->Pin(b, std::nullopt).has_value());
+  REQUIRE(store->Pin(b, "prefetch", "", std::nullopt).has_value());
+  CHECK(store->Unpin(b).value() == 2);
+  CHECK_FALSE(store->IsPinned(b));
+  CHECK(store->Unpin(b).value() == 0);
+}
+
+TEST_CASE("store budget: pins, sizes and last use survive a reopen") {
+  TempRoot root;
+  FakeClock clock;
+  Digest a = Sha256::Of(std::string("x")), b = a, pinned_absent = Sha256::Of(std::string("later"));
+  {
+    auto store = OpenWithClock(root.path, clock);
+    a = PutBlob(*store, 'a', 100);
+    clock.Advance(std::chrono::seconds(10));
+    b = PutBlob(*store, 'b', 200);
+    clock.Advance(std::chrono::seconds(10));
+    store->Touch(a);  // a is now the most recently used
+    REQUIRE(store->Pin(pinned_absent, "prefetch", "img", std::chrono::seconds(3600)).has_value());
+    REQUIRE(store->Flush().has_value());
+  }
+  auto store = OpenWithClock(root.path, clock);
+  CHECK(store->Stats().bytes == 300);
+  CHECK(store->IsPinned(pinned_absent));
+  auto list = store->List();
+  REQUIRE(list.size() == 2);
+  CHECK(list[0].digest == b);  // least recently used first
+  CHECK(list[1].digest == a);
+  CHECK(store->EvictTo(150).evicted == std::vector<Digest>{b});
+}
+
+TEST_CASE("store budget: the evict hook runs before the file goes") {
+  TempRoot root;
+  auto store = BlobStore::Open(root.path).value();
+  Digest a = PutBlob(*store, 'a', 10);
+  bool existed = false;
+  store->SetEvictHook([&](const Digest& d) { existed = store->Stat(d).has_value(); });
+  CHECK(store->EvictTo(0).evicted == std::vector<Digest>{a});
+  CHECK(existed);
+  CHECK_FALSE(fs::exists(store->BlobPath(a)));
+}
+
+TEST_CASE("store budget: a cached manifest counts toward the cache and can be evicted") {
+  TempRoot root;
+  auto store = BlobStore::Open(root.path).value();
+  std::string body = R"({"schemaVersion":2})";
+  Digest d = Sha256::Of(body);
+  REQUIRE(store->PutManifest(d, body, "application/vnd.oci.image.manifest.v1+json").has_value());
+  CHECK(store->Stats().bytes == body.size());
+  CHECK(store->EvictTo(0).evicted == std::vector<Digest>{d});
+  CHECK_FALSE(store->GetManifest(d).has_value());
+}
+
+}  // namespace shoal::store
