@@ -39,10 +39,11 @@ class CachedReader : public shim::BlobReader {
   std::shared_ptr<void> in_use_;
 };
 
-// A blob still arriving from upstream.
+// A blob still arriving from upstream; in use (never evicted once committed) while it lives.
 class InflightReader : public shim::BlobReader {
  public:
-  explicit InflightReader(std::shared_ptr<BlobFetch> fetch) : fetch_(std::move(fetch)) {}
+  InflightReader(std::shared_ptr<BlobFetch> fetch, std::shared_ptr<void> in_use)
+      : fetch_(std::move(fetch)), in_use_(std::move(in_use)) {}
   uint64_t size() const override { return fetch_->size(); }
   int fd() const override { return fetch_->fd(); }
   awaitable<Result<uint64_t>> WaitReadable(uint64_t offset) override {
@@ -52,6 +53,7 @@ class InflightReader : public shim::BlobReader {
 
  private:
   std::shared_ptr<BlobFetch> fetch_;
+  std::shared_ptr<void> in_use_;
 };
 
 bool Transient(const Error& e) {
@@ -340,7 +342,9 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
     fetch = it->second;
     auto st = co_await fetch->WaitStarted();
     if (!st) co_return st.error();
-    co_return std::shared_ptr<shim::BlobReader>(std::make_shared<InflightReader>(fetch));
+    std::shared_ptr<void> in_use = store_.MarkInUse(digest);
+    co_return std::shared_ptr<shim::BlobReader>(
+        std::make_shared<InflightReader>(fetch, std::move(in_use)));
   }
   auto ep = EndpointFor(repo.registry);
   if (!ep) co_return ep.error();
@@ -370,7 +374,9 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
   BlobSource source{size.value(), repo.registry, repo.repository};
   asio::co_spawn(ioc_, RunChunkFetch(services_, fetch, ep.value(), std::move(source)),
                  asio::detached);
-  co_return std::shared_ptr<shim::BlobReader>(std::make_shared<InflightReader>(fetch));
+  std::shared_ptr<void> in_use = store_.MarkInUse(digest);
+  co_return std::shared_ptr<shim::BlobReader>(
+      std::make_shared<InflightReader>(fetch, std::move(in_use)));
 }
 
 // --- Cache budget and pins ---

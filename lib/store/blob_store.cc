@@ -122,6 +122,10 @@ Status BlobWriter::Commit() {
   done_ = true;
   struct stat st;
   if (::fstat(fd_, &st) == 0) store_->Added(digest_, static_cast<uint64_t>(st.st_size));
+  // From here on the blob is a cache entry like any other: whoever still reads it through fd()
+  // (a reader of the fetch) holds its own MarkInUse handle. The writer itself may live on for
+  // as long as its chunk torrents seed from fd(), which must not pin the blob forever.
+  in_use_.reset();
   return FsyncDir(fs::path(final_path_).parent_path().string());
 }
 

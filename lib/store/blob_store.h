@@ -10,7 +10,7 @@
 // recorded by Touch (the agent calls it when it serves a blob) and GetManifest (not atime, which noatime mounts do not keep) and saved
 // in meta/access.json by Evict and Flush. Evict deletes least recently used blobs until the total
 // fits the budget, skipping pinned blobs (pins.json, each with an owner and an optional expiry)
-// and blobs in use (an InUse handle: open readers, writers of the same digest).
+// and blobs in use (a MarkInUse handle: open readers; a writer until its Commit).
 
 #include <chrono>
 #include <cstdint>
@@ -64,7 +64,7 @@ class BlobWriter {
              std::string final_path);
   BlobStore* store_;
   Digest digest_;
-  std::shared_ptr<void> in_use_;  // the digest is in use while it is being written
+  std::shared_ptr<void> in_use_;  // the digest is in use until Commit
   int fd_;
   std::string temp_path_;
   std::string final_path_;

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
+#include "tests/support/tracker.h"
 
 namespace shoal::testkit {
 namespace {
@@ -237,6 +239,47 @@ TEST_CASE("cache budget: pin by digest with a TTL, bad requests, and the admin A
   auto res = HttpGet(agent.Url() + "/shoal/v1/nothing");
   REQUIRE(res.has_value());
   CHECK(res.value().status == 404);
+}
+
+TEST_CASE("cache budget: with a tracker, an evicted blob leaves the swarm and can be fetched again") {
+  TempDir dir("shoal-cache-swarm");
+  auto reg = Registry::Start();
+  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  ImageSpec spec;
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 4, {8ull << 20}, 901});
+  auto built = BuildImage(spec, dir.Sub("layout"), "1");
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE(PushImage(*reg.value(), dir.Sub("layout"), "1", "proj/s").has_value());
+  auto tracker = TrackerProcess::Start({"--chunk-size-kib", "2048", "--piece-size-kib", "256"});
+  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  AgentOptions opts;
+  opts.cache_dir = dir.Sub("cache");
+  opts.upstreams = {"gcr.io=" + reg.value()->Url()};
+  opts.extra_args = {"--unmapped", "error", "--tracker", tracker.value()->Url(), "--swarm-listen",
+                     "127.0.0.1:0", "--tracker-grace-ms", "3000", "--peer-stall-ms", "1000"};
+  auto started = Agent::Start(opts);
+  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+  Agent& agent = *started.value();
+
+  const std::string layer = built.value().layer_digests[0].str();
+  const std::string seed_record = opts.cache_dir + "/swarm/" + built.value().layer_digests[0].hex() + ".json";
+  Pull(agent, "gcr.io/proj/s:1");
+  REQUIRE(WaitUntil([&] { return std::filesystem::exists(seed_record); }, std::chrono::seconds(10)));
+  // The fetch lets go of the blob once it has published its chunks.
+  REQUIRE_MESSAGE(WaitUntil([&] { return Entries(agent)[layer]["in_use"] == false; },
+                            std::chrono::seconds(10)),
+                  CacheLs(agent).dump());
+  auto gc = Shoalctl({"cache", "gc", "--to", "0", "--json", "--agent", agent.Url()});
+  REQUIRE_MESSAGE(gc.has_value(), gc.error().ToString());
+  CHECK(gc.value().find(layer) != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(seed_record));
+  CHECK(Entries(agent).empty());
+  // Fetched again (its chunk torrents are added anew) and seeded again. The tracker still lists
+  // the chunks as ready (its tables do not know who evicted what): with no peer left they stall
+  // for --peer-stall-ms, are reported bad and are fetched upstream.
+  Pull(agent, "gcr.io/proj/s:1");
+  CHECK(Entries(agent).count(layer) == 1);
+  CHECK(WaitUntil([&] { return std::filesystem::exists(seed_record); }, std::chrono::seconds(10)));
 }
 
 }  // namespace shoal::testkit
