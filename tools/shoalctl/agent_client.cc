@@ -14,6 +14,8 @@ constexpr size_t kMaxManifest = 4 << 20;
 std::string ShimName(const oci::ImageRef& image) { return image.repository; }
 std::string Query(const oci::ImageRef& image) { return "?ns=" + image.registry; }
 
+}  // namespace
+
 Error HttpFailure(unsigned status, const std::string& what, const std::string& body) {
   ErrorCode code = status == 404   ? ErrorCode::kNotFound
                    : status == 401 ? ErrorCode::kUnauthorized
@@ -23,7 +25,6 @@ Error HttpFailure(unsigned status, const std::string& what, const std::string& b
                                    : ErrorCode::kInvalidArgument;
   return MakeError(code, what + ": HTTP " + std::to_string(status) + " " + body.substr(0, 300));
 }
-}  // namespace
 
 AgentClient::AgentClient(asio::io_context& ioc, http::Url agent)
     : agent_(std::move(agent)), client_(ioc.get_executor(), http::ClientConfig{}) {}

@@ -28,6 +28,10 @@ struct PullReport {
 // Progress callback: (blob digest, bytes of this blob so far, blob size).
 using ProgressFn = std::function<void(const Digest&, uint64_t, uint64_t)>;
 
+// The error for a shim answer with HTTP status (404 kNotFound, 401, 403, 429, 5xx
+// kUnavailable, else kInvalidArgument), naming `what` and the start of the body.
+Error HttpFailure(unsigned status, const std::string& what, const std::string& body);
+
 // Talks to one agent over HTTP. Single-threaded: use from coroutines on one io_context.
 class AgentClient {
  public:
@@ -42,12 +46,14 @@ class AgentClient {
                                                   const ProgressFn& progress);
   // The agent's /metrics text.
   boost::asio::awaitable<Result<std::string>> Metrics();
+  // GETs the manifest `reference` (tag or digest) of image through the shim; returns its bytes
+  // and Content-Type (unverified). Errors: HttpFailure for a non-200 answer, transport errors.
+  boost::asio::awaitable<Result<std::pair<std::string, std::string>>> GetManifest(
+      const oci::ImageRef& image, const std::string& reference);
 
  private:
   boost::asio::awaitable<Result<std::unique_ptr<http::Response>>> Get(const std::string& target,
                                                                       const std::string& accept);
-  boost::asio::awaitable<Result<std::pair<std::string, std::string>>> GetManifest(
-      const oci::ImageRef& image, const std::string& reference);
   boost::asio::awaitable<Result<uint64_t>> ReadBlob(const oci::ImageRef& image,
                                                     const oci::Descriptor& blob,
                                                     const ProgressFn& progress);

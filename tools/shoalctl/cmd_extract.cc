@@ -29,6 +29,7 @@
 #include "lib/http/client.h"
 #include "lib/oci/manifest.h"
 #include "lib/oci/reference.h"
+#include "tools/shoalctl/agent_client.h"
 #include "tools/shoalctl/commands.h"
 #include "tools/shoalctl/human.h"
 
@@ -49,7 +50,6 @@ struct ExtractFlags {
   bool user_whiteouts = false;
 };
 
-constexpr size_t kMaxManifest = 4 << 20;
 
 
 // Download progress shared between the network thread (writer) and the extraction workers
@@ -82,22 +82,14 @@ struct Downloads {
   }
 };
 
-Error HttpFailure(unsigned status, const std::string& what, const std::string& body) {
-  ErrorCode code = status == 404   ? ErrorCode::kNotFound
-                   : status == 401 ? ErrorCode::kUnauthorized
-                   : status == 403 ? ErrorCode::kDenied
-                   : status >= 500 ? ErrorCode::kUnavailable
-                                   : ErrorCode::kInvalidArgument;
-  return MakeError(code, what + ": HTTP " + std::to_string(status) + " " + body.substr(0, 300));
-}
-
 // The agent's shim, as a runtime uses it (registry in ?ns=, like shoalctl pull).
 class ShimFetcher {
  public:
   ShimFetcher(asio::io_context& ioc, http::Url agent, oci::ImageRef image)
-      : agent_(std::move(agent)),
+      : agent_(agent),
         image_(std::move(image)),
-        client_(ioc.get_executor(), http::ClientConfig{}) {}
+        client_(ioc.get_executor(), http::ClientConfig{}),
+        manifests_(ioc, agent) {}
 
   // Resolves the image to one platform's manifest.
   awaitable<Result<oci::Manifest>> Resolve(const std::string& platform, Digest& top_digest) {
@@ -164,24 +156,13 @@ class ShimFetcher {
   std::string Query() const { return "?ns=" + image_.registry; }
 
   awaitable<Result<std::pair<std::string, std::string>>> GetManifest(const std::string& ref) {
-    http::Request req;
-    req.url = agent_;
-    req.url.target = "/v2/" + image_.repository + "/manifests/" + ref + Query();
-    req.headers.set(boost::beast::http::field::accept, oci::UpstreamManifestAccept());
-    auto res = co_await client_.Open(req);
-    if (!res) co_return res.error();
-    auto body = co_await res.value()->ReadAll(kMaxManifest);
-    if (!body) co_return body.error();
-    if (res.value()->status() != 200) {
-      co_return HttpFailure(res.value()->status(), "manifest " + image_.str(), body.value());
-    }
-    std::string media_type(res.value()->header(boost::beast::http::field::content_type));
-    co_return std::make_pair(std::move(body.value()), media_type);
+    co_return co_await manifests_.GetManifest(image_, ref);
   }
 
   http::Url agent_;
   oci::ImageRef image_;
   http::Client client_;
+  AgentClient manifests_;
 };
 
 int RunExtract(const ExtractFlags& flags) {

@@ -29,6 +29,7 @@
 #include "lib/oci/manifest.h"
 #include "lib/oci/media_types.h"
 #include "lib/oci/reference.h"
+#include "tools/shoalctl/agent_client.h"
 #include "tools/shoalctl/commands.h"
 #include "tools/shoalctl/human.h"
 
@@ -47,17 +48,7 @@ struct SaveFlags {
   bool json = false;
 };
 
-constexpr size_t kMaxManifest = 4 << 20;
 constexpr size_t kMaxConfig = 16 << 20;
-
-Error HttpFailure(unsigned status, const std::string& what, const std::string& body) {
-  ErrorCode code = status == 404   ? ErrorCode::kNotFound
-                   : status == 401 ? ErrorCode::kUnauthorized
-                   : status == 403 ? ErrorCode::kDenied
-                   : status >= 500 ? ErrorCode::kUnavailable
-                                   : ErrorCode::kInvalidArgument;
-  return MakeError(code, what + ": HTTP " + std::to_string(status) + " " + body.substr(0, 300));
-}
 
 Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
   const char* p = static_cast<const char*>(data);
@@ -151,23 +142,11 @@ class TarWriter {
 class ShimClient {
  public:
   ShimClient(asio::io_context& ioc, http::Url agent)
-      : agent_(std::move(agent)), client_(ioc.get_executor(), http::ClientConfig{}) {}
+      : agent_(agent), client_(ioc.get_executor(), http::ClientConfig{}), manifests_(ioc, agent) {}
 
   awaitable<Result<std::pair<std::string, std::string>>> GetManifest(const oci::ImageRef& image,
                                                                      const std::string& ref) {
-    http::Request req;
-    req.url = agent_;
-    req.url.target = "/v2/" + image.repository + "/manifests/" + ref + "?ns=" + image.registry;
-    req.headers.set(boost::beast::http::field::accept, oci::UpstreamManifestAccept());
-    auto res = co_await client_.Open(req);
-    if (!res) co_return res.error();
-    auto body = co_await res.value()->ReadAll(kMaxManifest);
-    if (!body) co_return body.error();
-    if (res.value()->status() != 200) {
-      co_return HttpFailure(res.value()->status(), "manifest " + image.str(), body.value());
-    }
-    std::string media_type(res.value()->header(boost::beast::http::field::content_type));
-    co_return std::make_pair(std::move(body.value()), media_type);
+    co_return co_await manifests_.GetManifest(image, ref);
   }
 
   // Streams blob d into `sink` (called per piece) and checks its digest and size.
@@ -209,6 +188,7 @@ class ShimClient {
  private:
   http::Url agent_;
   http::Client client_;
+  AgentClient manifests_;
 };
 
 // Runs one coroutine to completion on ioc.
