@@ -468,6 +468,11 @@ void BlobApi::OnEvent(BlobEvent event, const Digest& digest) {
       waiters_.WakeBlob(digest);
       return;
     case BlobEvent::kDropped:
+      spdlog::info("a ready chunk of {} was dropped (reported bad, or its seeders all left); it "
+                   "will be leased and fetched upstream again",
+                   digest.str());
+      waiters_.WakeBlob(digest);
+      return;
     case BlobEvent::kEvicted:
       waiters_.WakeBlob(digest);
       return;

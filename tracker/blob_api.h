@@ -78,6 +78,8 @@ class BlobApi {
 
   const std::string& tracker_id() const { return tracker_id_; }
   const BlobTable& table() const { return table_; }
+  // See BlobTable::SetSeedersLostProbe.
+  void SetSeedersLostProbe(SeedersLostProbe probe) { table_.SetSeedersLostProbe(std::move(probe)); }
   size_t waiters() const { return waiters_.size(); }
 
  private:

@@ -112,7 +112,7 @@ BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::
   LeaseAnswer answer;
   answer.layout = blob.layout;
   answer.chunk = k;
-  if (chunk.published) {
+  if (KeepReady(digest, blob, chunk)) {
     answer.kind = LeaseAnswer::Kind::kReady;
     answer.published = chunk.published;
     return answer;
@@ -191,6 +191,7 @@ BlobResult<LeaseAnswer> BlobTable::Work(const Digest& digest, std::string_view a
     return Granted(answer, blob, k, lease);
   };
   auto wait = [&](WaitReason reason, TimePoint at) { return Waiting(answer, reason, at); };
+  for (Chunk& chunk : blob.chunks) KeepReady(digest, blob, chunk);
   if (blob.ready == blob.chunks.size()) {
     answer.kind = LeaseAnswer::Kind::kDone;
     return answer;
@@ -340,11 +341,22 @@ BlobResult<bool> BlobTable::ReportBad(const Digest& digest, uint32_t k,
   if (!found) return found.error();
   Chunk& chunk = *found.value();
   if (!chunk.published || chunk.published->info_hash != info_hash) return false;
+  Unpublish(digest, *blob, chunk);
+  return true;
+}
+
+bool BlobTable::KeepReady(const Digest& digest, Blob& blob, Chunk& chunk) {
+  if (!chunk.published) return false;
+  if (!seeders_lost_ || !seeders_lost_(chunk.published->info_hash)) return true;
+  Unpublish(digest, blob, chunk);
+  return false;
+}
+
+void BlobTable::Unpublish(const Digest& digest, Blob& blob, Chunk& chunk) {
   chunk.published.reset();
-  --blob->ready;
+  --blob.ready;
   --totals_.ready;
   Emit(BlobEvent::kDropped, digest);
-  return true;
 }
 
 size_t BlobTable::ExpireLeases(TimePoint now) {

@@ -131,6 +131,9 @@ enum class BlobEvent {
   kEvicted,    // the whole table was dropped to make room
 };
 using BlobListener = std::function<void(BlobEvent event, const Digest& digest)>;
+// Whether a ready chunk's torrent has lost every seeder (SwarmTable::LostSeeders): the agents
+// that held it evicted it or died, so nobody can serve it any more.
+using SeedersLostProbe = std::function<bool(const swarm::Sha1& info_hash)>;
 
 struct BlobTotals {
   size_t blobs = 0;
@@ -161,6 +164,9 @@ class BlobTable {
   // Called synchronously from inside the calls below, once per event. It must not call back
   // into the table.
   void SetListener(BlobListener listener) { listener_ = std::move(listener); }
+  // With a probe, Lease and Work drop a ready chunk whose seeders are all gone (kDropped), so
+  // it is leased and fetched upstream again at once instead of after a peer stall.
+  void SetSeedersLostProbe(SeedersLostProbe probe) { seeders_lost_ = std::move(probe); }
 
   // The table of digest, created from source if absent (first non-empty registry and
   // repository win). Errors: kInvalid for a size the layout rejects, kConflict when the table
@@ -262,6 +268,11 @@ class BlobTable {
   // A new lease on chunk k of blob for agent (the caps were checked).
   LeaseRecord& Grant(const Digest& digest, Blob& blob, uint32_t k, std::string_view agent,
                      TimePoint now);
+  // Drops chunk's metainfo (kDropped) if it is ready and the probe says its seeders are gone;
+  // returns whether the chunk is ready afterwards.
+  bool KeepReady(const Digest& digest, Blob& blob, Chunk& chunk);
+  // Drops chunk's metainfo (it must be ready) and emits kDropped.
+  void Unpublish(const Digest& digest, Blob& blob, Chunk& chunk);
   // Ends chunk's lease (event says why).
   void EndLease(const Digest& digest, Blob& blob, Chunk& chunk, BlobEvent event);
   void SetExpiry(const Digest& digest, uint32_t k, LeaseRecord& lease, TimePoint expires);
@@ -274,6 +285,7 @@ class BlobTable {
   BlobTableOptions options_;
   std::mt19937_64 rng_;
   BlobListener listener_;
+  SeedersLostProbe seeders_lost_;
   std::unordered_map<Digest, Blob> blobs_;
   std::list<Digest> lru_;                                   // most recently used first
   ExpiryIndex expiries_;                                    // every active lease by expiry

@@ -123,6 +123,12 @@ int RunTracker(const TrackerConfig& config) {
   prometheus::Registry registry;
   TrackerService service(options, registry);
   BlobApi blobs(blob_options, registry, BlobApi::NewTrackerId());
+  // Chunk torrents announce here too, so the swarm table knows when a ready chunk lost its seeds.
+  blobs.SetSeedersLostProbe([&service](const swarm::Sha1& hash) {
+    auto id = InfoHash::FromBytes(std::string_view(reinterpret_cast<const char*>(hash.data()),
+                                                   hash.size()));
+    return id && service.table().LostSeeders(*id);
+  });
   ServerOptions server_options;
   server_options.max_connections = config.max_connections;
   ManifestApi manifests(manifest_options, registry, blobs.tracker_id());

@@ -30,7 +30,9 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
     if (auto idx = swarm.index.find(from); idx != swarm.index.end()) {
       // Clients that stop right after finishing (aria2c --seed-time=0) never send `completed`.
       if (!idx->second.seeder && request.left == 0) ++swarm.downloaded;
+      bool had_seeders = !swarm.seeders.empty();
       Remove(swarm, idx->second);
+      NoteSeeders(request.info_hash, swarm, had_seeders);
     }
     reply.counts = CountsOf(swarm);
     if (swarm.size() == 0) {
@@ -55,6 +57,7 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
     ++totals_.swarms;
   }
   Swarm& swarm = it->second;
+  const bool had_seeders = !swarm.seeders.empty();
   const bool seeder = request.left == 0;
   bool was_seeder = false;
   bool upload_only = false;
@@ -92,6 +95,7 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
   // `completed` or just reports left=0; a `completed` from a peer not seen before counts too.
   if (known ? (!was_seeder && seeder) : request.event == AnnounceEvent::kCompleted)
     ++swarm.downloaded;
+  NoteSeeders(request.info_hash, swarm, had_seeders);
 
   if (swarm.size() == 0) {
     // Only possible when the peer could not be stored; keep no empty swarm around.
@@ -212,7 +216,9 @@ size_t SwarmTable::SweepSwarm(Swarm& swarm, TimePoint now) {
 size_t SwarmTable::Sweep(TimePoint now) {
   size_t dropped = 0;
   for (auto it = swarms_.begin(); it != swarms_.end();) {
+    bool had_seeders = !it->second.seeders.empty();
     dropped += SweepSwarm(it->second, now);
+    NoteSeeders(it->first, it->second, had_seeders);
     if (it->second.size() == 0) {
       it = swarms_.erase(it);
       --totals_.swarms;
@@ -221,6 +227,18 @@ size_t SwarmTable::Sweep(TimePoint now) {
     }
   }
   return dropped;
+}
+
+void SwarmTable::NoteSeeders(const InfoHash& info_hash, const Swarm& swarm, bool had_seeders) {
+  if (!swarm.seeders.empty()) {
+    if (!had_seeders) seeders_lost_.erase(info_hash);
+  } else if (had_seeders && seeders_lost_.size() < options_.limits.max_swarms) {
+    seeders_lost_.insert(info_hash);
+  }
+}
+
+bool SwarmTable::LostSeeders(const InfoHash& info_hash) const {
+  return seeders_lost_.count(info_hash) != 0;
 }
 
 SwarmCounts SwarmTable::CountsOf(const Swarm& swarm) {

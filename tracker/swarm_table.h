@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "lib/core/error.h"
@@ -84,6 +85,11 @@ class SwarmTable {
                                  TimePoint now);
   // Counts for scrape; all zero for an unknown info-hash.
   SwarmCounts Counts(const InfoHash& info_hash) const;
+  // Whether info_hash had a seeder here and every seeder has since stopped or expired (none
+  // seeds it now). False for an info-hash never seeded since this table started, so a restarted
+  // tracker never declares a chunk lost before its seeders re-announce. At most max_swarms
+  // info-hashes are remembered.
+  bool LostSeeders(const InfoHash& info_hash) const;
   // Drops every peer silent for longer than peer_ttl, and swarms left empty. Returns how many
   // peers were dropped. O(peers); the server runs it periodically.
   size_t Sweep(TimePoint now);
@@ -117,6 +123,8 @@ class SwarmTable {
   // Removes the peer at slot by swapping the last one into its place; returns the removed peer.
   Peer Remove(Swarm& swarm, Slot slot);
   size_t SweepSwarm(Swarm& swarm, TimePoint now);
+  // Records whether info_hash lost its last seeder (had_seeders: it had one before the change).
+  void NoteSeeders(const InfoHash& info_hash, const Swarm& swarm, bool had_seeders);
   // Appends up to k distinct random peers of `from` to out, skipping index `skip` (or none if
   // skip >= from.size()). O(k) expected.
   void Sample(const std::vector<Peer>& from, size_t k, size_t skip, std::vector<PeerEndpoint>& out);
@@ -128,6 +136,7 @@ class SwarmTable {
   SwarmTableOptions options_;
   std::mt19937_64 rng_;
   std::unordered_map<InfoHash, Swarm> swarms_;
+  std::unordered_set<InfoHash> seeders_lost_;  // had a seeder, have none now
   SwarmTotals totals_;
 };
 

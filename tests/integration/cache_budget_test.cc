@@ -241,7 +241,7 @@ TEST_CASE("cache budget: pin by digest with a TTL, bad requests, and the admin A
   CHECK(res.value().status == 404);
 }
 
-TEST_CASE("cache budget: with a tracker, an evicted blob leaves the swarm and can be fetched again") {
+TEST_CASE("cache budget: with a tracker, an evicted blob leaves the swarm and is fetched again at once") {
   TempDir dir("shoal-cache-swarm");
   auto reg = Registry::Start();
   REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
@@ -256,12 +256,13 @@ TEST_CASE("cache budget: with a tracker, an evicted blob leaves the swarm and ca
   opts.cache_dir = dir.Sub("cache");
   opts.upstreams = {"gcr.io=" + reg.value()->Url()};
   opts.extra_args = {"--unmapped", "error", "--tracker", tracker.value()->Url(), "--swarm-listen",
-                     "127.0.0.1:0", "--tracker-grace-ms", "3000", "--peer-stall-ms", "1000"};
+                     "127.0.0.1:0", "--tracker-grace-ms", "3000", "--peer-stall-ms", "120000"};
   auto started = Agent::Start(opts);
   REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
   Agent& agent = *started.value();
 
   const std::string layer = built.value().layer_digests[0].str();
+  const double layer_bytes = static_cast<double>(built.value().layer_sizes[0]);
   const std::string seed_record = opts.cache_dir + "/swarm/" + built.value().layer_digests[0].hex() + ".json";
   Pull(agent, "gcr.io/proj/s:1");
   REQUIRE(WaitUntil([&] { return std::filesystem::exists(seed_record); }, std::chrono::seconds(10)));
@@ -274,11 +275,17 @@ TEST_CASE("cache budget: with a tracker, an evicted blob leaves the swarm and ca
   CHECK(gc.value().find(layer) != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(seed_record));
   CHECK(Entries(agent).empty());
-  // Fetched again (its chunk torrents are added anew) and seeded again. The tracker still lists
-  // the chunks as ready (its tables do not know who evicted what): with no peer left they stall
-  // for --peer-stall-ms, are reported bad and are fetched upstream.
+  // The removed chunk torrents announce `stopped`, so the tracker sees their last seeder leave.
+  REQUIRE_MESSAGE(WaitUntil([&] { return tracker.value()->Metric("shoal_tracker_seeders") == 0; },
+                            std::chrono::seconds(10)),
+                  tracker.value()->LogTail());
+  // Fetched again at once: the tracker drops the ready chunks nobody seeds any more and leases
+  // them, instead of handing out torrents that would stall for --peer-stall-ms (two minutes).
+  const double upstream_before = agent.Metric("shoal_upstream_blob_bytes_total");
   Pull(agent, "gcr.io/proj/s:1");
   CHECK(Entries(agent).count(layer) == 1);
+  CHECK(agent.Metric("shoal_swarm_peer_stalls_total") == 0);
+  CHECK(agent.Metric("shoal_upstream_blob_bytes_total") - upstream_before >= layer_bytes);
   CHECK(WaitUntil([&] { return std::filesystem::exists(seed_record); }, std::chrono::seconds(10)));
 }
 

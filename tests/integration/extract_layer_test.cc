@@ -299,16 +299,26 @@ TEST_CASE("extract: a growing file is extracted as its bytes arrive") {
   uint64_t have = 0;  // GUARDED_BY(mu)
   bool failed = false;
   uint64_t waits = 0;
+  bool blocked = false;  // GUARDED_BY(mu): the reader waits for bytes that are not there yet
   auto wait = [&](uint64_t want) -> Result<uint64_t> {
     std::unique_lock lk(mu);
     ++waits;
+    blocked = have < want;
+    cv.notify_all();
     cv.wait(lk, [&] { return have >= want || failed; });
+    blocked = false;
     if (have >= want) return have;
     return MakeError(ErrorCode::kUnavailable, "download failed");
   };
   SUBCASE("complete") {
+    // Lock-step, so the test does not depend on scheduling: each part is appended only once
+    // the reader is blocked waiting for bytes that are not there yet.
     std::thread writer([&] {
       for (size_t off = 0; off < blob.size(); off += 7001) {
+        {
+          std::unique_lock lk(mu);
+          cv.wait(lk, [&] { return blocked; });
+        }
         std::string part = blob.substr(off, 7001);
         {
           std::ofstream f(path, std::ios::binary | std::ios::app);
@@ -317,9 +327,9 @@ TEST_CASE("extract: a growing file is extracted as its bytes arrive") {
         {
           std::lock_guard lk(mu);
           have += part.size();
+          blocked = false;  // the next part waits for the reader to ask again
         }
         cv.notify_all();
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
     });
     auto src = extract::OpenGrowingFileSource(path, blob.size(), wait);

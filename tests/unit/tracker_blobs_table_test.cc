@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -511,6 +512,41 @@ TEST_CASE("tracker blobs: an expired work lease goes to the next agent that asks
   REQUIRE(b.has_value());
   CHECK(b.value().kind == LeaseAnswer::Kind::kGranted);
   CHECK(b.value().chunk == 0);
+}
+
+TEST_CASE("tracker blobs: a ready chunk whose seeders all left is leased again at once") {
+  BlobTable t(Options(), 1);
+  Events events;
+  events.Attach(t);
+  std::set<swarm::Sha1> lost;
+  t.SetSeedersLostProbe([&lost](const swarm::Sha1& h) { return lost.count(h) != 0; });
+  std::vector<swarm::Sha1> hashes;
+  for (uint32_t k = 0; k < 4; ++k) {
+    uint64_t length = k < 3 ? kChunk : kSize - 3 * kChunk;
+    auto p = t.Publish(D('a'), k, "n1", "", Source(), Metainfo(length, k), kT0);
+    REQUIRE(p.has_value());
+    hashes.push_back(p.value().published->info_hash);
+  }
+  CHECK(t.Work(D('a'), "n2", Source(), kT0).value().kind == LeaseAnswer::Kind::kDone);
+  CHECK(MustLease(t, D('a'), 2, "n2", kT0).kind == LeaseAnswer::Kind::kReady);
+
+  // n1 evicted the blob: its chunk torrents stopped. A reader is told to wait, not to download.
+  lost.insert(hashes[2]);
+  lost.insert(hashes[3]);
+  auto read = t.Lease(D('a'), 2, "n2", Source(), kT0, /*may_grant=*/false);
+  REQUIRE(read.has_value());
+  CHECK(read.value().kind == LeaseAnswer::Kind::kWait);
+  CHECK(read.value().reason == WaitReason::kUnleased);
+  CHECK(events.Count(BlobEvent::kDropped) == 1);
+  // Work sees every lost chunk, the first one first.
+  auto work = t.Work(D('a'), "n2", Source(), kT0);
+  REQUIRE(work.has_value());
+  CHECK(work.value().kind == LeaseAnswer::Kind::kGranted);
+  CHECK(work.value().chunk == 2);
+  CHECK(events.Count(BlobEvent::kDropped) == 2);
+  CHECK(t.totals().ready == 2);
+  CHECK(StateOf(t, D('a'), 3, kT0) == ChunkState::kNone);
+  CHECK(StateOf(t, D('a'), 0, kT0) == ChunkState::kReady);
 }
 
 }  // namespace shoal::tracker

@@ -295,4 +295,29 @@ TEST_CASE("tracker swarm: largest swarms come first on the status listing") {
   CHECK(table.Largest(10).size() == 3);
 }
 
+TEST_CASE("tracker swarm: a swarm whose seeders all stopped or expired has lost its seeders") {
+  SwarmTable table({}, 1);
+  InfoHash ih = Hash('s');
+  CHECK_FALSE(table.LostSeeders(ih));  // never seen: a restarted tracker knows nothing
+  Must(table.Announce(Request(ih, 100, AnnounceEvent::kStarted), Endpoint(1), kT0));
+  CHECK_FALSE(table.LostSeeders(ih));  // a leecher only: nobody seeded it yet
+  Must(table.Announce(Request(ih, 0, AnnounceEvent::kStarted), Endpoint(2), kT0));
+  Must(table.Announce(Request(ih, 0, AnnounceEvent::kStarted), Endpoint(3), kT0));
+  Must(table.Announce(Request(ih, 0, AnnounceEvent::kStopped), Endpoint(2), kT0));
+  CHECK_FALSE(table.LostSeeders(ih));  // one seeder left
+  Must(table.Announce(Request(ih, 0, AnnounceEvent::kStopped), Endpoint(3), kT0));
+  CHECK(table.LostSeeders(ih));  // the leecher is still there, but nobody can serve it
+  Must(table.Announce(Request(ih, 0, AnnounceEvent::kCompleted), Endpoint(1), kT0));
+  CHECK_FALSE(table.LostSeeders(ih));  // seeded again
+
+  // Expiry counts like a stop, also when the swarm goes away entirely.
+  Must(table.Announce(Request(ih, 100, AnnounceEvent::kStopped), Endpoint(1), kT0));
+  CHECK(table.LostSeeders(ih));
+  InfoHash other = Hash('t');
+  Must(table.Announce(Request(other, 0, AnnounceEvent::kStarted), Endpoint(4), kT0));
+  CHECK(table.Sweep(kT0 + table.options().peer_ttl + seconds(1)) == 1);
+  CHECK(table.totals().swarms == 0);
+  CHECK(table.LostSeeders(other));
+}
+
 }  // namespace shoal::tracker
