@@ -46,6 +46,7 @@ struct ExtractFlags {
   std::string agent = "http://127.0.0.1:5000";
   std::string platform = "linux/amd64";
   unsigned jobs = 0;
+  unsigned downloads = 3;
   bool json = false;
   bool user_whiteouts = false;
 };
@@ -283,21 +284,29 @@ int RunExtract(const ExtractFlags& flags) {
                  secs > 0 ? static_cast<double>(have) / secs / (1 << 20) : 0.0,
                  layers_done.load(), layers.size());
   };
-  asio::co_spawn(
-      ioc,
-      [&]() -> awaitable<void> {
-        for (size_t k = 0; k < order.size(); ++k) {
-          const size_t i = order[k];
-          auto st = co_await fetcher.Download(layers[i], fds[i], i, downloads);
-          if (!st) {
-            // This layer and every one not fetched yet fail; their extraction stops.
-            for (size_t j = k; j < order.size(); ++j) downloads.Fail(order[j], st.error());
-            co_return;
+  // --downloads workers take layers in that order, each over its own connection (like a
+  // runtime's max-concurrent-downloads), so the agent fetches several blobs at once.
+  size_t next = 0;
+  bool stop = false;
+  for (unsigned w = 0; w < std::max(1u, flags.downloads); ++w) {
+    asio::co_spawn(
+        ioc,
+        [&]() -> awaitable<void> {
+          while (!stop && next < order.size()) {
+            const size_t i = order[next++];
+            auto st = co_await fetcher.Download(layers[i], fds[i], i, downloads);
+            if (!st) {
+              // This layer and every one not started yet fail; their extraction stops.
+              stop = true;
+              downloads.Fail(i, st.error());
+              for (; next < order.size(); ++next) downloads.Fail(order[next], st.error());
+              co_return;
+            }
+            draw(false);
           }
-          draw(false);
-        }
-      },
-      asio::detached);
+        },
+        asio::detached);
+  }
   std::atomic<bool> extracting{true};
   std::thread ticker([&] {
     while (extracting) {
@@ -367,6 +376,10 @@ void AddExtractCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--jobs", flags->jobs, "Layers extracted at once (0: one per CPU core)")
       ->capture_default_str();
+  cmd->add_option("--downloads", flags->downloads,
+                  "Layers downloaded at once, largest first, one connection each")
+      ->capture_default_str()
+      ->envname("SHOAL_EXTRACT_DOWNLOADS");
   cmd->add_flag("--user-whiteouts", flags->user_whiteouts,
                 "Write whiteouts in the unprivileged form (.wh.NAME files, user.overlay.opaque) "
                 "even as root");
