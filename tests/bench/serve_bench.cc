@@ -5,7 +5,10 @@
 //           serving the very same file, with 1 and 8 concurrent clients.
 //   cold:   a fresh cache per run; the agent fetches from docker-registry with parallel Range
 //           requests while streaming to the client, vs the client reading straight from
-//           docker-registry. Tried with several --range-streams values.
+//           docker-registry. Tried with several --range-streams values. With
+//           --upstream-ms-per-mib both sides read docker-registry through the same throttling
+//           proxy (a delay per MiB on each connection), which models a network-limited upstream
+//           instead of a loopback one.
 //
 // Also reports the agent's peak RSS (VmHWM) and CPU time (utime+stime), the baselines' CPU time
 // and how busy the whole machine was. Everything runs on 127.0.0.1 in temp dirs that are removed
@@ -47,6 +50,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/counting_proxy.h"
 #include "tests/support/image.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
@@ -705,6 +709,12 @@ int Main(int argc, char** argv) {
   app.add_option("--json", json_path, "Also write the results as JSON to this file");
   app.add_flag("--no-cached", no_cached, "Skip the cached-blob measurements");
   app.add_flag("--no-cold", no_cold, "Skip the cold-blob measurements");
+  int upstream_ms_per_mib = 0;
+  app.add_option("--upstream-ms-per-mib", upstream_ms_per_mib,
+                 "Cold runs: put a throttling proxy (this delay per MiB on each connection) "
+                 "between docker-registry and both the agent and the baseline client; 0 = none")
+      ->check(CLI::Range(0, 10000))
+      ->capture_default_str();
   app.add_flag("--keep", keep, "Keep the temp dir (registry storage, caches, logs)");
   CLI11_PARSE(app, argc, argv);
   if (keep) setenv("SHOAL_KEEP_TMP", "1", 1);
@@ -751,6 +761,25 @@ int Main(int argc, char** argv) {
   std::printf("blob: %s, %llu bytes, built and pushed to docker-registry in %.1f s\n",
               digest.str().c_str(), static_cast<unsigned long long>(size),
               Seconds(Clock::now() - t0));
+
+  // The upstream as the cold runs see it: docker-registry itself or a throttling proxy.
+  std::unique_ptr<CountingProxy> throttle;
+  uint16_t upstream_port = reg.port();
+  std::string upstream_url = reg.Url();
+  std::string upstream_name = "docker-registry";
+  if (upstream_ms_per_mib > 0) {
+    auto proxy = CountingProxy::Start(reg.HostPort());
+    if (!proxy) return Fail("throttling proxy: " + proxy.error().ToString());
+    throttle = std::move(proxy.value());
+    throttle->SetDelayPerMiB(std::chrono::milliseconds(upstream_ms_per_mib));
+    const std::string hp = throttle->HostPort();
+    upstream_port = static_cast<uint16_t>(std::stoi(hp.substr(hp.rfind(':') + 1)));
+    upstream_url = throttle->Url();
+    upstream_name = "registry, throttled";
+    std::printf("cold runs read docker-registry through a proxy that waits %d ms per MiB on each "
+                "connection\n",
+                upstream_ms_per_mib);
+  }
 
   Bench bench(client, size);
   std::vector<Row> rows;
@@ -818,16 +847,16 @@ int Main(int argc, char** argv) {
 
   // ---- Cold: a fresh agent and cache per run vs reading straight from docker-registry. ----
   if (!no_cold && !cold_streams.empty()) {
-    Row base_row{"cold, 1 client", "docker-registry", {}, {}, 0};
+    Row base_row{"cold, 1 client", upstream_name, {}, {}, 0};
     std::vector<Row> stream_rows;
     for (int s : cold_streams) {
       stream_rows.push_back(
-          Row{"cold, 1 client, streams=" + std::to_string(s), "docker-registry", {}, {}, 0});
+          Row{"cold, 1 client, streams=" + std::to_string(s), upstream_name, {}, {}, 0});
     }
     for (int i = 0; i < repeat; ++i) {
       std::printf("cold, run %d/%d ... ", i + 1, repeat);
       std::fflush(stdout);
-      Run r = bench.Measure(reg.port(), target, 1, [&] { return ProcessCpuSeconds(reg_pid); });
+      Run r = bench.Measure(upstream_port, target, 1, [&] { return ProcessCpuSeconds(reg_pid); });
       if (auto e = check(r, "docker-registry")) return Fail(*e);
       base_row.base.push_back(r);
       std::printf("registry %.0f MB/s", r.mbps);
@@ -837,7 +866,7 @@ int Main(int argc, char** argv) {
         std::vector<std::string> args = agent_args;
         args.push_back("--range-streams");
         args.push_back(std::to_string(cold_streams[k]));
-        auto agent = StartAgent(agent_bin, dir, name, cache.path(), reg.Url(), args);
+        auto agent = StartAgent(agent_bin, dir, name, cache.path(), upstream_url, args);
         if (!agent) return Fail(agent.error().ToString());
         pid_t pid = agent.value().process->pid();
         Run ar = bench.Measure(
