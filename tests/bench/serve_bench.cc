@@ -52,6 +52,7 @@
 
 #include "tests/support/counting_proxy.h"
 #include "tests/support/image.h"
+#include "tests/support/proc_stats.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 
@@ -93,85 +94,6 @@ void InstallSignalHandlers() {
 }
 
 // ---- /proc readers ----------------------------------------------------------------------------
-
-// Fields of /proc/PID/stat after the command name: [0] is field 3 (state).
-std::vector<std::string> StatFields(pid_t pid) {
-  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  auto paren = stat.rfind(')');
-  if (paren == std::string::npos) return {};
-  std::istringstream in(stat.substr(paren + 1));
-  std::vector<std::string> fields;
-  for (std::string f; in >> f;) fields.push_back(f);
-  return fields;
-}
-
-// utime + stime of one process (all its threads), in seconds; 0 if it is gone.
-double ProcessCpuSeconds(pid_t pid) {
-  auto f = StatFields(pid);
-  if (f.size() < 13) return 0;
-  return static_cast<double>(std::stoull(f[11]) + std::stoull(f[12])) /
-         static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-// CPU seconds of pid plus its direct children (nginx's master and workers).
-double TreeCpuSeconds(pid_t pid) {
-  double total = ProcessCpuSeconds(pid);
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    std::string name = entry.path().filename();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    pid_t child = static_cast<pid_t>(std::stol(name));
-    auto f = StatFields(child);
-    if (f.size() > 1 && f[1] == std::to_string(pid)) total += ProcessCpuSeconds(child);
-  }
-  return total;
-}
-
-// A "Vm...:  N kB" line of /proc/PID/status in bytes; 0 if absent.
-uint64_t StatusBytes(pid_t pid, const std::string& key) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(key + ":", 0) == 0) {
-      return std::stoull(line.substr(key.size() + 1)) * 1024;
-    }
-  }
-  return 0;
-}
-
-// Whole-machine CPU ticks from the first line of /proc/stat.
-struct SystemTicks {
-  uint64_t busy = 0;
-  uint64_t total = 0;
-};
-
-SystemTicks ReadSystemTicks() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  in >> cpu;
-  SystemTicks t;
-  uint64_t v;
-  for (int i = 0; i < 10 && in >> v; ++i) {
-    t.total += v;
-    if (i != 3 && i != 4) t.busy += v;  // idle and iowait are not busy
-  }
-  return t;
-}
-
-double TicksToSeconds(uint64_t ticks) {
-  return static_cast<double>(ticks) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-// CPU seconds of this process (the native clients' threads) plus its reaped children (curl).
-double SelfAndChildrenCpuSeconds() {
-  auto seconds = [](const rusage& u) {
-    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-  };
-  rusage self{}, children{};
-  getrusage(RUSAGE_SELF, &self);
-  getrusage(RUSAGE_CHILDREN, &children);
-  return seconds(self) + seconds(children);
-}
 
 // The pid of `docker-registry serve <dir>/config.yml` for the registry whose storage is
 // <dir>/storage (the test kit does not expose it); 0 if not found.

@@ -71,6 +71,7 @@
 
 #include "tests/support/http_client.h"
 #include "tests/support/image.h"
+#include "tests/support/proc_stats.h"
 #include "tests/support/process.h"
 
 namespace shoal::testkit {
@@ -241,78 +242,6 @@ std::string Must(const std::vector<std::string>& argv,
 }
 
 // ---- /proc readers ----------------------------------------------------------------------------
-
-// utime + stime of one process (all its threads), in seconds; nullopt if it is gone.
-std::optional<double> ProcessCpuSeconds(pid_t pid) {
-  std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  auto paren = stat.rfind(')');
-  if (paren == std::string::npos) return std::nullopt;
-  std::istringstream in(stat.substr(paren + 1));
-  std::vector<std::string> f;
-  for (std::string x; in >> x;) f.push_back(x);
-  if (f.size() < 13) return std::nullopt;
-  return static_cast<double>(std::stoull(f[11]) + std::stoull(f[12])) /
-         static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-// Whole-machine CPU ticks from the first line of /proc/stat.
-struct SystemTicks {
-  uint64_t total = 0, busy = 0, softirq = 0, steal = 0, iowait = 0;
-};
-
-SystemTicks ReadSystemTicks() {
-  std::ifstream in("/proc/stat");
-  std::string cpu;
-  in >> cpu;
-  SystemTicks t;
-  uint64_t v;
-  // user nice system idle iowait irq softirq steal guest guest_nice (guest is in user already)
-  for (int i = 0; i < 8 && in >> v; ++i) {
-    t.total += v;
-    if (i != 3 && i != 4) t.busy += v;
-    if (i == 4) t.iowait = v;
-    if (i == 6) t.softirq = v;
-    if (i == 7) t.steal = v;
-  }
-  return t;
-}
-
-double Ticks(uint64_t t) {
-  return static_cast<double>(t) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-double SelfAndChildrenCpuSeconds() {
-  auto s = [](const rusage& u) {
-    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-  };
-  rusage self{}, children{};
-  getrusage(RUSAGE_SELF, &self);
-  getrusage(RUSAGE_CHILDREN, &children);
-  return s(self) + s(children);
-}
-
-// Seconds the process's threads spent runnable but waiting for a CPU (run_delay, the second
-// field of /proc/PID/task/TID/schedstat), summed over its current threads.
-double RunDelaySeconds(pid_t pid) {
-  double total = 0;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::istringstream in(ReadFile(e.path().string() + "/schedstat"));
-    uint64_t run = 0, wait = 0;
-    if (in >> run >> wait) total += static_cast<double>(wait) / 1e9;
-  }
-  return total;
-}
-
-// CPU pressure stall: total microseconds in which some runnable task waited for a CPU
-// (/proc/pressure/cpu "some ... total="); 0 if the kernel has no PSI.
-double CpuPressureSeconds() {
-  std::string text = ReadFile("/proc/pressure/cpu");
-  auto pos = text.find("total=");
-  if (text.rfind("some", 0) != 0 || pos == std::string::npos) return 0;
-  return std::strtod(text.c_str() + pos + 6, nullptr) / 1e6;
-}
 
 // Samples the machine's busy share every 500 ms while alive.
 class BusySampler {
@@ -822,7 +751,7 @@ Measured Measure(const std::string& name, size_t nodes, const std::string& upstr
   std::map<std::string, double> cpu0;
   auto group_cpu = [](const CpuGroup& g) {
     double s = 0;
-    for (pid_t p : g.pids) s += ProcessCpuSeconds(p).value_or(0);
+    for (pid_t p : g.pids) s += ProcessCpuSeconds(p);
     return s;
   };
   auto group_wait = [](const CpuGroup& g) {
@@ -866,11 +795,11 @@ Measured Measure(const std::string& name, size_t nodes, const std::string& upstr
     m.wait[g.name] = group_wait(g) - wait0[g.name];
   }
   m.pressure_s = CpuPressureSeconds() - pressure0;
-  m.machine_s = Ticks(t1.total - t0.total);
-  m.busy_s = Ticks(t1.busy - t0.busy);
-  m.softirq_s = Ticks(t1.softirq - t0.softirq);
-  m.steal_s = Ticks(t1.steal - t0.steal);
-  m.iowait_s = Ticks(t1.iowait - t0.iowait);
+  m.machine_s = TicksToSeconds(t1.total - t0.total);
+  m.busy_s = TicksToSeconds(t1.busy - t0.busy);
+  m.softirq_s = TicksToSeconds(t1.softirq - t0.softirq);
+  m.steal_s = TicksToSeconds(t1.steal - t0.steal);
+  m.iowait_s = TicksToSeconds(t1.iowait - t0.iowait);
   m.upstream_tx = NetCounter(upstream_ns, "eth0", "tx_bytes") - tx0;
   m.upstream_rx = NetCounter(upstream_ns, "eth0", "rx_bytes") - rx0;
   CheckInterrupted();
