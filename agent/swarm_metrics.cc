@@ -16,6 +16,9 @@ void AddDelta(prometheus::Counter& c, uint64_t now, uint64_t before) {
 SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
     : downloaded_(MakeCounter(registry, "shoal_swarm_payload_downloaded_bytes_total",
                               "Payload bytes received from peers (including failed pieces)")),
+      redundant_(MakeCounter(registry, "shoal_swarm_redundant_bytes_total",
+                             "Of the payload bytes from peers, those this node already had "
+                             "(end-game duplicates, timed-out requests served late)")),
       uploaded_(MakeCounter(registry, "shoal_swarm_payload_uploaded_bytes_total",
                             "Payload bytes sent to peers")),
       hash_failures_(MakeCounter(registry, "shoal_swarm_hash_failures_total",
@@ -30,11 +33,13 @@ SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
 
 void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   AddDelta(downloaded_, s.downloaded, last_.downloaded);
+  AddDelta(redundant_, s.redundant, last_.redundant);
   AddDelta(uploaded_, s.uploaded, last_.uploaded);
   AddDelta(hash_failures_, s.hash_failures, last_.hash_failures);
   AddDelta(banned_, s.peers_banned, last_.peers_banned);
   torrents_.Set(static_cast<double>(s.torrents));
   last_.downloaded = s.downloaded;
+  last_.redundant = s.redundant;
   last_.uploaded = s.uploaded;
   last_.hash_failures = s.hash_failures;
   last_.peers_banned = s.peers_banned;

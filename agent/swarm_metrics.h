@@ -19,6 +19,7 @@ class SwarmMetrics {
 
  private:
   prometheus::Counter& downloaded_;
+  prometheus::Counter& redundant_;
   prometheus::Counter& uploaded_;
   prometheus::Counter& hash_failures_;
   prometheus::Counter& banned_;

@@ -134,6 +134,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   // Totals of removed chunks, so Stats() keeps counting them.
   uint64_t removed_downloaded = 0;
   uint64_t removed_uploaded = 0;
+  uint64_t removed_redundant = 0;
   uint64_t hash_failures = 0;
   uint64_t peers_banned = 0;
   std::vector<lt::alert*> alerts;
@@ -420,6 +421,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     lt::torrent_status st = h.status({});
     removed_downloaded += static_cast<uint64_t>(std::max<int64_t>(0, st.total_payload_download));
     removed_uploaded += static_cast<uint64_t>(std::max<int64_t>(0, st.total_payload_upload));
+    removed_redundant += static_cast<uint64_t>(std::max<int64_t>(0, st.total_redundant_bytes));
     session->remove_torrent(h);
     by_handle.erase(h);
     chunks.erase(it);
@@ -430,6 +432,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     SwarmStats out;
     out.downloaded = removed_downloaded;
     out.uploaded = removed_uploaded;
+    out.redundant = removed_redundant;
     out.hash_failures = hash_failures;
     out.peers_banned = peers_banned;
     out.torrents = chunks.size();
@@ -445,12 +448,14 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       cs.name = c.name;
       cs.downloaded = static_cast<uint64_t>(std::max<int64_t>(0, st.total_payload_download));
       cs.uploaded = static_cast<uint64_t>(std::max<int64_t>(0, st.total_payload_upload));
+      cs.redundant = static_cast<uint64_t>(std::max<int64_t>(0, st.total_redundant_bytes));
       cs.pieces_have = static_cast<uint32_t>(std::max(0, st.num_pieces));
       cs.pieces_total = c.piece_count;
       cs.peers = st.num_peers;
       cs.seeding = st.is_seeding;
       out.downloaded += cs.downloaded;
       out.uploaded += cs.uploaded;
+      out.redundant += cs.redundant;
       out.chunks.push_back(std::move(cs));
     }
     return out;

@@ -89,6 +89,7 @@ struct ChunkStats {
   std::string name;
   uint64_t downloaded = 0;  // payload bytes received from peers (including failed/redundant)
   uint64_t uploaded = 0;    // payload bytes sent to peers
+  uint64_t redundant = 0;   // of downloaded: bytes we already had (end-game duplicates)
   uint32_t pieces_have = 0;
   uint32_t pieces_total = 0;
   int peers = 0;  // connected peers
@@ -99,6 +100,7 @@ struct SwarmStats {
   // Payload bytes from/to peers since Start(), including chunks removed since.
   uint64_t downloaded = 0;
   uint64_t uploaded = 0;
+  uint64_t redundant = 0;      // of downloaded: bytes received that we already had
   uint64_t hash_failures = 0;  // pieces that failed their hash check
   uint64_t peers_banned = 0;   // peers banned for sending bad data
   size_t torrents = 0;         // chunks currently added

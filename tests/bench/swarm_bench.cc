@@ -609,6 +609,7 @@ struct NodeRun {
   std::string error;
   // shoal: the node's agent metrics over the run
   double from_upstream = 0, from_peers = 0, leases = 0, stalls = 0, fallbacks = 0;
+  double redundant = 0;  // peer payload bytes the node already had (end-game duplicates)
 };
 
 // GET http://127.0.0.1:port<target> from the calling thread's namespace with a plain socket:
@@ -1058,6 +1059,7 @@ json MeasuredJson(const Context& c, const Measured& m) {
                      {"header_s", n.header_s},
                      {"from_upstream", n.from_upstream},
                      {"from_peers", n.from_peers},
+                     {"redundant", n.redundant},
                      {"leases", n.leases},
                      {"stalls", n.stalls},
                      {"fallbacks", n.fallbacks}});
@@ -1472,6 +1474,7 @@ int Main(int argc, char** argv) {
         };
         m.nodes[i].from_upstream = delta("shoal_upstream_blob_bytes_total");
         m.nodes[i].from_peers = delta("shoal_swarm_peer_bytes_total");
+        m.nodes[i].redundant = delta("shoal_swarm_redundant_bytes_total");
         m.nodes[i].leases = delta("shoal_swarm_leases_granted_total");
         m.nodes[i].stalls = delta("shoal_swarm_peer_stalls_total");
         m.nodes[i].fallbacks = delta("shoal_swarm_fallback_total");
@@ -1552,14 +1555,15 @@ int Main(int argc, char** argv) {
   if (shoal) {
     std::printf(
         "\nshoal per node (agent metrics over the pull; link in/out: the node's veth)\n"
-        "%-5s %8s %12s %12s %7s %7s %9s %12s %12s\n",
-        "node", "time s", "upstream", "peers", "leases", "stalls", "fallback", "link in",
-        "link out");
+        "%-5s %8s %12s %12s %12s %7s %7s %9s %12s %12s\n",
+        "node", "time s", "upstream", "peers", "redundant", "leases", "stalls", "fallback",
+        "link in", "link out");
     for (size_t i = 0; i < shoal->nodes.size(); ++i) {
       const NodeRun& n = shoal->nodes[i];
       auto [in, out] = NodeLinkBytes(*shoal, i);
-      std::printf("%-5zu %8.2f %12s %12s %7.0f %7.0f %9.0f %12s %12s\n", i + 1, n.seconds,
-                  Mib(n.from_upstream).c_str(), Mib(n.from_peers).c_str(), n.leases, n.stalls,
+      std::printf("%-5zu %8.2f %12s %12s %12s %7.0f %7.0f %9.0f %12s %12s\n", i + 1, n.seconds,
+                  Mib(n.from_upstream).c_str(), Mib(n.from_peers).c_str(),
+                  Mib(n.redundant).c_str(), n.leases, n.stalls,
                   n.fallbacks, Mib(static_cast<double>(in)).c_str(),
                   Mib(static_cast<double>(out)).c_str());
     }
