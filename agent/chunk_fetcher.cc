@@ -396,6 +396,8 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   if (auto seeded = SeedChunk(k, torrent.value(), std::move(seed_spec)); !seeded) {
     spdlog::warn("cannot seed chunk {} of {}: {}", k, fetch_->digest().str(),
                  seeded.error().message);
+  } else if (s_.seeds != nullptr && use_tracker_) {
+    s_.seeds->AddPartial(fetch_->digest(), source_, k, metainfo_[k]);
   }
   if (use_tracker_) {
     Status published = co_await s_.tracker->Publish(fetch_->digest(), k, source_, lease_id,
@@ -484,6 +486,7 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
   if (state->complete) {
     origin_[k] = Origin::kPeers;
     metainfo_[k] = torrent.value().metainfo;
+    if (s_.seeds != nullptr) s_.seeds->AddPartial(fetch_->digest(), source_, k, metainfo_[k]);
     s_.metrics.chunks.Add({{"source", "peers"}}).Increment();
     co_return Ok();
   }
@@ -499,6 +502,7 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
 
 awaitable<void> ChunkFetcher::Finish() {
   auto self = shared_from_this();
+  if (s_.seeds != nullptr) s_.seeds->DropPartial(fetch_->digest());
   if (!fetch_->failed()) {
     if (s_.seeds != nullptr && hash_pieces_) {
       bool all = std::all_of(metainfo_.begin(), metainfo_.end(),

@@ -139,6 +139,14 @@ size_t SeedBook::Restore() {
   return entries_.size();
 }
 
+void SeedBook::AddPartial(const Digest& digest, const BlobSource& source, uint32_t k,
+                          std::string metainfo) {
+  auto [it, added] = partials_.try_emplace(digest.hex(), Partial{digest, source, {}});
+  it->second.metainfo[k] = std::move(metainfo);
+}
+
+void SeedBook::DropPartial(const Digest& digest) { partials_.erase(digest.hex()); }
+
 awaitable<void> SeedBook::RepublishAll() {
   if (tracker_ == nullptr || !tracker_->enabled()) co_return;
   if (republishing_) {  // a second restart while publishing: go round once more
@@ -148,26 +156,38 @@ awaitable<void> SeedBook::RepublishAll() {
   republishing_ = true;
   do {
     republish_again_ = false;
-    // Copy the keys: entries_ may change while we are suspended.
-    std::vector<std::string> keys;
-    for (const auto& [hex, e] : entries_) keys.push_back(hex);
-    size_t published = 0, failed = 0;
-    for (const auto& hex : keys) {
-      auto it = entries_.find(hex);
-      if (it == entries_.end()) continue;
-      SeedEntry entry = it->second;
-      const std::string no_lease;
-      for (uint32_t k = 0; k < entry.metainfo.size(); ++k) {
-        Status st =
-            co_await tracker_->Publish(entry.digest, k, entry.source, no_lease, entry.metainfo[k]);
-        if (st) {
-          ++published;
-        } else {
-          ++failed;
-        }
+    // Copy what to publish: entries_ and partials_ may change while we are suspended.
+    struct Item {
+      Digest digest;
+      BlobSource source;
+      uint32_t k;
+      std::string metainfo;
+    };
+    std::vector<Item> items;
+    for (const auto& [hex, e] : entries_) {
+      for (uint32_t k = 0; k < e.metainfo.size(); ++k) {
+        items.push_back({e.digest, e.source, k, e.metainfo[k]});
       }
     }
-    spdlog::info("re-published {} chunks to the tracker ({} failed)", published, failed);
+    size_t partial = 0;
+    for (const auto& [hex, p] : partials_) {
+      if (entries_.count(hex) != 0) continue;  // committed meanwhile: published above
+      for (const auto& [k, metainfo] : p.metainfo) items.push_back({p.digest, p.source, k, metainfo});
+      partial += p.metainfo.size();
+    }
+    size_t published = 0, failed = 0;
+    const std::string no_lease;
+    for (const Item& item : items) {
+      Status st =
+          co_await tracker_->Publish(item.digest, item.k, item.source, no_lease, item.metainfo);
+      if (st) {
+        ++published;
+      } else {
+        ++failed;
+      }
+    }
+    spdlog::info("re-published {} chunks to the tracker ({} failed; {} of blobs still downloading)",
+                 published, failed, partial);
   } while (republish_again_);
   republishing_ = false;
 }

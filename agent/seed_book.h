@@ -38,7 +38,15 @@ class SeedBook {
   // Re-adds every persisted blob still in the store to the swarm as a seed; drops records of
   // blobs no longer cached. Returns how many blobs are seeded.
   size_t Restore();
-  // Publishes every chunk of every seeded blob (no lease): at start and after a tracker restart.
+  // Records chunk k of a blob still being fetched, which this agent now holds and seeds, so that
+  // RepublishAll publishes it too. In memory only: a restarted agent deletes unfinished blobs.
+  void AddPartial(const Digest& digest, const BlobSource& source, uint32_t k,
+                  std::string metainfo);
+  // Forgets a fetch's partial chunks once it ended (a committed blob is recorded by Add).
+  void DropPartial(const Digest& digest);
+  // Publishes every chunk of every seeded blob, and every chunk recorded by AddPartial (no
+  // lease): at start and after a tracker restart, so the tracker re-learns chunks of blobs still
+  // downloading instead of leasing them to upstream again.
   boost::asio::awaitable<void> RepublishAll();
   // Stops seeding a blob before it leaves the cache: removes its chunk torrents from the swarm,
   // its record and its file. No-op for a blob not in the book.
@@ -55,6 +63,12 @@ class SeedBook {
   swarm::Swarm& swarm_;
   TrackerClient* tracker_;
   std::map<std::string, SeedEntry> entries_;  // by digest hex
+  struct Partial {
+    Digest digest;
+    BlobSource source;
+    std::map<uint32_t, std::string> metainfo;  // by chunk index
+  };
+  std::map<std::string, Partial> partials_;  // by digest hex
   bool republishing_ = false;
   bool republish_again_ = false;
 };

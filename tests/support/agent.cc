@@ -67,5 +67,6 @@ Status Agent::Restart() {
   return Launch();
 }
 std::string Agent::LogTail() const { return process_ ? process_->LogTail() : ""; }
+std::string Agent::Log() const { return process_ ? process_->Log() : ""; }
 
 }  // namespace shoal::testkit

@@ -38,6 +38,8 @@ class Agent {
   // Starts again with the same options (new port). Errors: as Start.
   Status Restart();
   std::string LogTail() const;
+  // The agent's whole log (stderr) so far.
+  std::string Log() const;
 
  private:
   explicit Agent(AgentOptions options) : options_(std::move(options)) {}
