@@ -86,21 +86,21 @@ json PrefetchJob::ToJson() const {
     failed += b.state == PrefetchBlob::State::kFailed;
   }
   auto now = ended ? *ended : std::chrono::system_clock::now();
-  json out = {{"id", id},
-              {"state", JobStateName(state)},
-              {"platform", request.platform},
-              {"ttl_s", request.ttl.count()},
-              {"images", images_json},
-              {"blobs", blobs_json},
-              {"bytes_total", bytes_total},
-              {"bytes_done", bytes_done},
-              {"blobs_total", blobs.size()},
-              {"blobs_done", done},
-              {"blobs_failed", failed},
-              {"started_ms", UnixMs(started)},
-              {"elapsed_ms", std::chrono::duration_cast<std::chrono::milliseconds>(now - started)
-                                 .count()},
-              {"version", version}};
+  json out = {
+      {"id", id},
+      {"state", JobStateName(state)},
+      {"platform", request.platform},
+      {"ttl_s", request.ttl.count()},
+      {"images", images_json},
+      {"blobs", blobs_json},
+      {"bytes_total", bytes_total},
+      {"bytes_done", bytes_done},
+      {"blobs_total", blobs.size()},
+      {"blobs_done", done},
+      {"blobs_failed", failed},
+      {"started_ms", UnixMs(started)},
+      {"elapsed_ms", std::chrono::duration_cast<std::chrono::milliseconds>(now - started).count()},
+      {"version", version}};
   if (ended) out["ended_ms"] = UnixMs(*ended);
   if (!error.empty()) out["error"] = error;
   return out;
@@ -117,8 +117,8 @@ Prefetcher::Prefetcher(asio::io_context& ioc, PullThrough& pull_through, store::
 bool Prefetcher::Owns(const std::string& target) {
   std::string_view path(target);
   path = path.substr(0, path.find('?'));
-  return path == kPrefix || (path.size() > kPrefix.size() && path.starts_with(kPrefix) &&
-                             path[kPrefix.size()] == '/');
+  return path == kPrefix ||
+         (path.size() > kPrefix.size() && path.starts_with(kPrefix) && path[kPrefix.size()] == '/');
 }
 
 bool Prefetcher::MakeRoom() {
@@ -214,8 +214,10 @@ awaitable<void> Prefetcher::Run(std::shared_ptr<PrefetchJob> job) {
       for (const auto& b : job->blobs) {
         if (b.digest == d.digest) return;
       }
-      PrefetchBlob blob{d.digest, image.ref, kind, static_cast<uint64_t>(std::max<int64_t>(0, d.size)),
-                        0, PrefetchBlob::State::kWaiting, "", r.repo};
+      PrefetchBlob blob{d.digest, image.ref,
+                        kind,     static_cast<uint64_t>(std::max<int64_t>(0, d.size)),
+                        0,        PrefetchBlob::State::kWaiting,
+                        "",       r.repo};
       job->blobs.push_back(std::move(blob));
     };
     if (r.manifest.config) add(*r.manifest.config, "config");
@@ -258,8 +260,7 @@ awaitable<void> Prefetcher::Worker(std::shared_ptr<PrefetchJob> job) {
     } else {
       blob.state = PrefetchBlob::State::kFailed;
       blob.error = st.error().ToString();
-      spdlog::warn("prefetch {}: blob {} of {}: {}", job->id, digest.str(), blob.image,
-                   blob.error);
+      spdlog::warn("prefetch {}: blob {} of {}: {}", job->id, digest.str(), blob.image, blob.error);
     }
     Changed(*job);
   }
@@ -315,12 +316,14 @@ awaitable<shim::AdminReply> Prefetcher::HandleAdmin(const std::string& method,
     request.platform = t.Param("platform", request.platform);
     if (std::string text = t.Param("ttl"); !text.empty()) {
       auto secs = ParseCount(text);
-      if (!secs) co_return JsonReply(400, {{"error", "ttl \"" + text + "\" is not a number of seconds"}});
+      if (!secs)
+        co_return JsonReply(400, {{"error", "ttl \"" + text + "\" is not a number of seconds"}});
       request.ttl = std::chrono::seconds(*secs);
     }
     if (std::string text = t.Param("parallel"); !text.empty()) {
       auto n = ParseCount(text);
-      if (!n || *n > 32) co_return JsonReply(400, {{"error", "parallel \"" + text + "\" is not 1..32"}});
+      if (!n || *n > 32)
+        co_return JsonReply(400, {{"error", "parallel \"" + text + "\" is not 1..32"}});
       request.parallel = static_cast<int>(*n);
     }
     for (const auto& ref : request.images) {

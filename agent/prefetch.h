@@ -31,7 +31,7 @@ namespace shoal::agent {
 
 // What to prefetch.
 struct PrefetchRequest {
-  std::vector<std::string> images;     // image references, e.g. gcr.io/proj/img:tag
+  std::vector<std::string> images;       // image references, e.g. gcr.io/proj/img:tag
   std::string platform = "linux/amd64";  // chosen from an index
   // How long the pins last; 0 = until unpinned.
   std::chrono::seconds ttl = std::chrono::hours(24);
@@ -39,7 +39,7 @@ struct PrefetchRequest {
 };
 
 struct PrefetchOptions {
-  size_t max_jobs = 32;                                 // kept, running or ended
+  size_t max_jobs = 32;                                     // kept, running or ended
   std::chrono::seconds keep_ended = std::chrono::hours(1);  // an ended job is kept this long
 };
 

@@ -76,8 +76,8 @@ awaitable<void> PrefetchPoller::PollLoop(size_t replica) {
   std::chrono::milliseconds backoff{500};
   bool failing = false;
   for (;;) {
-    auto jobs = co_await tracker_.PollPrefetch(replica, options_.node, options_.labels,
-                                               options_.wait);
+    auto jobs =
+        co_await tracker_.PollPrefetch(replica, options_.node, options_.labels, options_.wait);
     if (!jobs) {
       if (!failing) {
         spdlog::warn("prefetch: polling tracker {} failed: {}", tracker_.ReplicaUrl(replica),
@@ -102,8 +102,8 @@ void PrefetchPoller::Run(size_t replica, const TrackerPrefetchJob& job) {
   request.platform = job.platform;
   request.ttl = std::chrono::seconds(job.ttl_s);
   request.parallel = job.parallel;
-  spdlog::info("prefetch: job {} from tracker {}: {} images", job.id,
-               tracker_.ReplicaUrl(replica), job.images.size());
+  spdlog::info("prefetch: job {} from tracker {}: {} images", job.id, tracker_.ReplicaUrl(replica),
+               job.images.size());
   auto started = prefetcher_.Start(std::move(request), job.id);
   if (!started) {
     // Say why at once; nothing runs.

@@ -85,8 +85,8 @@ std::optional<Rejection> ParseLabels(const json& j, const char* field,
   if (j.is_object()) {
     for (const auto& [k, v] : j.items()) {
       if (!v.is_string()) {
-        return Rejection{400, std::string("\"") + field + "\" value of " + Quoted(k) +
-                                  " must be a string"};
+        return Rejection{
+            400, std::string("\"") + field + "\" value of " + Quoted(k) + " must be a string"};
       }
       if (auto r = add(k, v.get<std::string>())) return r;
     }
@@ -99,18 +99,18 @@ std::optional<Rejection> ParseLabels(const json& j, const char* field,
       if (kv.empty()) continue;
       size_t eq = kv.find('=');
       if (eq == std::string_view::npos) {
-        return Rejection{400, std::string("\"") + field + "\" entry " + Quoted(kv) +
-                                  " is not KEY=VALUE"};
+        return Rejection{
+            400, std::string("\"") + field + "\" entry " + Quoted(kv) + " is not KEY=VALUE"};
       }
       if (auto r = add(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)))) return r;
     }
   } else {
-    return Rejection{400, std::string("\"") + field +
-                              "\" must be an object of strings or a \"k=v,...\" string"};
+    return Rejection{
+        400, std::string("\"") + field + "\" must be an object of strings or a \"k=v,...\" string"};
   }
   if (out.size() > kMaxLabels) {
-    return Rejection{400, fmt::format("\"{}\" has {} labels, more than {}", field, out.size(),
-                                      kMaxLabels)};
+    return Rejection{
+        400, fmt::format("\"{}\" has {} labels, more than {}", field, out.size(), kMaxLabels)};
   }
   return std::nullopt;
 }
@@ -119,10 +119,11 @@ std::optional<Rejection> StringList(const Body& body, const char* field, size_t 
                                     size_t max_bytes, std::vector<std::string>& out) {
   const json* j = body.Find(field);
   if (!j) return std::nullopt;
-  if (!j->is_array()) return Rejection{400, std::string("\"") + field + "\" must be an array of strings"};
+  if (!j->is_array())
+    return Rejection{400, std::string("\"") + field + "\" must be an array of strings"};
   if (j->size() > max_items) {
-    return Rejection{400, fmt::format("\"{}\" has {} entries, more than {}", field, j->size(),
-                                      max_items)};
+    return Rejection{
+        400, fmt::format("\"{}\" has {} entries, more than {}", field, j->size(), max_items)};
   }
   for (const auto& e : *j) {
     if (!e.is_string()) {
@@ -189,7 +190,9 @@ json JobJson(const PrefetchJobRecord& job, TimePoint now, bool with_nodes) {
   json selector = json::object();
   for (const auto& [k, v] : job.spec.selector) selector[k] = v;
   json j = {{"id", job.id},
-            {"state", !job.ended ? "running" : job.ok ? "done" : "failed"},
+            {"state", !job.ended ? "running"
+                      : job.ok   ? "done"
+                                 : "failed"},
             {"images", job.spec.images},
             {"platform", job.spec.platform},
             {"ttl_s", job.spec.ttl_s},
@@ -233,8 +236,8 @@ struct PrefetchApi::Call {
 namespace {
 
 std::optional<Rejection> ParseCreate(const Body& body, std::string_view text, PrefetchSpec& spec) {
-  if (auto r = UnknownFields(text, {"images", "platform", "ttl_s", "parallel", "nodes",
-                                    "selector", "percent", "timeout_s"}))
+  if (auto r = UnknownFields(text, {"images", "platform", "ttl_s", "parallel", "nodes", "selector",
+                                    "percent", "timeout_s"}))
     return r;
   if (!body.Find("images")) return Rejection{400, "request body has no \"images\" field"};
   if (auto r = StringList(body, "images", kMaxImages, kMaxImageBytes, spec.images)) return r;
@@ -242,8 +245,8 @@ std::optional<Rejection> ParseCreate(const Body& body, std::string_view text, Pr
   for (const auto& image : spec.images) {
     auto ref = oci::ParseImageRef(image);
     if (!ref) {
-      return Rejection{400, "image " + Quoted(image) + " is not a valid reference: " +
-                                ref.error().message};
+      return Rejection{
+          400, "image " + Quoted(image) + " is not a valid reference: " + ref.error().message};
     }
   }
   if (auto r = body.String("platform", false, 64, spec.platform)) return r;
@@ -279,9 +282,10 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
   auto method = [&](http::verb want, std::string_view allow) -> std::optional<Rejection> {
     if (req.method == want || (want == http::verb::get && req.method == http::verb::head))
       return std::nullopt;
-    return Rejection{405, std::string(http::to_string(req.method)) + " is not supported; use " +
-                              std::string(allow),
-                     allow};
+    return Rejection{
+        405,
+        std::string(http::to_string(req.method)) + " is not supported; use " + std::string(allow),
+        allow};
   };
   std::string_view rest = req.path.substr(std::min(req.path.size(), kPrefix.size()));
   std::map<std::string, std::string> query;
@@ -290,7 +294,8 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
     auto it = query.find("wait_ms");
     if (it == query.end()) return std::nullopt;
     auto v = ParseDecimal(it->second, 9);
-    if (!v) return Rejection{400, "wait_ms " + Quoted(it->second) + " is not a non-negative integer"};
+    if (!v)
+      return Rejection{400, "wait_ms " + Quoted(it->second) + " is not a non-negative integer"};
     call.wait = std::min(std::chrono::milliseconds(static_cast<int64_t>(*v)), max_wait);
     return std::nullopt;
   };
@@ -337,7 +342,8 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
       if (auto r = wait()) return r;
       if (auto it = query.find("since"); it != query.end()) {
         auto v = ParseDecimal(it->second, 19);
-        if (!v) return Rejection{400, "since " + Quoted(it->second) + " is not a non-negative integer"};
+        if (!v)
+          return Rejection{400, "since " + Quoted(it->second) + " is not a non-negative integer"};
         call.since = *v;
       }
       return std::nullopt;
@@ -372,10 +378,9 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
       return Rejection{400, "a \"failed\" report needs an \"error\""};
     }
     std::optional<uint64_t> v;
-    for (auto [name, out] : {std::pair{"bytes_done", &rep.bytes_done},
-                             std::pair{"bytes_total", &rep.bytes_total},
-                             std::pair{"blobs_done", &rep.blobs_done},
-                             std::pair{"blobs_total", &rep.blobs_total}}) {
+    for (auto [name, out] :
+         {std::pair{"bytes_done", &rep.bytes_done}, std::pair{"bytes_total", &rep.bytes_total},
+          std::pair{"blobs_done", &rep.blobs_done}, std::pair{"blobs_total", &rep.blobs_total}}) {
       v.reset();
       if (auto r = OptionalUnsigned(body, name, UINT64_MAX, v)) return r;
       if (v) *out = *v;
@@ -385,8 +390,9 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
     }
     return std::nullopt;
   }
-  return Rejection{404, "no such prefetch endpoint (want /v1/prefetch/jobs, /v1/prefetch/poll "
-                        "or /v1/prefetch/agents)"};
+  return Rejection{404,
+                   "no such prefetch endpoint (want /v1/prefetch/jobs, /v1/prefetch/poll "
+                   "or /v1/prefetch/agents)"};
 }
 
 }  // namespace
@@ -453,14 +459,15 @@ boost::asio::awaitable<BlobResponse> PrefetchApi::Handle(BlobRequest req) {
   if (call.route == Route::kPoll && call.wait.count() > 0) {
     // Register first, so a job created meanwhile selects this agent.
     std::vector<std::string> changed;
-    if (auto err = jobs_.Heartbeat(call.node, call.agent, call.labels, TrackerClock::now(), &changed)) {
+    if (auto err =
+            jobs_.Heartbeat(call.node, call.agent, call.labels, TrackerClock::now(), &changed)) {
       BlobResponse response = Error(503, err->message);
       Count(response, RouteName(call.route));
       co_return response;
     }
     Wake(changed);
-    while (!jobs_.HasPending(call.node) && !stopping_ &&
-           waiters_.size() < options_.max_waiters && TrackerClock::now() < deadline) {
+    while (!jobs_.HasPending(call.node) && !stopping_ && waiters_.size() < options_.max_waiters &&
+           TrackerClock::now() < deadline) {
       co_await waiters_.Wait(NodeKey(call.node), false, deadline);
     }
   } else if (call.route == Route::kGet && call.wait.count() > 0) {
@@ -542,8 +549,7 @@ BlobResponse PrefetchApi::Execute(const Call& call, TimePoint now) {
                             {"parallel", a.parallel}});
       }
       Wake(changed);
-      return Json(200, json{{"jobs", list},
-                            {"agent_ttl_ms", Ms(options_.jobs.agent_ttl)}});
+      return Json(200, json{{"jobs", list}, {"agent_ttl_ms", Ms(options_.jobs.agent_ttl)}});
     }
     case Route::kAgents: {
       json list = json::array();
@@ -611,10 +617,9 @@ void PrefetchApi::Sweep(TimePoint now) {
 }
 
 std::string PrefetchApi::StatusSection(TimePoint now) const {
-  std::string out = fmt::format(
-      "prefetch: {} agents live (ttl {} s); {} jobs kept, {} running\n",
-      jobs_.LiveAgents(now).size(), options_.jobs.agent_ttl.count(), jobs_.job_count(),
-      jobs_.running_jobs());
+  std::string out = fmt::format("prefetch: {} agents live (ttl {} s); {} jobs kept, {} running\n",
+                                jobs_.LiveAgents(now).size(), options_.jobs.agent_ttl.count(),
+                                jobs_.job_count(), jobs_.running_jobs());
   for (const auto* job : jobs_.List()) {
     json j = JobJson(*job, now, false);
     out += fmt::format("  {} {} {} nodes ({} done, {} failed) {}\n", job->id,

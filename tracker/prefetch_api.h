@@ -17,8 +17,8 @@
 #include <utility>
 
 #include <chrono>
-#include <random>
 #include <cstddef>
+#include <random>
 #include <string>
 #include <string_view>
 

@@ -55,10 +55,10 @@ std::optional<PrefetchError> PrefetchJobs::Heartbeat(const std::string& node,
     // The node's agent restarted: what the old one was running is lost.
     for (auto& [id, job] : jobs_) {
       for (auto& part : job.nodes) {
-        if (part.node == node && part.state == PrefetchNodeState::kRunning &&
-            part.agent != agent) {
-          Fail(job, part, "the agent on node " + node + " restarted (was " + part.agent +
-                              ", now " + agent + ")",
+        if (part.node == node && part.state == PrefetchNodeState::kRunning && part.agent != agent) {
+          Fail(job, part,
+               "the agent on node " + node + " restarted (was " + part.agent + ", now " + agent +
+                   ")",
                now);
           if (changed) changed->push_back(id);
         }
@@ -160,8 +160,8 @@ std::variant<const PrefetchJobRecord*, PrefetchError> PrefetchJobs::Create(Prefe
   for (const auto& n : nodes) {
     PrefetchNode part;
     part.node = n;
-    bool is_live = std::any_of(live.begin(), live.end(),
-                               [&](const PrefetchAgent& a) { return a.node == n; });
+    bool is_live =
+        std::any_of(live.begin(), live.end(), [&](const PrefetchAgent& a) { return a.node == n; });
     if (!is_live) {
       part.state = PrefetchNodeState::kFailed;
       part.error = fmt::format("no agent on node {} was heard from in the last {} s", n,
@@ -224,8 +224,8 @@ std::optional<PrefetchError> PrefetchJobs::Report(const std::string& id, const s
     part->agent = report.agent;
     part->started = now;
   }
-  part->state = report.state == PrefetchNodeState::kPending ? PrefetchNodeState::kRunning
-                                                            : report.state;
+  part->state =
+      report.state == PrefetchNodeState::kPending ? PrefetchNodeState::kRunning : report.state;
   part->error = report.error;
   part->bytes_done = report.bytes_done;
   part->bytes_total = report.bytes_total;

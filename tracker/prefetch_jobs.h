@@ -11,8 +11,8 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <variant>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "tracker/swarm_table.h"  // TimePoint
@@ -20,8 +20,8 @@
 namespace shoal::tracker {
 
 struct PrefetchJobsOptions {
-  std::chrono::seconds agent_ttl{30};  // an agent not heard from this long is gone
-  size_t max_jobs = 256;               // jobs kept, running or ended
+  std::chrono::seconds agent_ttl{30};     // an agent not heard from this long is gone
+  size_t max_jobs = 256;                  // jobs kept, running or ended
   std::chrono::seconds keep_ended{3600};  // an ended job is kept this long
   size_t max_agents = 100'000;
 };
@@ -106,8 +106,8 @@ class PrefetchJobs {
   // restarted: its running parts fail (their job ids are added to *changed). Errors: kFull
   // when max_agents agents are known and node is not one of them.
   std::optional<PrefetchError> Heartbeat(const std::string& node, const std::string& agent,
-                                         std::map<std::string, std::string> labels,
-                                         TimePoint now, std::vector<std::string>* changed);
+                                         std::map<std::string, std::string> labels, TimePoint now,
+                                         std::vector<std::string>* changed);
   // Agents heard from within agent_ttl, by node name.
   std::vector<PrefetchAgent> LiveAgents(TimePoint now) const;
   // The node names spec selects among live agents (sorted). Named nodes are kept even when not
@@ -144,8 +144,8 @@ class PrefetchJobs {
 
   PrefetchJobsOptions options_;
   std::mt19937_64 rng_;
-  std::map<std::string, PrefetchAgent> agents_;       // by node name
-  std::map<std::string, PrefetchJobRecord> jobs_;     // by id
+  std::map<std::string, PrefetchAgent> agents_;    // by node name
+  std::map<std::string, PrefetchJobRecord> jobs_;  // by id
 };
 
 // The string form of a node state: pending, running, done, failed.

@@ -27,7 +27,8 @@ std::string Quoted(std::string_view text);
 std::optional<uint64_t> ParseDecimal(std::string_view text, size_t max_digits);
 // Splits "a=1&b=2" into decoded pairs; a parameter given twice, or a query longer than
 // kMaxQueryBytes (tracker/announce.h), is an error.
-std::optional<Rejection> ParseQuery(std::string_view query, std::map<std::string, std::string>& out);
+std::optional<Rejection> ParseQuery(std::string_view query,
+                                    std::map<std::string, std::string>& out);
 // Whether s holds ASCII control characters.
 bool HasControlChars(std::string_view s);
 // Rejects an empty, overlong or non-printable identifier, naming it as `what`.

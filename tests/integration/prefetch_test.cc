@@ -97,9 +97,9 @@ struct PrefetchWorld {
   }
 
   void StartTracker() {
-    auto t = TrackerProcess::Start({"--chunk-size-kib", "1024", "--piece-size-kib", "256",
-                                    "--min-chunk-size-kib", "1024", "--prefetch-agent-ttl-s",
-                                    "10"});
+    auto t =
+        TrackerProcess::Start({"--chunk-size-kib", "1024", "--piece-size-kib", "256",
+                               "--min-chunk-size-kib", "1024", "--prefetch-agent-ttl-s", "10"});
     REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
     tracker = std::move(t.value());
   }
@@ -117,9 +117,8 @@ struct PrefetchWorld {
     }
     if (tracker) {
       const std::vector<std::string> swarm = {
-          "--tracker",      tracker->Url(), "--swarm-listen",  "127.0.0.1:0",
-          "--agent-id",     "agent-" + node, "--peer-stall-ms", "3000",
-          "--tracker-grace-ms", "5000"};
+          "--tracker",     tracker->Url(),    "--swarm-listen", "127.0.0.1:0",        "--agent-id",
+          "agent-" + node, "--peer-stall-ms", "3000",           "--tracker-grace-ms", "5000"};
       opts.extra_args.insert(opts.extra_args.end(), swarm.begin(), swarm.end());
     }
     opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
@@ -162,12 +161,14 @@ struct PrefetchWorld {
 
 }  // namespace
 
-TEST_CASE("prefetch: a node prefetch caches and pins every blob of an image, and eviction spares it") {
+TEST_CASE(
+    "prefetch: a node prefetch caches and pins every blob of an image, and eviction spares it") {
   PrefetchWorld w;
   BuiltImage a = w.Push("proj/a", 101);
   Agent& agent = w.AddAgent("solo", "", {"--cache-budget", "4096"});
 
-  nlohmann::json out = w.Prefetch({"gcr.io/proj/a:1", "--node", "--agent", agent.Url(), "--ttl", "1h"});
+  nlohmann::json out =
+      w.Prefetch({"gcr.io/proj/a:1", "--node", "--agent", agent.Url(), "--ttl", "1h"});
   CHECK(out["mode"] == "node");
   CHECK(out["ok"] == true);
   REQUIRE(out["nodes"].size() == 1);
@@ -206,7 +207,9 @@ TEST_CASE("prefetch: a node prefetch caches and pins every blob of an image, and
   CHECK(ParseJson(res.value().body)["jobs"].size() == 2);
 }
 
-TEST_CASE("prefetch: a cluster prefetch warms all 3 agents, which then serve the image with no upstream blob bytes") {
+TEST_CASE(
+    "prefetch: a cluster prefetch warms all 3 agents, which then serve the image with no upstream "
+    "blob bytes") {
   PrefetchWorld w;
   BuiltImage a = w.Push("proj/a", 201);
   w.StartTracker();
@@ -270,7 +273,9 @@ TEST_CASE("prefetch: a cluster prefetch of a subset warms only the chosen nodes"
   CHECK(none.error().message.find("matches none") != std::string::npos);
 }
 
-TEST_CASE("prefetch: a bad reference or an unknown image fails with a clear error and a non-zero exit code") {
+TEST_CASE(
+    "prefetch: a bad reference or an unknown image fails with a clear error and a non-zero exit "
+    "code") {
   PrefetchWorld w;
   w.Push("proj/a", 501);
   w.StartTracker();

@@ -41,9 +41,9 @@ struct Api {
     return j.value("error", "");
   }
   void Poll(const std::string& node, const std::string& labels = "{}") {
-    auto [status, j] = Call(http::verb::post, "/v1/prefetch/poll", "",
-                            R"({"agent":")" + node + R"(-a","node":")" + node +
-                                R"(","labels":)" + labels + "}");
+    auto [status, j] =
+        Call(http::verb::post, "/v1/prefetch/poll", "",
+             R"({"agent":")" + node + R"(-a","node":")" + node + R"(","labels":)" + labels + "}");
     REQUIRE_MESSAGE(status == 200, j.dump());
   }
 };
@@ -64,45 +64,66 @@ TEST_CASE("prefetch api: malformed job requests get 400 with a precise message")
   CHECK(Contains(a.Error(post, jobs, "{}"), R"(no "images" field)"));
   CHECK(Contains(a.Error(post, jobs, R"({"images":"a"})"), R"("images" must be an array)"));
   CHECK(Contains(a.Error(post, jobs, R"({"images":[]})"), R"("images" is empty)"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":[1]})"), R"("images" must be an array of strings)"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":[1]})"),
+                 R"("images" must be an array of strings)"));
   CHECK(Contains(a.Error(post, jobs, R"({"images":["Bad/UPPER:1"]})"), "is not a valid reference"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"platform":"linux"})"), "is not os/arch"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"percent":0})"), R"("percent" must be 1..100)"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"percent":101})"), R"("percent" is 101, more than 100)"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"percent":-1})"), "non-negative integer"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"parallel":0})"), R"("parallel" must be 1..32)"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"ttl_s":"1h"})"), R"("ttl_s" must be a non-negative integer)"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selector":"zone"})"), "is not KEY=VALUE"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selector":{"zone":1}})"), "must be a string"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selector":5})"), "must be an object of strings"));
+  CHECK(
+      Contains(a.Error(post, jobs, R"({"images":["a:1"],"platform":"linux"})"), "is not os/arch"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"percent":0})"),
+                 R"("percent" must be 1..100)"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"percent":101})"),
+                 R"("percent" is 101, more than 100)"));
+  CHECK(
+      Contains(a.Error(post, jobs, R"({"images":["a:1"],"percent":-1})"), "non-negative integer"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"parallel":0})"),
+                 R"("parallel" must be 1..32)"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"ttl_s":"1h"})"),
+                 R"("ttl_s" must be a non-negative integer)"));
+  CHECK(
+      Contains(a.Error(post, jobs, R"({"images":["a:1"],"selector":"zone"})"), "is not KEY=VALUE"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selector":{"zone":1}})"),
+                 "must be a string"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selector":5})"),
+                 "must be an object of strings"));
   CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"nodes":[""]})"), "non-empty string"));
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selecter":{}})"), R"(unknown field "selecter")"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selecter":{}})"),
+                 R"(unknown field "selecter")"));
   // Nobody polled yet: a valid job selects no one.
-  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"]})", 409), "matches none of the 0 agents"));
+  CHECK(
+      Contains(a.Error(post, jobs, R"({"images":["a:1"]})", 409), "matches none of the 0 agents"));
 }
 
 TEST_CASE("prefetch api: malformed polls, reports and paths") {
   Api a;
   const auto post = http::verb::post;
   CHECK(Contains(a.Error(post, "/v1/prefetch/poll", R"({"node":"n1"})"), R"(no "agent" field)"));
-  CHECK(Contains(a.Error(post, "/v1/prefetch/poll", R"({"agent":"a","node":""})"), R"("node" must be a non-empty)"));
-  CHECK(Contains(a.Error(post, "/v1/prefetch/poll", R"({"agent":"a","node":"n","labels":"x"})"), "is not KEY=VALUE"));
-  auto [status, j] = a.Call(post, "/v1/prefetch/poll", "wait_ms=soon", R"({"agent":"a","node":"n"})");
+  CHECK(Contains(a.Error(post, "/v1/prefetch/poll", R"({"agent":"a","node":""})"),
+                 R"("node" must be a non-empty)"));
+  CHECK(Contains(a.Error(post, "/v1/prefetch/poll", R"({"agent":"a","node":"n","labels":"x"})"),
+                 "is not KEY=VALUE"));
+  auto [status, j] =
+      a.Call(post, "/v1/prefetch/poll", "wait_ms=soon", R"({"agent":"a","node":"n"})");
   CHECK(status == 400);
   CHECK(Contains(j.value("error", ""), "wait_ms \"soon\" is not a non-negative integer"));
   CHECK(Contains(a.Error(http::verb::get, "/v1/prefetch/poll", "", 405), "use POST"));
   CHECK(Contains(a.Error(http::verb::delete_, "/v1/prefetch/jobs", "", 405), "use GET, POST"));
-  CHECK(Contains(a.Error(http::verb::get, "/v1/prefetch/nothing", "", 404), "no such prefetch endpoint"));
+  CHECK(Contains(a.Error(http::verb::get, "/v1/prefetch/nothing", "", 404),
+                 "no such prefetch endpoint"));
   CHECK(Contains(a.Error(http::verb::get, "/v1/prefetch/jobs/pj-x", "", 404), "no prefetch job"));
 
   const auto put = http::verb::put;
   const std::string_view report = "/v1/prefetch/jobs/pj-x/nodes/n1";
   CHECK(Contains(a.Error(put, report, R"({"state":"done"})"), R"(no "agent" field)"));
-  CHECK(Contains(a.Error(put, report, R"({"agent":"a","state":"busy"})"), "is not running, done or failed"));
+  CHECK(Contains(a.Error(put, report, R"({"agent":"a","state":"busy"})"),
+                 "is not running, done or failed"));
   CHECK(Contains(a.Error(put, report, R"({"agent":"a","state":"failed"})"), R"(needs an "error")"));
-  CHECK(Contains(a.Error(put, report, R"({"agent":"a","state":"running","bytes_done":5,"bytes_total":4})"), "must not exceed"));
-  CHECK(Contains(a.Error(put, report, R"({"agent":"a","state":"running"})", 404), "no prefetch job"));
-  CHECK(Contains(a.Error(put, "/v1/prefetch/jobs/pj-x/nodes/", "{}", 404), "no such prefetch endpoint"));
+  CHECK(Contains(
+      a.Error(put, report, R"({"agent":"a","state":"running","bytes_done":5,"bytes_total":4})"),
+      "must not exceed"));
+  CHECK(
+      Contains(a.Error(put, report, R"({"agent":"a","state":"running"})", 404), "no prefetch job"));
+  CHECK(Contains(a.Error(put, "/v1/prefetch/jobs/pj-x/nodes/", "{}", 404),
+                 "no such prefetch endpoint"));
 }
 
 TEST_CASE("prefetch api: a job is created on polling agents, handed out and reported on") {
@@ -123,8 +144,8 @@ TEST_CASE("prefetch api: a job is created on polling agents, handed out and repo
   CHECK(job["nodes"][0]["state"] == "pending");
   CHECK(job["state"] == "running");
 
-  auto [poll_status, poll] = a.Call(http::verb::post, "/v1/prefetch/poll", "",
-                                    R"({"agent":"n2-a","node":"n2"})");
+  auto [poll_status, poll] =
+      a.Call(http::verb::post, "/v1/prefetch/poll", "", R"({"agent":"n2-a","node":"n2"})");
   CHECK(poll_status == 200);
   REQUIRE(poll["jobs"].size() == 1);
   CHECK(poll["jobs"][0]["id"] == id);

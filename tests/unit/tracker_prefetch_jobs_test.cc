@@ -32,8 +32,8 @@ PrefetchSpec Spec() {
   return s;
 }
 
-void Register(PrefetchJobs& jobs, const std::string& node, std::map<std::string, std::string> labels,
-              TimePoint now = kT0) {
+void Register(PrefetchJobs& jobs, const std::string& node,
+              std::map<std::string, std::string> labels, TimePoint now = kT0) {
   REQUIRE_FALSE(jobs.Heartbeat(node, node + "-agent", std::move(labels), now, nullptr).has_value());
 }
 
@@ -167,7 +167,8 @@ TEST_CASE("prefetch jobs: a node takes its part once, reports progress, and the 
   CHECK(jobs.Report(id, "n1", r, kT0 + seconds(4))->code == PrefetchErrc::kConflict);
 }
 
-TEST_CASE("prefetch jobs: parts of silent agents fail, and a restarted agent's running part fails") {
+TEST_CASE(
+    "prefetch jobs: parts of silent agents fail, and a restarted agent's running part fails") {
   PrefetchJobs jobs(Options(), 1);
   Register(jobs, "n1", {});
   Register(jobs, "n2", {});

@@ -105,12 +105,11 @@ std::string Title(const json& job, bool cluster) {
       std::string s = n.value("state", "");
       ended += s == "done" || s == "failed";
     }
-    std::snprintf(buf, sizeof(buf), "prefetch %s: %zu/%zu nodes ended",
-                  job.value("id", "").c_str(), ended, total);
+    std::snprintf(buf, sizeof(buf), "prefetch %s: %zu/%zu nodes ended", job.value("id", "").c_str(),
+                  ended, total);
   } else {
-    std::snprintf(buf, sizeof(buf), "prefetch %s: %zu/%zu blobs done",
-                  job.value("id", "").c_str(), job.value("blobs_done", size_t{0}),
-                  job.value("blobs_total", size_t{0}));
+    std::snprintf(buf, sizeof(buf), "prefetch %s: %zu/%zu blobs done", job.value("id", "").c_str(),
+                  job.value("blobs_done", size_t{0}), job.value("blobs_total", size_t{0}));
   }
   return buf;
 }
@@ -119,7 +118,8 @@ std::string Title(const json& job, bool cluster) {
 std::variant<JobHandle, int> Submit(const PrefetchFlags& f, long long ttl_s, long long timeout_s) {
   if (!f.cluster) {
     std::string target = "/shoal/v1/prefetch?platform=" + http::QueryEscape(f.platform) +
-                         "&ttl=" + std::to_string(ttl_s) + "&parallel=" + std::to_string(f.parallel);
+                         "&ttl=" + std::to_string(ttl_s) +
+                         "&parallel=" + std::to_string(f.parallel);
     for (const auto& i : f.images) target += "&ref=" + http::QueryEscape(i);
     auto r = JsonCall(f.agent, bhttp::verb::post, target, "", "--agent");
     if (!r) {
@@ -134,8 +134,8 @@ std::variant<JobHandle, int> Submit(const PrefetchFlags& f, long long ttl_s, lon
     std::string id = r.value().body.value("id", "");
     return JobHandle{f.agent, "/shoal/v1/prefetch/" + id, "--agent", id};
   }
-  json body = {{"images", f.images}, {"platform", f.platform}, {"ttl_s", ttl_s},
-               {"parallel", f.parallel}};
+  json body = {
+      {"images", f.images}, {"platform", f.platform}, {"ttl_s", ttl_s}, {"parallel", f.parallel}};
   if (timeout_s > 0) body["timeout_s"] = timeout_s;
   if (!f.nodes.empty()) body["nodes"] = f.nodes;
   if (!f.selector.empty()) {
@@ -160,8 +160,8 @@ std::variant<JobHandle, int> Submit(const PrefetchFlags& f, long long ttl_s, lon
       continue;
     }
     if (r.value().status >= 500) {
-      errors += "\n  " + tracker + ": HTTP " + std::to_string(r.value().status) + " " +
-                r.value().Error();
+      errors +=
+          "\n  " + tracker + ": HTTP " + std::to_string(r.value().status) + " " + r.value().Error();
       continue;
     }
     if (r.value().status != 201 && r.value().status != 200) {
@@ -195,12 +195,14 @@ int RunPrefetch(PrefetchFlags f) {
   }
   auto ttl = ParseDuration(f.ttl);
   if (!ttl) {
-    std::cerr << "shoalctl prefetch: --ttl \"" << f.ttl << "\" is not a duration (90s, 15m, 24h, 7d; 0 = until unpinned)\n";
+    std::cerr << "shoalctl prefetch: --ttl \"" << f.ttl
+              << "\" is not a duration (90s, 15m, 24h, 7d; 0 = until unpinned)\n";
     return 2;
   }
   auto timeout = ParseDuration(f.timeout);
   if (!timeout) {
-    std::cerr << "shoalctl prefetch: --timeout \"" << f.timeout << "\" is not a duration (90s, 15m, 2h; 0 = none)\n";
+    std::cerr << "shoalctl prefetch: --timeout \"" << f.timeout
+              << "\" is not a duration (90s, 15m, 2h; 0 = none)\n";
     return 2;
   }
   for (const auto& image : f.images) {
@@ -259,7 +261,8 @@ int RunPrefetch(PrefetchFlags f) {
 
   std::vector<ProgressRow> results =
       f.cluster ? ClusterRows(job) : std::vector<ProgressRow>{NodeResult(job, handle.base_url)};
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (auto& r : results) {
     if (!r.Ended() && timed_out) {
       r.state = "timeout";
@@ -271,14 +274,17 @@ int RunPrefetch(PrefetchFlags f) {
   if (f.json) {
     json nodes = json::array();
     for (const auto& r : results) {
-      json n = {{"node", r.name},      {"ok", r.Ok()},          {"state", r.state},
-                {"bytes", r.done},     {"bytes_total", r.total}, {"seconds", r.seconds}};
+      json n = {{"node", r.name},  {"ok", r.Ok()},           {"state", r.state},
+                {"bytes", r.done}, {"bytes_total", r.total}, {"seconds", r.seconds}};
       if (!r.error.empty()) n["error"] = r.error;
       nodes.push_back(n);
     }
-    json out = {{"mode", f.cluster ? "cluster" : "node"}, {"job_id", handle.id},
-                {"server", handle.base_url},               {"ok", failed == 0},
-                {"timed_out", timed_out},                   {"nodes", nodes},
+    json out = {{"mode", f.cluster ? "cluster" : "node"},
+                {"job_id", handle.id},
+                {"server", handle.base_url},
+                {"ok", failed == 0},
+                {"timed_out", timed_out},
+                {"nodes", nodes},
                 {"job", job}};
     std::cout << out.dump(2) << "\n";
   } else {
@@ -329,7 +335,8 @@ void AddPrefetchCommand(CLI::App& app) {
                   "Only this percentage of the selected nodes (a deterministic pick)")
       ->envname("SHOAL_PREFETCH_PERCENT")
       ->check(CLI::Range(0, 100));
-  cmd->add_option("--ttl", flags->ttl, "Pin the images this long (90s, 15m, 24h, 7d; 0 = until unpinned)")
+  cmd->add_option("--ttl", flags->ttl,
+                  "Pin the images this long (90s, 15m, 24h, 7d; 0 = until unpinned)")
       ->envname("SHOAL_PREFETCH_TTL")
       ->capture_default_str();
   cmd->add_option("--platform", flags->platform, "os/arch to choose from multi-arch images")

@@ -30,8 +30,7 @@ Result<JsonReply> JsonCall(const std::string& base_url, boost::beast::http::verb
   req.url = url.value();
   req.url.target = target;
   req.body = body;
-  if (!body.empty())
-    req.headers.set(boost::beast::http::field::content_type, "application/json");
+  if (!body.empty()) req.headers.set(boost::beast::http::field::content_type, "application/json");
   Result<JsonReply> out = MakeError(ErrorCode::kInternal, "not run");
   asio::co_spawn(
       ioc,
@@ -71,10 +70,10 @@ std::optional<long long> ParseDuration(const std::string& text) {
   }
   std::string unit = text.substr(used);
   long long mult = unit.empty() || unit == "s" ? 1
-                   : unit == "m"              ? 60
-                   : unit == "h"              ? 3600
-                   : unit == "d"              ? 86400
-                                              : -1;
+                   : unit == "m"               ? 60
+                   : unit == "h"               ? 3600
+                   : unit == "d"               ? 86400
+                                               : -1;
   if (mult < 0 || n < 0) return std::nullopt;
   return n * mult;
 }

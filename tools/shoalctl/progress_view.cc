@@ -33,7 +33,8 @@ std::string ProgressView::Line(const ProgressRow& row, std::chrono::steady_clock
     if (secs > 0.5 && row.done > it->second.first_bytes) {
       double bps = static_cast<double>(row.done - it->second.first_bytes) / secs;
       rate = Human(bps) + "/s";
-      if (row.total > row.done) eta = "ETA " + HumanDuration(static_cast<double>(row.total - row.done) / bps);
+      if (row.total > row.done)
+        eta = "ETA " + HumanDuration(static_cast<double>(row.total - row.done) / bps);
     }
   }
   char buf[512];
@@ -88,7 +89,8 @@ void ProgressView::Update(const std::string& title, const std::vector<ProgressRo
       ended += r.Ended();
     }
     std::fprintf(out_, "%s: %zu/%zu ended, %s / %s\n", title.c_str(), ended, rows.size(),
-                 Human(static_cast<double>(done)).c_str(), Human(static_cast<double>(total)).c_str());
+                 Human(static_cast<double>(done)).c_str(),
+                 Human(static_cast<double>(total)).c_str());
   }
   std::fflush(out_);
 }
