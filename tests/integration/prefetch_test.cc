@@ -128,17 +128,18 @@ struct PrefetchWorld {
     return *agents.back();
   }
 
-  // Waits until the tracker has heard from n agents.
-  void WaitForAgents(size_t n) {
+  // Waits until the tracker (or another replica) has heard from n agents.
+  void WaitForAgents(size_t n, TrackerProcess* replica = nullptr) {
+    if (!replica) replica = tracker.get();
     bool ok = WaitUntil(
         [&] {
-          auto r = HttpGet(tracker->Url() + "/v1/prefetch/agents");
+          auto r = HttpGet(replica->Url() + "/v1/prefetch/agents");
           if (!r || r.value().status != 200) return false;
           auto j = nlohmann::json::parse(r.value().body, nullptr, false);
           return !j.is_discarded() && j["agents"].size() == n;
         },
         seconds(20), std::chrono::milliseconds(50));
-    REQUIRE_MESSAGE(ok, tracker->LogTail());
+    REQUIRE_MESSAGE(ok, replica->LogTail());
   }
 
   // shoalctl prefetch ... --json; returns its parsed output (which must be there).
@@ -271,6 +272,40 @@ TEST_CASE("prefetch: a cluster prefetch of a subset warms only the chosen nodes"
                         "--selector", "zone=mars"});
   REQUIRE_FALSE(none.has_value());
   CHECK(none.error().message.find("matches none") != std::string::npos);
+}
+
+TEST_CASE(
+    "prefetch: with two tracker replicas a job lives on the first that answers, and agents poll "
+    "both") {
+  PrefetchWorld w;
+  BuiltImage a = w.Push("proj/a", 601);
+  BuiltImage b = w.Push("proj/b", 701);
+  w.StartTracker();
+  auto second = TrackerProcess::Start(
+      {"--chunk-size-kib", "1024", "--piece-size-kib", "256", "--min-chunk-size-kib", "1024"});
+  REQUIRE_MESSAGE(second.has_value(), second.error().ToString());
+  TrackerProcess& replica2 = *second.value();
+  for (int i = 0; i < 2; ++i) {
+    w.AddAgent("node" + std::to_string(i), "", {"--tracker", replica2.Url()});
+  }
+  w.WaitForAgents(2);
+  w.WaitForAgents(2, &replica2);
+
+  // The job goes to the replica named; both agents take it from there.
+  nlohmann::json out = w.Prefetch({"gcr.io/proj/a:1", "--cluster", "--tracker", replica2.Url()});
+  CHECK(out["ok"] == true);
+  CHECK(out["server"] == replica2.Url());
+  CHECK(out["nodes"].size() == 2);
+  for (auto& agent : w.agents) CHECK(CachesAll(*agent, BlobDigests(a)));
+
+  // The first replica dies: shoalctl passes over it, the job lives on the second.
+  const std::string dead = w.tracker->Url();
+  w.tracker->Kill();
+  out = w.Prefetch({"gcr.io/proj/b:1", "--cluster", "--tracker", dead + "," + replica2.Url()});
+  CHECK(out["ok"] == true);
+  CHECK(out["server"] == replica2.Url());
+  CHECK(out["nodes"].size() == 2);
+  for (auto& agent : w.agents) CHECK(CachesAll(*agent, BlobDigests(b)));
 }
 
 TEST_CASE(
