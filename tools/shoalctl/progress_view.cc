@@ -1,5 +1,8 @@
 #include "tools/shoalctl/progress_view.h"
 
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "tools/shoalctl/human.h"
@@ -53,10 +56,14 @@ void ProgressView::Update(const std::string& title, const std::vector<ProgressRo
     if (now - last_draw_ < std::chrono::milliseconds(200)) return;
     last_draw_ = now;
     Clear();
-    std::fprintf(out_, "%s\n", title.c_str());
+    // Lines are cut to the terminal's width: a wrapped line would break the redraw in place.
+    size_t width = 200;
+    winsize ws{};
+    if (::ioctl(::fileno(out_), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1) width = ws.ws_col - 1;
+    std::fprintf(out_, "%s\n", title.substr(0, width).c_str());
     int lines = 1;
     for (size_t i = 0; i < rows.size() && i < kMaxTtyRows; ++i) {
-      std::fprintf(out_, "%s\n", Line(rows[i], now).c_str());
+      std::fprintf(out_, "%s\n", Line(rows[i], now).substr(0, width).c_str());
       ++lines;
     }
     if (rows.size() > kMaxTtyRows) {
