@@ -267,6 +267,16 @@ TEST_CASE("prefetch: a cluster prefetch of a subset warms only the chosen nodes"
   CHECK(CachesNone(*w.agents[1], BlobDigests(c)));
   CHECK(CachesNone(*w.agents[2], BlobDigests(c)));
 
+  // A percentage: half of 3 nodes is 2 (rounded up), picked deterministically.
+  out = w.Prefetch(
+      {"gcr.io/proj/c:1", "--cluster", "--tracker", w.tracker->Url(), "--percent", "50"});
+  CHECK(out["ok"] == true);
+  CHECK(out["nodes"].size() == 2);
+  nlohmann::json again = w.Prefetch(
+      {"gcr.io/proj/c:1", "--cluster", "--tracker", w.tracker->Url(), "--percent", "50"});
+  REQUIRE(again["nodes"].size() == 2);
+  for (size_t i = 0; i < 2; ++i) CHECK(again["nodes"][i]["node"] == out["nodes"][i]["node"]);
+
   // A selection that matches nobody is refused before anything runs.
   auto none = Shoalctl({"prefetch", "gcr.io/proj/c:1", "--cluster", "--tracker", w.tracker->Url(),
                         "--selector", "zone=mars"});

@@ -189,10 +189,6 @@ int RunPrefetch(PrefetchFlags f) {
     std::cerr << "shoalctl prefetch: --cluster needs --tracker URL (or SHOAL_TRACKERS)\n";
     return 2;
   }
-  if (f.percent > 100) {
-    std::cerr << "shoalctl prefetch: --percent must be 0..100\n";
-    return 2;
-  }
   auto ttl = ParseDuration(f.ttl);
   if (!ttl) {
     std::cerr << "shoalctl prefetch: --ttl \"" << f.ttl
@@ -334,7 +330,7 @@ void AddPrefetchCommand(CLI::App& app) {
   cmd->add_option("--percent", flags->percent,
                   "Only this percentage of the selected nodes (a deterministic pick)")
       ->envname("SHOAL_PREFETCH_PERCENT")
-      ->check(CLI::Range(0, 100));
+      ->check(CLI::Range(1, 100));
   cmd->add_option("--ttl", flags->ttl,
                   "Pin the images this long (90s, 15m, 24h, 7d; 0 = until unpinned)")
       ->envname("SHOAL_PREFETCH_TTL")
