@@ -18,6 +18,8 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "agent/chunk_fetcher.h"
+#include "agent/prefetch.h"
+#include "agent/prefetch_poller.h"
 #include "agent/pull_through.h"
 #include "agent/seed_book.h"
 #include "agent/swarm_metrics.h"
@@ -189,9 +191,20 @@ int RunAgent(const AgentConfig& config) {
   server_options.default_registry = config.default_registry;
   server_options.admin_any_address = config.admin_any_address;
   shim::Server server(ioc, backend, shim_metrics, server_options);
-  server.SetAdminHandler([&backend](const std::string& method, const std::string& target) {
-    return backend.HandleAdmin(method, target);
-  });
+  Prefetcher prefetcher(ioc, backend, *store.value());
+  // Cluster prefetch: with a tracker, ask every replica for jobs for this node.
+  auto node_labels = ParseNodeLabels(config.node_labels);
+  if (!node_labels) return fail(node_labels.error());
+  PrefetchPollerOptions poller_options;
+  poller_options.node = config.node_name.empty() ? DefaultNodeName() : config.node_name;
+  poller_options.labels = std::move(node_labels.value());
+  PrefetchPoller poller(ioc, tracker, prefetcher, std::move(poller_options));
+  if (tracker.enabled()) poller.Start();
+  server.SetAdminHandler(
+      [&backend, &prefetcher](const std::string& method, const std::string& target) {
+        if (Prefetcher::Owns(target)) return prefetcher.HandleAdmin(method, target);
+        return backend.HandleAdmin(method, target);
+      });
   server.SetMetricsHandler([&registry, &swarm, &swarm_metrics, &backend] {
     if (swarm && swarm_metrics) swarm_metrics->Update(swarm->Stats());
     backend.UpdateCacheMetrics();

@@ -95,6 +95,15 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_UNCHOKE_SLOTS")
       ->check(CLI::Range(-1, 100000))
       ->capture_default_str();
+  app.add_option("--node-name", c.node_name,
+                 "This node's name for cluster prefetch jobs (shoalctl prefetch --nodes); default "
+                 "the hostname (in Kubernetes set it from spec.nodeName)")
+      ->envname("SHOAL_NODE_NAME");
+  app.add_option("--node-labels", c.node_labels,
+                 "Labels KEY=VALUE (comma-separated) that prefetch jobs select nodes by "
+                 "(shoalctl prefetch --selector)")
+      ->envname("SHOAL_NODE_LABELS")
+      ->delimiter(',');
   app.add_option("--log-format", c.log_format, "json or text")
       ->envname("SHOAL_LOG_FORMAT")
       ->check(CLI::IsMember({"json", "text"}))

@@ -34,6 +34,8 @@ struct AgentConfig {
   int tracker_grace_ms = 10000;  // tracker errors tolerated before fetching upstream directly
   int peer_stall_ms = 15000;     // a chunk with no verified piece for this long is re-leased
   int unchoke_slots = -1;        // peers uploaded to at once; -1: every interested LAN peer
+  std::string node_name;                   // cluster prefetch: this node's name; default hostname
+  std::vector<std::string> node_labels;    // cluster prefetch: "k=v" labels for selectors
   std::string log_format = "json";
   std::string log_level = "info";
 };

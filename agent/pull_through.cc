@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "agent/admin.h"
 #include "lib/core/sha256.h"
 
 #include "lib/oci/manifest.h"
@@ -383,76 +384,6 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
 
 namespace {
 
-std::optional<std::string> PercentDecode(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '+') {
-      out += ' ';
-    } else if (s[i] == '%') {
-      auto hex = [](char c) -> int {
-        if (c >= '0' && c <= '9') return c - '0';
-        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-        return -1;
-      };
-      if (i + 2 >= s.size()) return std::nullopt;
-      int hi = hex(s[i + 1]), lo = hex(s[i + 2]);
-      if (hi < 0 || lo < 0) return std::nullopt;
-      out += static_cast<char>(hi * 16 + lo);
-      i += 2;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
-// The path and the decoded query parameters of a target (repeated keys: the last wins, except
-// that every "digest" is kept in `digests`).
-struct AdminTarget {
-  std::string path;
-  std::map<std::string, std::string> params;
-  std::vector<std::string> digests;
-};
-
-std::optional<AdminTarget> ParseAdminTarget(const std::string& target) {
-  AdminTarget t;
-  auto q = target.find('?');
-  t.path = target.substr(0, q);
-  if (q == std::string::npos) return t;
-  std::string_view query(target);
-  query.remove_prefix(q + 1);
-  while (!query.empty()) {
-    auto amp = query.find('&');
-    std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (pair.empty()) continue;
-    auto eq = pair.find('=');
-    auto key = PercentDecode(pair.substr(0, eq));
-    auto value = PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1));
-    if (!key || !value) return std::nullopt;
-    if (*key == "digest") t.digests.push_back(*value);
-    t.params[*key] = *value;
-  }
-  return t;
-}
-
-shim::AdminReply JsonReply(unsigned status, const nlohmann::json& body) {
-  return shim::AdminReply{status, body.dump(2) + "\n"};
-}
-
-shim::AdminReply ErrorReply(const Error& e) {
-  unsigned status = e.code == ErrorCode::kNotFound          ? 404
-                    : e.code == ErrorCode::kInvalidArgument ? 400
-                    : e.code == ErrorCode::kUnavailable     ? 503
-                                                            : 500;
-  return JsonReply(status, {{"error", e.ToString()}});
-}
-
-int64_t UnixMs(std::chrono::system_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-}
-
 nlohmann::json PinsJson(const std::vector<store::Pin>& pins) {
   nlohmann::json arr = nlohmann::json::array();
   for (const auto& p : pins) {
@@ -511,23 +442,30 @@ void PullThrough::UpdateCacheMetrics() {
   cache_metrics_.pinned_bytes->Set(static_cast<double>(s.pinned_bytes));
 }
 
-awaitable<Result<std::vector<Digest>>> PullThrough::PinImage(
-    const std::string& image, const std::string& platform, bool pin, const std::string& owner,
-    std::optional<std::chrono::seconds> ttl) {
+std::vector<Digest> ResolvedImage::Digests() const {
+  std::vector<Digest> out = manifests;
+  if (manifest.config) out.push_back(manifest.config->digest);
+  for (const auto& l : manifest.layers) out.push_back(l.digest);
+  return out;
+}
+
+awaitable<Result<ResolvedImage>> PullThrough::ResolveImage(const std::string& image,
+                                                           const std::string& platform) {
   auto ref = oci::ParseImageRef(image);
   if (!ref) co_return ref.error();
-  shim::RepoRef repo{ref.value().registry, ref.value().repository};
+  ResolvedImage out{shim::RepoRef{ref.value().registry, ref.value().repository}, {}, {}};
+  if (auto st = CheckRegistry(out.repo); !st) co_return st.error();
   const std::string reference = ref.value().RefString();
   const std::vector<std::string> accept;
-  auto top = co_await GetManifest(repo, reference, accept);
+  auto top = co_await GetManifest(out.repo, reference, accept);
   if (!top) co_return top.error();
-  std::vector<Digest> digests{top.value().digest};
+  out.manifests.push_back(top.value().digest);
   auto parsed = oci::ParseManifest(top.value().body, top.value().media_type);
   if (!parsed) co_return parsed.error();
-  oci::Manifest manifest = parsed.value();
-  if (manifest.is_index) {
+  out.manifest = parsed.value();
+  if (out.manifest.is_index) {
     std::optional<Digest> chosen;
-    for (const auto& d : manifest.manifests) {
+    for (const auto& d : out.manifest.manifests) {
       if (d.platform && d.platform->os + "/" + d.platform->architecture == platform) {
         chosen = d.digest;
         break;
@@ -537,15 +475,22 @@ awaitable<Result<std::vector<Digest>>> PullThrough::PinImage(
       co_return MakeError(ErrorCode::kNotFound, image + " has no manifest for " + platform);
     }
     const std::string child_ref = chosen->str();
-    auto child = co_await GetManifest(repo, child_ref, accept);
+    auto child = co_await GetManifest(out.repo, child_ref, accept);
     if (!child) co_return child.error();
     auto child_parsed = oci::ParseManifest(child.value().body, child.value().media_type);
     if (!child_parsed) co_return child_parsed.error();
-    digests.push_back(*chosen);
-    manifest = child_parsed.value();
+    out.manifests.push_back(*chosen);
+    out.manifest = child_parsed.value();
   }
-  if (manifest.config) digests.push_back(manifest.config->digest);
-  for (const auto& l : manifest.layers) digests.push_back(l.digest);
+  co_return out;
+}
+
+awaitable<Result<std::vector<Digest>>> PullThrough::PinImage(
+    const std::string& image, const std::string& platform, bool pin, const std::string& owner,
+    std::optional<std::chrono::seconds> ttl) {
+  auto resolved = co_await ResolveImage(image, platform);
+  if (!resolved) co_return resolved.error();
+  std::vector<Digest> digests = resolved.value().Digests();
   for (const auto& d : digests) {
     if (pin) {
       if (auto st = store_.Pin(d, owner, image, ttl); !st) co_return st.error();
@@ -556,14 +501,38 @@ awaitable<Result<std::vector<Digest>>> PullThrough::PinImage(
   co_return digests;
 }
 
+awaitable<Status> PullThrough::FetchToCache(const shim::RepoRef& repo, const Digest& digest,
+                                            const std::function<void(uint64_t)>& progress) {
+  auto reader = co_await OpenBlob(repo, digest);
+  if (!reader) co_return reader.error();
+  const uint64_t size = reader.value()->size();
+  uint64_t done = 0;
+  while (done < size) {
+    auto readable = co_await reader.value()->WaitReadable(done);
+    if (!readable) co_return readable.error();
+    done = readable.value();
+    if (progress) progress(done);
+  }
+  // Verified; the commit (fsync + rename) may still be running on the pool.
+  while (!store_.Stat(digest)) {
+    auto it = inflight_.find(digest);
+    if (it == inflight_.end() || it->second->ended()) break;
+    std::shared_ptr<BlobFetch> fetch = it->second;
+    co_await fetch->changes().Wait(std::chrono::seconds(1));
+  }
+  if (!store_.Stat(digest)) {
+    co_return MakeError(ErrorCode::kIo, "blob " + digest.str() + " was verified but not cached");
+  }
+  co_return Ok();
+}
+
 awaitable<shim::AdminReply> PullThrough::HandleAdmin(const std::string& method,
                                                      const std::string& target) {
   auto parsed = ParseAdminTarget(target);
   if (!parsed) co_return JsonReply(400, {{"error", "malformed query in " + target}});
   const AdminTarget& t = parsed.value();
   auto param = [&t](const std::string& key, std::string dflt = "") {
-    auto it = t.params.find(key);
-    return it == t.params.end() ? dflt : it->second;
+    return t.Param(key, std::move(dflt));
   };
 
   if (t.path == "/shoal/v1/cache" && method == "GET") {
@@ -609,7 +578,7 @@ awaitable<shim::AdminReply> PullThrough::HandleAdmin(const std::string& method,
       }
     }
     std::vector<Digest> digests;
-    for (const auto& text : t.digests) {
+    for (const auto& text : t.List("digest")) {
       auto d = Digest::Parse(text);
       if (!d) co_return ErrorReply(d.error());
       digests.push_back(d.value());

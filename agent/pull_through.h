@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,6 +42,17 @@ struct PullThroughOptions {
   std::chrono::milliseconds tracker_manifest_wait{20'000};
 };
 
+// An image reference resolved to the manifests that make it up for one platform.
+struct ResolvedImage {
+  shim::RepoRef repo;
+  // The manifest the reference names, then (for an index) the platform's manifest.
+  std::vector<Digest> manifests;
+  // The platform's image manifest: config and layers.
+  oci::Manifest manifest;
+  // The manifests, the config and the layers, in that order.
+  std::vector<Digest> Digests() const;
+};
+
 // Network-thread only (see docs/architecture.md, threading model).
 class PullThrough : public shim::Backend {
  public:
@@ -62,6 +74,18 @@ class PullThrough : public shim::Backend {
   Result<upstream::RegistryEndpoint> EndpointFor(const std::string& registry) const;
   // Blobs currently being fetched.
   size_t inflight() const { return inflight_.size(); }
+
+  // Resolves an image reference (through the cache, else the tracker or upstream, like a pull)
+  // to its manifest and, for an index, the manifest of `platform` ("os/arch"). Errors: a bad
+  // reference (kInvalidArgument), an unserved registry, the manifests' resolution errors,
+  // kNotFound when an index has no manifest for the platform.
+  boost::asio::awaitable<Result<ResolvedImage>> ResolveImage(const std::string& image,
+                                                             const std::string& platform);
+  // Fetches a blob into the cache through OpenBlob (so the swarm and the tracker's leases work
+  // as for any pull) and returns once it is committed. progress(bytes verified so far) is called
+  // as the blob arrives. Errors: OpenBlob's, the fetch's (kDigestMismatch, kUnavailable...).
+  boost::asio::awaitable<Status> FetchToCache(const shim::RepoRef& repo, const Digest& digest,
+                                              const std::function<void(uint64_t)>& progress);
 
   // --- Cache budget and pins (docs/architecture.md, "Cache budget and pins") ---
 

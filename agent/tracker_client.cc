@@ -141,37 +141,41 @@ void TrackerClient::NoteTrackerId(size_t replica, const std::string& body) {
   }
 }
 
+awaitable<Result<TrackerClient::Reply>> TrackerClient::CallReplica(size_t replica,
+                                                                   http_::verb method,
+                                                                   const std::string& target,
+                                                                   const std::string& body) {
+  http::Request req;
+  req.method = method;
+  req.url = options_.trackers[replica];
+  req.url.target = target;
+  req.body = body;
+  if (!body.empty()) req.headers.set(http_::field::content_type, "application/json");
+  auto opened = co_await http_->Open(req);
+  if (!opened) {
+    spdlog::debug("tracker {} did not answer: {}", req.url.str(), opened.error().message);
+    co_return opened.error();
+  }
+  auto& resp = *opened.value();
+  auto read = co_await resp.ReadAll(kMaxReply);
+  if (!read) co_return read.error();
+  if (resp.status() >= 502 && resp.status() <= 504) {  // a proxy in front of a dead replica
+    co_return MakeError(ErrorCode::kUnavailable, "tracker " + req.url.str() + " answered " +
+                                                     std::to_string(resp.status()));
+  }
+  NoteTrackerId(replica, read.value());
+  co_return Reply{resp.status(), std::move(read.value()), replica};
+}
+
 awaitable<Result<TrackerClient::Reply>> TrackerClient::Call(const Digest& digest,
                                                             http_::verb method, std::string target,
                                                             std::string body) {
   if (options_.trackers.empty()) co_return MakeError(ErrorCode::kUnavailable, "no tracker");
   std::optional<Error> last;
   for (size_t replica : Order(digest)) {
-    http::Request req;
-    req.method = method;
-    req.url = options_.trackers[replica];
-    req.url.target = target;
-    req.body = body;
-    if (!body.empty()) req.headers.set(http_::field::content_type, "application/json");
-    auto opened = co_await http_->Open(req);
-    if (!opened) {
-      spdlog::debug("tracker {} did not answer: {}", req.url.str(), opened.error().message);
-      last = opened.error();
-      continue;
-    }
-    auto& resp = *opened.value();
-    auto read = co_await resp.ReadAll(kMaxReply);
-    if (!read) {
-      last = read.error();
-      continue;
-    }
-    if (resp.status() >= 502 && resp.status() <= 504) {  // a proxy in front of a dead replica
-      last = MakeError(ErrorCode::kUnavailable, "tracker " + req.url.str() + " answered " +
-                                                    std::to_string(resp.status()));
-      continue;
-    }
-    NoteTrackerId(replica, read.value());
-    co_return Reply{resp.status(), std::move(read.value()), replica};
+    auto reply = co_await CallReplica(replica, method, target, body);
+    if (reply) co_return std::move(reply.value());
+    last = reply.error();
   }
   co_return MakeError(ErrorCode::kUnavailable,
                       "no tracker answered (" + (last ? last->message : std::string("?")) + ")");
@@ -405,6 +409,55 @@ awaitable<Status> TrackerClient::ReleaseManifest(const ManifestRef& ref) {
   if (!reply) co_return reply.error();
   if (reply.value().status != 200)
     co_return ReplyError(reply.value().status, reply.value().body, "manifest lease release");
+  co_return Ok();
+}
+
+// ---- Cluster prefetch jobs ----
+
+awaitable<Result<std::vector<TrackerPrefetchJob>>> TrackerClient::PollPrefetch(
+    size_t replica, const std::string& node, const std::map<std::string, std::string>& labels,
+    std::chrono::milliseconds wait) {
+  json labels_json = json::object();
+  for (const auto& [k, v] : labels) labels_json[k] = v;
+  const std::string body =
+      json{{"agent", options_.agent_id}, {"node", node}, {"labels", labels_json}}.dump();
+  const std::string target = "/v1/prefetch/poll?wait_ms=" + std::to_string(wait.count());
+  auto reply = co_await CallReplica(replica, http_::verb::post, target, body);
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "prefetch poll");
+  try {
+    json j = json::parse(reply.value().body);
+    std::vector<TrackerPrefetchJob> out;
+    for (const json& e : j.at("jobs")) {
+      TrackerPrefetchJob job;
+      job.id = e.at("id").get<std::string>();
+      job.images = e.at("images").get<std::vector<std::string>>();
+      job.platform = e.value("platform", "linux/amd64");
+      job.ttl_s = e.value("ttl_s", int64_t{86400});
+      job.parallel = e.value("parallel", 4);
+      out.push_back(std::move(job));
+    }
+    co_return out;
+  } catch (const std::exception& e) {
+    co_return MakeError(ErrorCode::kProtocol, std::string("tracker prefetch poll answer: ") + e.what());
+  }
+}
+
+awaitable<Status> TrackerClient::ReportPrefetch(size_t replica, const std::string& id,
+                                                const std::string& node,
+                                                const TrackerPrefetchProgress& p) {
+  json j{{"agent", options_.agent_id},  {"state", p.state},
+         {"bytes_done", p.bytes_done},  {"bytes_total", p.bytes_total},
+         {"blobs_done", p.blobs_done},  {"blobs_total", p.blobs_total}};
+  if (!p.error.empty()) j["error"] = p.error.substr(0, 2000);
+  const std::string target =
+      "/v1/prefetch/jobs/" + http::QueryEscape(id) + "/nodes/" + http::QueryEscape(node);
+  const std::string body = j.dump();
+  auto reply = co_await CallReplica(replica, http_::verb::put, target, body);
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200)
+    co_return ReplyError(reply.value().status, reply.value().body, "prefetch report on " + id);
   co_return Ok();
 }
 

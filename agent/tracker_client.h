@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,6 +76,24 @@ struct TrackerManifest {
   std::chrono::milliseconds retry_after{0};  // kWait
 };
 
+// ---- Cluster prefetch jobs (tracker/prefetch_api.h) ----
+
+// A job the tracker hands to this node.
+struct TrackerPrefetchJob {
+  std::string id;
+  std::vector<std::string> images;
+  std::string platform;
+  int64_t ttl_s = 0;
+  int parallel = 4;
+};
+
+// This node's progress on a job, as reported to the tracker.
+struct TrackerPrefetchProgress {
+  std::string state;  // running, done or failed
+  std::string error;
+  uint64_t bytes_done = 0, bytes_total = 0, blobs_done = 0, blobs_total = 0;
+};
+
 struct TrackerClientOptions {
   std::vector<http::Url> trackers;  // replica base URLs, e.g. http://10.0.0.5:7070
   std::string agent_id;             // this agent's identity in leases
@@ -136,6 +155,24 @@ class TrackerClient {
   // Gives our lease on ref back after a failed upstream fetch.
   boost::asio::awaitable<Status> ReleaseManifest(const ManifestRef& ref);
 
+  // ---- Cluster prefetch jobs. Unlike the calls above these go to one given replica: a job
+  // lives on the replica that created it, so the agent polls every replica. ----
+
+  // Replicas configured.
+  size_t replicas() const { return options_.trackers.size(); }
+  // A replica's base URL.
+  std::string ReplicaUrl(size_t replica) const { return options_.trackers[replica].str(); }
+  // Registers this node (name, labels) with the replica and waits up to `wait` for jobs for it.
+  // Errors: kUnavailable when the replica does not answer, else as Table.
+  boost::asio::awaitable<Result<std::vector<TrackerPrefetchJob>>> PollPrefetch(
+      size_t replica, const std::string& node, const std::map<std::string, std::string>& labels,
+      std::chrono::milliseconds wait);
+  // Reports this node's progress on job `id` to the replica that holds it. Errors: kNotFound
+  // (the replica forgot the job), kDenied (the part ended or belongs to another agent), ...
+  boost::asio::awaitable<Status> ReportPrefetch(size_t replica, const std::string& id,
+                                                const std::string& node,
+                                                const TrackerPrefetchProgress& progress);
+
   // Called (on the network thread) when a replica answers with a tracker_id different from the
   // one it gave before: it restarted and lost its tables.
   void OnRestart(std::function<void(size_t replica)> callback) { on_restart_ = std::move(callback); }
@@ -149,6 +186,12 @@ class TrackerClient {
   // Sends to the replicas in digest's order until one answers (any HTTP status).
   boost::asio::awaitable<Result<Reply>> Call(const Digest& digest, boost::beast::http::verb method,
                                              std::string target, std::string body);
+  // Sends to one replica. Errors: kUnavailable when it does not answer (or a proxy in front of
+  // it answers 502..504).
+  boost::asio::awaitable<Result<Reply>> CallReplica(size_t replica,
+                                                    boost::beast::http::verb method,
+                                                    const std::string& target,
+                                                    const std::string& body);
   void NoteTrackerId(size_t replica, const std::string& body);
 
   TrackerClientOptions options_;

@@ -134,6 +134,22 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_MAX_MANIFEST_CACHE_MIB")
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20))
       ->capture_default_str();
+  app.add_option("--prefetch-agent-ttl-s", c.prefetch_agent_ttl_s,
+                 "An agent that has not polled for prefetch jobs for this long counts as gone: "
+                 "its parts of jobs fail and new jobs do not select it")
+      ->envname("SHOAL_PREFETCH_AGENT_TTL_S")
+      ->check(CLI::Range(2, 3600))
+      ->capture_default_str();
+  app.add_option("--max-prefetch-jobs", c.max_prefetch_jobs,
+                 "Prefetch jobs kept, running or ended (the oldest ended one makes room)")
+      ->envname("SHOAL_MAX_PREFETCH_JOBS")
+      ->check(CLI::Range(size_t{1}, size_t{100'000}))
+      ->capture_default_str();
+  app.add_option("--prefetch-keep-s", c.prefetch_keep_s,
+                 "Seconds an ended prefetch job stays readable")
+      ->envname("SHOAL_PREFETCH_KEEP_S")
+      ->check(CLI::Range(1, 7 * 86400))
+      ->capture_default_str();
   app.add_option("--log-format", c.log_format, "json or text")
       ->envname("SHOAL_LOG_FORMAT")
       ->check(CLI::IsMember({"json", "text"}))

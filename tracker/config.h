@@ -37,6 +37,10 @@ struct TrackerConfig {
   int manifest_lease_ttl_s = 10;        // an agent fetching a manifest for the cluster, at most
   size_t max_manifests = 10'000;        // manifests kept (LRU beyond)
   uint64_t max_manifest_cache_mib = 256;  // manifest bytes kept (LRU beyond)
+  // Cluster prefetch jobs (the prefetch API).
+  int prefetch_agent_ttl_s = 30;  // an agent that has not polled for this long is gone
+  size_t max_prefetch_jobs = 256;  // jobs kept, running or ended
+  int prefetch_keep_s = 3600;      // an ended job is kept this long
   std::string log_format = "json";
   std::string log_level = "info";
 };

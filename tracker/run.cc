@@ -20,6 +20,7 @@
 #include "lib/swarm/chunk_torrent.h"
 #include "tracker/blob_api.h"
 #include "tracker/manifest_api.h"
+#include "tracker/prefetch_api.h"
 #include "tracker/server.h"
 #include "tracker/service.h"
 
@@ -132,7 +133,13 @@ int RunTracker(const TrackerConfig& config) {
   ServerOptions server_options;
   server_options.max_connections = config.max_connections;
   ManifestApi manifests(manifest_options, registry, blobs.tracker_id());
-  Server server(ioc, service, blobs, manifests, server_options);
+  // Cluster prefetch jobs (agents poll every replica; a job lives on the one that created it).
+  PrefetchApiOptions prefetch_options;
+  prefetch_options.jobs.agent_ttl = std::chrono::seconds(config.prefetch_agent_ttl_s);
+  prefetch_options.jobs.max_jobs = config.max_prefetch_jobs;
+  prefetch_options.jobs.keep_ended = std::chrono::seconds(config.prefetch_keep_s);
+  PrefetchApi prefetch(prefetch_options, registry, blobs.tracker_id());
+  Server server(ioc, service, blobs, manifests, prefetch, server_options);
   server.SetMetricsHandler(
       [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
   auto port = server.Listen(listen.value().first, listen.value().second);
@@ -157,6 +164,9 @@ int RunTracker(const TrackerConfig& config) {
   spdlog::info("manifest cache: tag ttl {} s, fetch lease ttl {} s, at most {} manifests / {} MiB",
                config.manifest_ttl_s, config.manifest_lease_ttl_s, config.max_manifests,
                config.max_manifest_cache_mib);
+  spdlog::info("prefetch jobs: agents gone after {} s of silence, at most {} jobs, ended ones "
+               "kept {} s",
+               config.prefetch_agent_ttl_s, config.max_prefetch_jobs, config.prefetch_keep_s);
 
   // Upkeep: drop silent peers. A tenth of the TTL keeps the overshoot small and the cost low
   // (one pass over the peers).
@@ -169,6 +179,7 @@ int RunTracker(const TrackerConfig& config) {
       service.Sweep(TrackerClock::now());
       blobs.Sweep(TrackerClock::now());
       manifests.Sweep(TrackerClock::now());
+      prefetch.Sweep(TrackerClock::now());
       schedule_sweep();
     });
   };
@@ -193,6 +204,7 @@ int RunTracker(const TrackerConfig& config) {
     server.Stop();
     blobs.Shutdown();
     manifests.Shutdown();
+    prefetch.Shutdown();
     sweep.cancel();
     deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     drain_check();

@@ -76,11 +76,13 @@ StringResponse MakeResponse(unsigned version, bool keep_alive, http::status stat
 class Connection {
  public:
   Connection(tcp::socket socket, TrackerService& service, BlobApi& blobs, ManifestApi& manifests,
-             const ServerOptions& options, const std::function<std::string()>& metrics_text)
+             PrefetchApi& prefetch, const ServerOptions& options,
+             const std::function<std::string()>& metrics_text)
       : stream_(std::move(socket)),
         service_(service),
         blobs_(blobs),
         manifests_(manifests),
+        prefetch_(prefetch),
         options_(options),
         metrics_text_(metrics_text) {
     beast::error_code ec;
@@ -116,7 +118,8 @@ class Connection {
             MakeResponse(parser.get().version(), false, http::status::payload_too_large,
                          message + "\n", "text/plain");
         std::string_view body_path = target.substr(0, target.find('?'));
-        if (BlobApi::Owns(body_path) || ManifestApi::Owns(body_path)) {
+        if (BlobApi::Owns(body_path) || ManifestApi::Owns(body_path) ||
+            PrefetchApi::Owns(body_path)) {
           BlobResponse answer = blobs_.Error(413, std::move(message));
           res = MakeResponse(parser.get().version(), false, http::status::payload_too_large,
                              std::move(answer.body), "application/json");
@@ -175,6 +178,13 @@ class Connection {
       res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
                          std::move(answer.body), "application/json");
       route_name = "manifests";
+    } else if (PrefetchApi::Owns(path)) {
+      BlobRequest prefetch_req{req.method(), path, query, req.body()};
+      BlobResponse answer = co_await prefetch_.Handle(prefetch_req);
+      res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
+                         std::move(answer.body), "application/json");
+      if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
+      route_name = "prefetch";
     } else {
       Route route = RouteOf(path);
       res = Answer(req, route, query);
@@ -210,6 +220,7 @@ class Connection {
         service_.UpdateGauges();
         blobs_.Sweep(TrackerClock::now());
         manifests_.Sweep(TrackerClock::now());
+        prefetch_.Sweep(TrackerClock::now());
         return MakeResponse(v, keep, http::status::ok, metrics_text_ ? metrics_text_() : "",
                             "text/plain; version=0.0.4");
       case Route::kHealth:
@@ -218,7 +229,7 @@ class Connection {
         return MakeResponse(
             v, keep, http::status::ok,
             service_.StatusPage() + "\n" + blobs_.StatusSection(TrackerClock::now()) +
-                manifests_.StatusSection(),
+                manifests_.StatusSection() + prefetch_.StatusSection(TrackerClock::now()),
             "text/plain; charset=utf-8");
       case Route::kNotFound:
         break;
@@ -232,6 +243,7 @@ class Connection {
   TrackerService& service_;
   BlobApi& blobs_;
   ManifestApi& manifests_;
+  PrefetchApi& prefetch_;
   const ServerOptions& options_;
   const std::function<std::string()>& metrics_text_;
   tcp::endpoint remote_;
@@ -240,11 +252,12 @@ class Connection {
 }  // namespace
 
 Server::Server(asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
-               ManifestApi& manifests, ServerOptions options)
+               ManifestApi& manifests, PrefetchApi& prefetch, ServerOptions options)
     : ioc_(ioc),
       service_(service),
       blobs_(blobs),
       manifests_(manifests),
+      prefetch_(prefetch),
       options_(std::move(options)),
       acceptor_(ioc) {}
 
@@ -296,7 +309,8 @@ awaitable<void> Server::AcceptLoop() {
 awaitable<void> Server::Session(tcp::socket socket) {
   ++active_;
   service_.metrics().connections.Set(active_);
-  Connection conn(std::move(socket), service_, blobs_, manifests_, options_, metrics_text_);
+  Connection conn(std::move(socket), service_, blobs_, manifests_, prefetch_, options_,
+                  metrics_text_);
   try {
     co_await conn.Run();
   } catch (const std::exception& e) {

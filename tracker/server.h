@@ -1,8 +1,8 @@
 #pragma once
 // The tracker's HTTP server on Boost.Beast, one coroutine per connection: GET /announce,
 // /scrape (BitTorrent), /metrics (Prometheus), /healthz and / (status page), and the blob API
-// under /v1/blobs and the manifest cache under /v1/manifests (JSON; long-polls suspend their
-// connection's coroutine only).
+// under /v1/blobs, the manifest cache under /v1/manifests and prefetch jobs under /v1/prefetch
+// (JSON; long-polls suspend their connection's coroutine only).
 
 #include <utility>
 
@@ -18,6 +18,7 @@
 #include "lib/core/error.h"
 #include "tracker/blob_api.h"
 #include "tracker/manifest_api.h"
+#include "tracker/prefetch_api.h"
 #include "tracker/service.h"
 
 namespace shoal::tracker {
@@ -34,9 +35,9 @@ struct ServerOptions {
 // Lives on one io_context; all methods must be called on that context's (single) thread.
 class Server {
  public:
-  // service, blobs and manifests must outlive the server.
+  // service, blobs, manifests and prefetch must outlive the server.
   Server(boost::asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
-         ManifestApi& manifests, ServerOptions options);
+         ManifestApi& manifests, PrefetchApi& prefetch, ServerOptions options);
 
   // Binds address:port (port 0 picks a free one) and returns the bound port. Errors:
   // kInvalidArgument for a bad address, kIo when binding fails.
@@ -60,6 +61,7 @@ class Server {
   TrackerService& service_;
   BlobApi& blobs_;
   ManifestApi& manifests_;
+  PrefetchApi& prefetch_;
   ServerOptions options_;
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> metrics_text_;

@@ -7,20 +7,16 @@
 #include <ctime>
 #include <iostream>
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/io_context.hpp>
 #include <nlohmann/json.hpp>
 
-#include "lib/http/client.h"
 #include "lib/http/url.h"
 #include "tools/shoalctl/commands.h"
 #include "tools/shoalctl/human.h"
+#include "tools/shoalctl/json_call.h"
 
 namespace shoal::ctl {
 namespace {
 
-namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
 
 struct CacheFlags {
@@ -33,63 +29,12 @@ struct CacheFlags {
   std::string to;  // gc: evict down to this budget instead of the agent's
 };
 
-// "90" (seconds), "90s", "15m", "24h", "7d" -> seconds. nullopt when malformed.
-std::optional<long long> ParseTtl(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  size_t used = 0;
-  long long n = 0;
-  try {
-    n = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  std::string unit = text.substr(used);
-  long long mult = unit.empty() || unit == "s" ? 1
-                   : unit == "m"              ? 60
-                   : unit == "h"              ? 3600
-                   : unit == "d"              ? 86400
-                                              : -1;
-  if (mult < 0 || n < 0) return std::nullopt;
-  return n * mult;
-}
-
 // One admin request; returns (status, parsed JSON body).
 Result<std::pair<unsigned, nlohmann::json>> Call(const std::string& agent_url, bhttp::verb method,
                                                  const std::string& target) {
-  auto url = http::Url::Parse(agent_url);
-  if (!url) return MakeError(ErrorCode::kInvalidArgument, "--agent: " + url.error().message);
-  asio::io_context ioc;
-  http::Client client(ioc.get_executor(), http::ClientConfig{});
-  http::Request req;
-  req.method = method;
-  req.url = url.value();
-  req.url.target = target;
-  Result<std::pair<unsigned, nlohmann::json>> out = MakeError(ErrorCode::kInternal, "not run");
-  asio::co_spawn(
-      ioc,
-      [&]() -> asio::awaitable<void> {
-        auto res = co_await client.Open(req);
-        if (!res) {
-          out = res.error();
-          co_return;
-        }
-        auto body = co_await res.value()->ReadAll(64 << 20);
-        if (!body) {
-          out = body.error();
-          co_return;
-        }
-        auto j = nlohmann::json::parse(body.value(), nullptr, false);
-        if (j.is_discarded()) {
-          out = MakeError(ErrorCode::kProtocol, "agent answered " + target + " with HTTP " +
-                                                    std::to_string(res.value()->status()) +
-                                                    " and no JSON: " + body.value().substr(0, 200));
-          co_return;
-        }
-        out = std::make_pair(res.value()->status(), std::move(j));
-      },
-      asio::detached);
-  ioc.run();
-  return out;
+  auto r = JsonCall(agent_url, method, target);
+  if (!r) return r.error();
+  return std::make_pair(r.value().status, std::move(r.value().body));
 }
 
 // Prints an admin answer's failure and returns the exit code for it (0 when it succeeded).
@@ -162,7 +107,7 @@ int RunLs(const CacheFlags& f) {
 int RunPin(const CacheFlags& f, bool pin) {
   std::string query;
   if (pin && !f.ttl.empty()) {
-    auto secs = ParseTtl(f.ttl);
+    auto secs = ParseDuration(f.ttl);
     if (!secs) {
       std::cerr << "shoalctl cache pin: --ttl \"" << f.ttl << "\" is not a duration (90s, 15m, 24h, 7d)\n";
       return 2;

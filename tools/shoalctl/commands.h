@@ -17,6 +17,9 @@ void AddExtractCommand(CLI::App& app);
 void AddSaveCommand(CLI::App& app);
 // `shoalctl cache ls|pin|unpin|gc`: a node agent's cache: contents, pins and eviction.
 void AddCacheCommand(CLI::App& app);
+// `shoalctl prefetch IMAGE... [--node|--cluster]`: warms one node's cache through its agent, or
+// many nodes' through the tracker, with live progress and a result table.
+void AddPrefetchCommand(CLI::App& app);
 // `shoalctl config dockerd|containerd|crio`: runtime configuration for pulling through an agent.
 void AddConfigCommand(CLI::App& app);
 

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   shoal::ctl::AddConfigCommand(app);
   shoal::ctl::AddSaveCommand(app);
   shoal::ctl::AddCacheCommand(app);
+  shoal::ctl::AddPrefetchCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }
