@@ -209,7 +209,7 @@ TEST_CASE("swarm: an agent killed mid-pull: the others finish and its lease pass
 
 TEST_CASE("swarm: the tracker restarted mid-pull: the pull completes") {
   SwarmWorld w({"--max-upstream-fetchers", "2"});
-  w.proxy->SetDelayPerMiB(milliseconds(60));
+  w.proxy->SetDelayPerMiB(milliseconds(300));
   for (int i = 0; i < 3; ++i) w.AddAgent();
   std::atomic<bool> done{false};
   std::thread puller([&] {
