@@ -94,7 +94,8 @@ std::string_view RouteName(Route::Kind kind) {
   return "other";
 }
 
-// What every connection of one server shares; owned by the Server.
+// What every connection of one server shares: references to the Server's members, built per
+// connection by Server::Session and handed on to the TLS connection inside a CONNECT.
 struct ServerEnv {
   Backend& backend;
   Metrics& metrics;
