@@ -18,6 +18,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "agent/chunk_fetcher.h"
+#include "agent/https_proxy.h"
 #include "agent/prefetch.h"
 #include "agent/prefetch_poller.h"
 #include "agent/pull_through.h"
@@ -175,6 +176,13 @@ int RunAgent(const AgentConfig& config) {
                          swarm.get(), seeds.get(), fetch_options,
                          fetch_metrics};
 
+  std::unique_ptr<HttpsProxy> https_proxy;
+  if (config.https_proxy) {
+    auto made = MakeHttpsProxy(config, upstreams);
+    if (!made) return fail(made.error());
+    https_proxy = std::move(made.value());
+  }
+
   PullThroughOptions options;
   options.upstreams = std::move(upstreams);
   options.tag_ttl = std::chrono::seconds(config.tag_ttl_s);
@@ -191,6 +199,7 @@ int RunAgent(const AgentConfig& config) {
   server_options.default_registry = config.default_registry;
   server_options.admin_any_address = config.admin_any_address;
   shim::Server server(ioc, backend, shim_metrics, server_options);
+  if (https_proxy) server.EnableProxy(https_proxy->options);
   Prefetcher prefetcher(ioc, backend, *store.value());
   // Cluster prefetch: with a tracker, ask every replica for jobs for this node.
   auto node_labels = ParseNodeLabels(config.node_labels);
@@ -220,6 +229,12 @@ int RunAgent(const AgentConfig& config) {
   server.Start();
   spdlog::info("registry shim listening on {}:{}, cache {}", listen.value().first, port.value(),
                config.cache_dir);
+  if (https_proxy) {
+    spdlog::info(
+        "HTTPS proxy mode on the shim port: CONNECTs to mapped registries are "
+        "terminated with the node CA (GET /shoal/v1/proxy/ca.crt); others are {}",
+        config.proxy_tunnel == "allow" ? "tunnelled for clients on this node" : "refused");
+  }
 
   // Graceful shutdown: stop accepting, give open responses a bounded time, then stop.
   asio::signal_set signals(ioc, SIGINT, SIGTERM);

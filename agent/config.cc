@@ -49,6 +49,24 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
                "Answer the cache admin API (/shoal/v1/cache...) from any address, not only from "
                "loopback")
       ->envname("SHOAL_ADMIN_ANY_ADDRESS");
+  app.add_flag("--https-proxy", c.https_proxy,
+               "Also be dockerd's HTTPS proxy on the shim port: CONNECTs to registries in the "
+               "upstream map (except docker.io) are answered with a certificate of the node CA "
+               "and served from the cache; trust GET /shoal/v1/proxy/ca.crt in "
+               "/etc/docker/certs.d/<registry>/ca.crt")
+      ->envname("SHOAL_HTTPS_PROXY");
+  app.add_option("--proxy-tunnel", c.proxy_tunnel,
+                 "Other CONNECTs in proxy mode: allow (tunnel bytes untouched, for clients on this "
+                 "node only) or deny (403)")
+      ->envname("SHOAL_PROXY_TUNNEL")
+      ->check(CLI::IsMember({"allow", "deny"}))
+      ->capture_default_str();
+  app.add_option("--proxy-ca-cert", c.proxy_ca_cert,
+                 "Proxy CA certificate (PEM); default: created once as <cache>/proxy-ca/ca.crt")
+      ->envname("SHOAL_PROXY_CA_CERT");
+  app.add_option("--proxy-ca-key", c.proxy_ca_key,
+                 "Proxy CA private key (PEM; keep it mode 0600); default <cache>/proxy-ca/ca.key")
+      ->envname("SHOAL_PROXY_CA_KEY");
   app.add_option("--tag-ttl", c.tag_ttl_s, "Seconds a tag resolution is cached")
       ->envname("SHOAL_TAG_TTL")
       ->check(CLI::Range(0, 86400))

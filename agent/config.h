@@ -25,6 +25,10 @@ struct AgentConfig {
   int tag_ttl_s = 30;
   std::string cache_budget = "80%";  // bytes with a unit ("50GiB") or % of the cache's file system
   bool admin_any_address = false;    // serve /shoal/v1/ (cache admin) to non-loopback peers too
+  bool https_proxy = false;          // answer CONNECT on the shim port (HTTPS proxy mode)
+  std::string proxy_tunnel = "allow";  // CONNECTs not terminated: allow (tunnel) or deny (403)
+  std::string proxy_ca_cert;           // proxy CA certificate (PEM); default <cache>/proxy-ca
+  std::string proxy_ca_key;            // its key (PEM, mode 0600); with proxy_ca_cert
   int range_streams = 4;        // chunks of one blob in flight (upstream Range GETs or torrents)
   uint64_t part_size_mib = 16;  // chunk size when no tracker dictates one
   std::vector<std::string> trackers;          // tracker replica base URLs; empty = no swarm

@@ -17,12 +17,31 @@ Metrics Metrics::Create(prometheus::Registry& registry) {
                       .Name("shoal_shim_aborted_responses_total")
                       .Help("Blob responses cut short because the fetch failed or the client left")
                       .Register(registry);
-  return Metrics{requests, bytes.Add({{"source", "cache"}}), bytes.Add({{"source", "upstream"}}),
-                 aborted.Add({})};
+  auto& connects = prometheus::BuildCounter()
+                       .Name("shoal_proxy_connects_total")
+                       .Help(
+                           "CONNECT requests to the HTTPS proxy mode, by what was done: "
+                           "terminate (served as a registry), tunnel, denied")
+                       .Register(registry);
+  for (const char* mode : {"terminate", "tunnel", "denied"}) connects.Add({{"mode", mode}});
+  auto& handshakes = prometheus::BuildCounter()
+                         .Name("shoal_proxy_tls_handshake_failures_total")
+                         .Help("Terminated CONNECTs whose TLS handshake failed")
+                         .Register(registry);
+  return Metrics{requests,
+                 bytes.Add({{"source", "cache"}}),
+                 bytes.Add({{"source", "upstream"}}),
+                 aborted.Add({}),
+                 connects,
+                 handshakes.Add({})};
 }
 
 void Metrics::CountRequest(std::string_view route, unsigned status) {
   requests.Add({{"route", std::string(route)}, {"code", std::to_string(status)}}).Increment();
+}
+
+void Metrics::CountConnect(std::string_view mode) {
+  proxy_connects.Add({{"mode", std::string(mode)}}).Increment();
 }
 
 void Metrics::CountBlobBytes(std::string_view source, uint64_t bytes) {

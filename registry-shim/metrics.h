@@ -15,6 +15,8 @@ struct Metrics {
   prometheus::Counter& blob_bytes_cache;                // shoal_shim_blob_bytes_total{source=cache}
   prometheus::Counter& blob_bytes_upstream;             // ...{source=upstream}
   prometheus::Counter& aborted_responses;               // shoal_shim_aborted_responses_total
+  prometheus::Family<prometheus::Counter>& proxy_connects;  // shoal_proxy_connects_total{mode}
+  prometheus::Counter& proxy_handshake_failures;  // shoal_proxy_tls_handshake_failures_total
 
   // Registers the families on registry.
   static Metrics Create(prometheus::Registry& registry);
@@ -22,6 +24,8 @@ struct Metrics {
   void CountRequest(std::string_view route, unsigned status);
   // Counts body bytes sent for a blob read from source ("cache" or "upstream").
   void CountBlobBytes(std::string_view source, uint64_t bytes);
+  // Counts one CONNECT by what the proxy did: "terminate", "tunnel" or "denied".
+  void CountConnect(std::string_view mode);
 };
 
 }  // namespace shoal::shim

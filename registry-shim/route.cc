@@ -36,6 +36,15 @@ Result<std::string> PercentDecode(std::string_view s) {
   return out;
 }
 
+// Docker Hub's one-component names get "library/"; then the name must be valid.
+Result<RepoRef> FinishRepo(RepoRef repo) {
+  if (repo.registry == "docker.io" && repo.repository.find('/') == std::string::npos) {
+    repo.repository = "library/" + repo.repository;
+  }
+  if (auto st = oci::ValidateName(repo.repository); !st) return st.error();
+  return repo;
+}
+
 }  // namespace
 
 Result<Route> ParseRoute(std::string_view target) {
@@ -118,11 +127,14 @@ Result<RepoRef> ResolveRepo(std::string_view name, const std::optional<std::stri
     repo.registry = oci::NormalizeRegistryHost(default_registry);
     repo.repository = std::string(name);
   }
-  if (repo.registry == "docker.io" && repo.repository.find('/') == std::string::npos) {
-    repo.repository = "library/" + repo.repository;
-  }
-  if (auto st = oci::ValidateName(repo.repository); !st) return st.error();
-  return repo;
+  return FinishRepo(std::move(repo));
+}
+
+Result<RepoRef> ResolveConnectRepo(std::string_view name, std::string_view registry) {
+  RepoRef repo;
+  repo.registry = std::string(registry);
+  repo.repository = std::string(name);
+  return FinishRepo(std::move(repo));
 }
 
 }  // namespace shoal::shim

@@ -32,4 +32,9 @@ Result<Route> ParseRoute(std::string_view target);
 Result<RepoRef> ResolveRepo(std::string_view name, const std::optional<std::string>& ns,
                             std::string_view default_registry);
 
+// The repository of a request inside a terminated CONNECT tunnel (HTTPS proxy mode): the
+// registry is the tunnel's (ConnectTarget::Registry()) and the name is taken as it is, with
+// Docker Hub's "library/" rule. Errors: kInvalidArgument (-> NAME_INVALID) for a bad name.
+Result<RepoRef> ResolveConnectRepo(std::string_view name, std::string_view registry);
+
 }  // namespace shoal::shim

@@ -1,19 +1,25 @@
 #include "registry-shim/server.h"
 
 #include <sys/sendfile.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/ssl/error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 
 #include "lib/http/range.h"
 #include "lib/oci/manifest.h"
@@ -36,6 +42,11 @@ constexpr char kApiVersion[] = "registry/2.0";
 // Bytes per sendfile call. The network thread yields after each call so that one fast client
 // cannot keep the others waiting (like nginx's sendfile_max_chunk); measured with 8 clients.
 constexpr uint64_t kSendfileChunk = 1 << 20;
+// Bytes per pread + write on a TLS connection (sendfile cannot encrypt).
+constexpr size_t kCopyChunk = 256 << 10;
+
+using PlainStream = beast::tcp_stream;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 using Request = http::request<http::empty_body>;
 using StringResponse = http::response<http::string_body>;
@@ -83,19 +94,50 @@ std::string_view RouteName(Route::Kind kind) {
   return "other";
 }
 
-// A connection being served; the handlers below are its steps. Responses are built in named
-// variables before being passed to co_await: GCC 12 can destroy temporaries of a co_await
-// expression twice (seen as double frees), so no co_await here takes a non-trivial temporary.
+// What every connection of one server shares: references to the Server's members, built per
+// connection by Server::Session and handed on to the TLS connection inside a CONNECT.
+struct ServerEnv {
+  Backend& backend;
+  Metrics& metrics;
+  const ServerOptions& options;
+  const std::function<std::string()>& metrics_text;
+  const AdminHandler& admin;
+  const ProxyOptions* proxy;  // null: the proxy mode is off
+};
+
+bool IsLoopbackPeer(const tcp::socket& socket) {
+  beast::error_code ec;
+  auto remote = socket.remote_endpoint(ec);
+  return !ec && remote.address().is_loopback();
+}
+
+// Whether the peer runs on this node: loopback, or it connected from the very address it
+// connected to (a client on the node dialling the node's IP, as dockerd does with AGENT=NODE_IP).
+bool IsSameNodePeer(const tcp::socket& socket) {
+  beast::error_code ec, local_ec;
+  auto remote = socket.remote_endpoint(ec);
+  auto local = socket.local_endpoint(local_ec);
+  if (ec || local_ec) return false;
+  return remote.address().is_loopback() || remote.address() == local.address();
+}
+
+// A connection being served, over plain TCP or (inside a terminated CONNECT) over TLS; the
+// handlers below are its steps. Responses are built in named variables before being passed to
+// co_await: GCC 12 can destroy temporaries of a co_await expression twice (seen as double
+// frees), so no co_await here takes a non-trivial temporary.
+template <class Stream>
 class Connection {
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+
  public:
-  Connection(tcp::socket socket, Backend& backend, Metrics& metrics, const ServerOptions& options,
-             const std::function<std::string()>& metrics_text, const AdminHandler& admin)
-      : stream_(std::move(socket)),
-        backend_(backend),
-        metrics_(metrics),
-        options_(options),
-        metrics_text_(metrics_text),
-        admin_(admin) {}
+  // connect_registry: the registry of the terminated CONNECT this TLS connection serves.
+  Connection(Stream stream, const ServerEnv& env, std::string connect_registry = "")
+      : stream_(std::move(stream)),
+        backend_(env.backend),
+        metrics_(env.metrics),
+        options_(env.options),
+        env_(env),
+        connect_registry_(std::move(connect_registry)) {}
 
   awaitable<void> Run() {
     beast::flat_buffer buffer;
@@ -103,10 +145,11 @@ class Connection {
       http::request_parser<http::empty_body> parser;
       parser.header_limit(32 * 1024);
       beast::error_code ec;
-      stream_.expires_after(options_.idle_timeout);
+      Lowest().expires_after(options_.idle_timeout);
       co_await http::async_read(stream_, buffer, parser, asio::redirect_error(use_awaitable, ec));
       if (ec == http::error::end_of_stream || ec == asio::error::eof ||
-          ec == beast::error::timeout || ec == asio::error::connection_reset) {
+          ec == beast::error::timeout || ec == asio::error::connection_reset ||
+          ec == asio::ssl::error::stream_truncated) {
         break;
       }
       if (ec) {
@@ -123,20 +166,26 @@ class Connection {
         break;
       }
       Request req = parser.release();
-      stream_.expires_never();
+      Lowest().expires_never();
+      if constexpr (!kTls) {
+        // After a CONNECT this connection is a tunnel (or closed): no more requests on it.
+        if (req.method() == http::verb::connect) co_return co_await HandleConnect(req, buffer);
+      }
       bool keep = co_await Handle(req);
       if (!keep || !req.keep_alive()) break;
     }
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    Lowest().socket().shutdown(tcp::socket::shutdown_send, ec);
   }
 
  private:
+  beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+
   awaitable<bool> Write(StringResponse res) {
     beast::error_code ec;
-    stream_.expires_after(options_.stall_timeout);
+    Lowest().expires_after(options_.stall_timeout);
     co_await http::async_write(stream_, res, asio::redirect_error(use_awaitable, ec));
-    stream_.expires_never();
+    Lowest().expires_never();
     co_return !ec;
   }
 
@@ -147,20 +196,33 @@ class Connection {
 
   // The admin API (/shoal/v1/...): loopback only unless configured otherwise.
   awaitable<bool> HandleAdmin(const Request& req) {
-    beast::error_code ec;
-    auto remote = stream_.socket().remote_endpoint(ec);
     StringResponse res;
-    if (!admin_) {
-      res = MakeResponse(req, http::status::not_found, R"({"error":"no admin API here"})",
-                         "application/json");
-    } else if (!options_.admin_any_address && (ec || !remote.address().is_loopback())) {
+    if (req.target() == "/shoal/v1/proxy/ca.crt") {
+      // The proxy CA's certificate, for clients to trust: public, so any client may read it
+      // (a node's dockerd fetches it from NODE_IP). The key is never served.
+      if (!env_.proxy) {
+        res = MakeResponse(
+            req, http::status::not_found,
+            R"({"error":"the HTTPS proxy mode is off: start the agent with --https-proxy"})",
+            "application/json");
+      } else if (req.method() != http::verb::get) {
+        res = MakeResponse(req, http::status::method_not_allowed,
+                           R"({"error":"GET /shoal/v1/proxy/ca.crt"})", "application/json");
+      } else {
+        res =
+            MakeResponse(req, http::status::ok, env_.proxy->ca_cert_pem, "application/x-pem-file");
+      }
+    } else if (!options_.admin_any_address && !IsLoopbackPeer(Lowest().socket())) {
       res = MakeResponse(req, http::status::forbidden,
                          R"({"error":"the admin API answers loopback clients only"})",
+                         "application/json");
+    } else if (!env_.admin) {
+      res = MakeResponse(req, http::status::not_found, R"({"error":"no admin API here"})",
                          "application/json");
     } else {
       std::string method(req.method_string());
       std::string target(req.target());
-      AdminReply reply = co_await admin_(method, target);
+      AdminReply reply = co_await env_.admin(method, target);
       res = MakeResponse(req, static_cast<http::status>(reply.status), std::move(reply.body),
                          "application/json");
     }
@@ -169,13 +231,19 @@ class Connection {
   }
 
   awaitable<bool> Handle(const Request& req) {
-    if (req.target().starts_with("/shoal/v1/")) co_return co_await HandleAdmin(req);
+    if (connect_registry_.empty() && req.target().starts_with("/shoal/v1/"))
+      co_return co_await HandleAdmin(req);
     auto route = ParseRoute(req.target());
     if (!route) {
       StringResponse reply_ = MakeError(req, route.error(), "NAME_INVALID");
       co_return co_await Reply(Route::Kind::kNotFound, std::move(reply_));
     }
-    const Route& r = route.value();
+    Route r = route.value();
+    // Inside a terminated CONNECT only the registry API is served, as that registry.
+    if (!connect_registry_.empty() &&
+        (r.kind == Route::Kind::kMetrics || r.kind == Route::Kind::kHealth)) {
+      r.kind = Route::Kind::kNotFound;
+    }
     bool read_only = req.method() == http::verb::get || req.method() == http::verb::head;
     if (r.kind == Route::Kind::kPush || (!read_only && r.kind != Route::Kind::kNotFound)) {
       {
@@ -199,7 +267,7 @@ class Connection {
       }
       case Route::Kind::kMetrics: {
         StringResponse reply_ =
-            MakeResponse(req, http::status::ok, metrics_text_ ? metrics_text_() : "",
+            MakeResponse(req, http::status::ok, env_.metrics_text ? env_.metrics_text() : "",
                          "text/plain; version=0.0.4");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
@@ -219,7 +287,7 @@ class Connection {
   }
 
   awaitable<bool> HandleManifest(const Request& req, const Route& r) {
-    auto repo = ResolveRepo(r.name, r.ns, options_.default_registry);
+    auto repo = Resolve(r);
     if (!repo) {
       StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
       co_return co_await Reply(r.kind, std::move(reply_));
@@ -276,7 +344,7 @@ class Connection {
   }
 
   awaitable<bool> HandleBlob(const Request& req, const Route& r) {
-    auto repo = ResolveRepo(r.name, r.ns, options_.default_registry);
+    auto repo = Resolve(r);
     if (!repo) {
       StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
       co_return co_await Reply(r.kind, std::move(reply_));
@@ -338,12 +406,19 @@ class Connection {
 
     beast::error_code ec;
     http::response_serializer<http::empty_body> sr{res};
-    stream_.expires_after(options_.stall_timeout);
+    Lowest().expires_after(options_.stall_timeout);
     co_await http::async_write_header(stream_, sr, asio::redirect_error(use_awaitable, ec));
-    stream_.expires_never();
+    Lowest().expires_never();
     if (ec) co_return false;
     if (req.method() == http::verb::head || length == 0) co_return true;
     co_return co_await SendBody(*reader, first, first + length, digest.value());
+  }
+
+  // The repository a request is for: the tunnel's registry inside a terminated CONNECT, else
+  // by the shim's mirror modes.
+  Result<RepoRef> Resolve(const Route& r) const {
+    if (!connect_registry_.empty()) return ResolveConnectRepo(r.name, connect_registry_);
+    return ResolveRepo(r.name, r.ns, options_.default_registry);
   }
 
   static ::shoal::http::ByteRange range_of(uint64_t first, uint64_t last) {
@@ -353,79 +428,226 @@ class Connection {
     return r;
   }
 
-  // Streams [begin, end) of the blob with sendfile, waiting for in-flight bytes as needed. On a
-  // failed fetch the connection is closed mid-body, so the client sees a truncated response and
-  // never a complete one with wrong bytes.
+  // Streams [begin, end) of the blob, waiting for in-flight bytes as needed: only bytes that
+  // WaitReadable calls safe are sent (an in-flight blob's last byte only once it matched its
+  // digest). On a failed fetch the connection is closed mid-body, so the client sees a
+  // truncated response and never a complete one with wrong bytes.
   awaitable<bool> SendBody(BlobReader& reader, uint64_t begin, uint64_t end, const Digest& digest) {
-    tcp::socket& sock = stream_.socket();
-    sock.non_blocking(true);
-    off_t offset = static_cast<off_t>(begin);
-    while (static_cast<uint64_t>(offset) < end) {
-      auto readable = co_await reader.WaitReadable(static_cast<uint64_t>(offset));
+    uint64_t offset = begin;
+    while (offset < end) {
+      auto readable = co_await reader.WaitReadable(offset);
       if (!readable) {
         spdlog::error("aborting response for {}: {}", digest.str(), readable.error().ToString());
         co_return Abort();
       }
       uint64_t avail = std::min<uint64_t>(readable.value(), end);
-      while (static_cast<uint64_t>(offset) < avail) {
-        size_t want = static_cast<size_t>(std::min<uint64_t>(avail - offset, kSendfileChunk));
-        ssize_t n = ::sendfile(sock.native_handle(), reader.fd(), &offset, want);
-        if (n > 0) {
-          metrics_.CountBlobBytes(reader.source(), static_cast<uint64_t>(n));
-          auto ex = sock.get_executor();
-          co_await asio::post(ex, use_awaitable);
-          continue;
-        }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-          beast::error_code ec;
-          // The timer's handler may run after this frame moved on, so it shares its flag.
-          asio::steady_timer watchdog(sock.get_executor());
-          auto stalled = std::make_shared<bool>(false);
-          auto done = std::make_shared<bool>(false);
-          watchdog.expires_after(options_.stall_timeout);
-          watchdog.async_wait([stalled, done, &sock](beast::error_code tec) {
-            if (!tec && !*done) {
-              *stalled = true;
-              beast::error_code ignored;
-              sock.cancel(ignored);
-            }
-          });
-          co_await sock.async_wait(tcp::socket::wait_write,
-                                   asio::redirect_error(use_awaitable, ec));
-          *done = true;
-          watchdog.cancel();
-          if (ec || *stalled) {
-            spdlog::warn("client stopped reading {} at offset {}", digest.str(), offset);
-            co_return Abort();
-          }
-          continue;
-        }
-        if (n == 0) {
-          spdlog::error("blob file for {} ended at {} before its size", digest.str(), offset);
-        } else if (errno != EPIPE && errno != ECONNRESET) {
-          spdlog::warn("sendfile for {} failed: {}", digest.str(), std::strerror(errno));
-        }
-        co_return Abort();
-      }
+      bool sent = co_await SendRange(reader, offset, avail, digest);
+      if (!sent) co_return false;
     }
     co_return true;
+  }
+
+  // Sends the blob's bytes [offset, avail), all safe to send, and advances offset to avail.
+  // Returns false (after aborting the connection) when the client or the file failed.
+  awaitable<bool> SendRange(BlobReader& reader, uint64_t& offset, uint64_t avail,
+                            const Digest& digest) {
+    if constexpr (kTls) {
+      // pread into a bounded buffer and write it through TLS.
+      std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(avail - offset, kCopyChunk)));
+      while (offset < avail) {
+        size_t want = static_cast<size_t>(std::min<uint64_t>(avail - offset, buf.size()));
+        ssize_t n = ::pread(reader.fd(), buf.data(), want, static_cast<off_t>(offset));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          spdlog::error("reading the blob file for {} at {} failed: {}", digest.str(), offset,
+                        n == 0 ? "ended before its size" : std::strerror(errno));
+          co_return Abort();
+        }
+        beast::error_code ec;
+        Lowest().expires_after(options_.stall_timeout);
+        co_await asio::async_write(stream_, asio::buffer(buf.data(), static_cast<size_t>(n)),
+                                   asio::redirect_error(use_awaitable, ec));
+        Lowest().expires_never();
+        if (ec) {
+          spdlog::warn("client stopped reading {} at offset {}: {}", digest.str(), offset,
+                       ec.message());
+          co_return Abort();
+        }
+        offset += static_cast<uint64_t>(n);
+        metrics_.CountBlobBytes(reader.source(), static_cast<uint64_t>(n));
+      }
+      co_return true;
+    } else {
+      co_return co_await SendfileRange(reader, offset, avail, digest);
+    }
+  }
+
+  // SendRange for plain TCP: sendfile(2) straight from the page cache.
+  awaitable<bool> SendfileRange(BlobReader& reader, uint64_t& offset_out, uint64_t avail,
+                                const Digest& digest) {
+    tcp::socket& sock = Lowest().socket();
+    sock.non_blocking(true);
+    off_t offset = static_cast<off_t>(offset_out);
+    while (static_cast<uint64_t>(offset) < avail) {
+      size_t want = static_cast<size_t>(std::min<uint64_t>(avail - offset, kSendfileChunk));
+      ssize_t n = ::sendfile(sock.native_handle(), reader.fd(), &offset, want);
+      offset_out = static_cast<uint64_t>(offset);
+      if (n > 0) {
+        metrics_.CountBlobBytes(reader.source(), static_cast<uint64_t>(n));
+        auto ex = sock.get_executor();
+        co_await asio::post(ex, use_awaitable);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        beast::error_code ec;
+        // The timer's handler may run after this frame moved on, so it shares its flag.
+        asio::steady_timer watchdog(sock.get_executor());
+        auto stalled = std::make_shared<bool>(false);
+        auto done = std::make_shared<bool>(false);
+        watchdog.expires_after(options_.stall_timeout);
+        watchdog.async_wait([stalled, done, &sock](beast::error_code tec) {
+          if (!tec && !*done) {
+            *stalled = true;
+            beast::error_code ignored;
+            sock.cancel(ignored);
+          }
+        });
+        co_await sock.async_wait(tcp::socket::wait_write, asio::redirect_error(use_awaitable, ec));
+        *done = true;
+        watchdog.cancel();
+        if (ec || *stalled) {
+          spdlog::warn("client stopped reading {} at offset {}", digest.str(), offset);
+          co_return Abort();
+        }
+        continue;
+      }
+      if (n == 0) {
+        spdlog::error("blob file for {} ended at {} before its size", digest.str(), offset);
+      } else if (errno != EPIPE && errno != ECONNRESET) {
+        spdlog::warn("sendfile for {} failed: {}", digest.str(), std::strerror(errno));
+      }
+      co_return Abort();
+    }
+    co_return true;
+  }
+
+  // ---- CONNECT (plain connections only) ----
+
+  // Writes raw bytes (a CONNECT's 200 has no Content-Length, which Beast would add).
+  awaitable<bool> WriteRaw(std::string_view bytes) {
+    beast::error_code ec;
+    Lowest().expires_after(options_.stall_timeout);
+    co_await asio::async_write(Lowest().socket(), asio::buffer(bytes.data(), bytes.size()),
+                               asio::redirect_error(use_awaitable, ec));
+    Lowest().expires_never();
+    co_return !ec;
+  }
+
+  // Answers a CONNECT that is refused or failed, and ends the connection.
+  awaitable<void> RefuseConnect(const Request& req, const Error& err) {
+    StringResponse res = MakeError(req, err, "");
+    res.keep_alive(false);
+    metrics_.CountRequest("connect", res.result_int());
+    co_await Write(std::move(res));
+  }
+
+  awaitable<void> HandleConnect(const Request& req, beast::flat_buffer& buffer) {
+    if (!env_.proxy) {
+      const Error off = shoal::MakeError(
+          ErrorCode::kUnsupported, "this agent is not an HTTPS proxy: CONNECT needs --https-proxy");
+      co_return co_await RefuseConnect(req, off);
+    }
+    auto target = ParseConnectTarget(req.target());
+    if (!target) co_return co_await RefuseConnect(req, target.error());
+    const ProxyOptions& proxy = *env_.proxy;
+    const std::string registry = target.value().Registry();
+    if (proxy.terminates && proxy.terminates(registry)) {
+      co_return co_await Terminate(req, target.value(), registry, buffer);
+    }
+    if (!proxy.allow_tunnel || !IsSameNodePeer(Lowest().socket())) {
+      metrics_.CountConnect("denied");
+      spdlog::info("CONNECT {} refused: not in the upstream map and tunnels are {}",
+                   std::string(req.target()),
+                   proxy.allow_tunnel ? "for clients on this node only" : "off");
+      const Error denied = shoal::MakeError(
+          ErrorCode::kDenied, "CONNECT to " + std::string(req.target()) +
+                                  " refused: it is not a registry in this agent's upstream map "
+                                  "and " +
+                                  (proxy.allow_tunnel ? "tunnels are for clients on this node only"
+                                                      : "tunnels are off (--proxy-tunnel=deny)"));
+      co_return co_await RefuseConnect(req, denied);
+    }
+    metrics_.CountConnect("tunnel");
+    auto ex = Lowest().get_executor();
+    auto dialed = co_await DialTarget(ex, target.value(), proxy.connect_timeout);
+    if (!dialed) {
+      Error e = dialed.error();
+      e.code = ErrorCode::kProtocol;  // 502: the proxy could not reach the target
+      co_return co_await RefuseConnect(req, e);
+    }
+    metrics_.CountRequest("connect", 200);
+    if (!co_await WriteRaw("HTTP/1.1 200 Connection established\r\n\r\n")) co_return;
+    std::string early = beast::buffers_to_string(buffer.data());
+    tcp::socket client = Lowest().release_socket();
+    auto moved = co_await Splice(std::move(client), std::move(dialed.value()), std::move(early),
+                                 proxy.tunnel_idle_timeout);
+    spdlog::debug("tunnel to {} closed: {} bytes up, {} down", std::string(req.target()),
+                  moved.first, moved.second);
+  }
+
+  // Terminates TLS for a registry in the upstream map with a node-CA leaf for the host, then
+  // serves the requests inside as that registry.
+  awaitable<void> Terminate(const Request& req, const ConnectTarget& target,
+                            const std::string& registry, beast::flat_buffer& buffer) {
+    const ProxyOptions& proxy = *env_.proxy;
+    auto context = proxy.tls_context(target.host);
+    if (!context) {
+      spdlog::error("no TLS certificate for CONNECT {}: {}", target.host,
+                    context.error().ToString());
+      Error e = context.error();
+      e.code = ErrorCode::kProtocol;
+      co_return co_await RefuseConnect(req, e);
+    }
+    metrics_.CountConnect("terminate");
+    metrics_.CountRequest("connect", 200);
+    if (!co_await WriteRaw("HTTP/1.1 200 Connection established\r\n\r\n")) co_return;
+    std::shared_ptr<asio::ssl::context> ctx = context.value();  // outlives the TLS stream
+    TlsStream tls(std::move(stream_), *ctx);
+    beast::error_code ec;
+    beast::get_lowest_layer(tls).expires_after(proxy.connect_timeout);
+    auto early = buffer.data();
+    co_await tls.async_handshake(asio::ssl::stream_base::server, early,
+                                 asio::redirect_error(use_awaitable, ec));
+    beast::get_lowest_layer(tls).expires_never();
+    if (ec) {
+      metrics_.proxy_handshake_failures.Increment();
+      spdlog::warn(
+          "TLS handshake for CONNECT {} failed: {} (does the client trust the proxy "
+          "CA? /shoal/v1/proxy/ca.crt)",
+          target.host, ec.message());
+      co_return;
+    }
+    buffer.consume(buffer.size());
+    spdlog::debug("CONNECT {}: serving registry {} over TLS", std::string(req.target()), registry);
+    Connection<TlsStream> inner(std::move(tls), env_, registry);
+    co_await inner.Run();
   }
 
   bool Abort() {
     metrics_.aborted_responses.Increment();
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-    stream_.socket().close(ec);
+    Lowest().socket().shutdown(tcp::socket::shutdown_both, ec);
+    Lowest().socket().close(ec);
     return false;
   }
 
-  beast::tcp_stream stream_;
+  Stream stream_;
   Backend& backend_;
   Metrics& metrics_;
   const ServerOptions& options_;
-  const std::function<std::string()>& metrics_text_;
-  const AdminHandler& admin_;
+  const ServerEnv& env_;
+  const std::string connect_registry_;  // empty unless inside a terminated CONNECT
 };
 
 }  // namespace
@@ -478,7 +700,8 @@ awaitable<void> Server::AcceptLoop() {
 
 awaitable<void> Server::Session(tcp::socket socket) {
   ++active_;
-  Connection conn(std::move(socket), backend_, metrics_, options_, metrics_text_, admin_);
+  const ServerEnv env{backend_, metrics_, options_, metrics_text_, admin_, proxy_.get()};
+  Connection<PlainStream> conn(PlainStream(std::move(socket)), env);
   try {
     co_await conn.Run();
   } catch (const std::exception& e) {

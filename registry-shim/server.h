@@ -2,12 +2,16 @@
 // The registry shim's HTTP server: the OCI Distribution pull API (GET/HEAD of /v2/, manifests
 // and blobs, with Range), plus /metrics and /healthz, on Boost.Beast with one coroutine per
 // connection. Blob bodies go out with sendfile(2) from the cache or from the in-flight file.
+// With the HTTPS proxy mode on (EnableProxy) it also answers CONNECT: registries it terminates
+// are served over TLS by the same request handling (bodies copied with pread, since sendfile
+// cannot encrypt), other targets are tunnelled or refused (registry-shim/connect_proxy.h).
 
 #include <utility>
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -17,6 +21,7 @@
 
 #include "lib/core/error.h"
 #include "registry-shim/backend.h"
+#include "registry-shim/connect_proxy.h"
 #include "registry-shim/metrics.h"
 
 namespace shoal::shim {
@@ -62,6 +67,11 @@ class Server {
   // Serves requests under /shoal/v1/ (any method) through handler; without one they get 404.
   // Only loopback peers are answered unless ServerOptions::admin_any_address (others get 403).
   void SetAdminHandler(AdminHandler handler) { admin_ = std::move(handler); }
+  // Turns the HTTPS proxy mode on: CONNECT is answered as `proxy` says (without it CONNECT gets
+  // 405), and GET /shoal/v1/proxy/ca.crt serves proxy.ca_cert_pem. Call before Start().
+  void EnableProxy(ProxyOptions proxy) {
+    proxy_ = std::make_unique<ProxyOptions>(std::move(proxy));
+  }
 
  private:
   boost::asio::awaitable<void> AcceptLoop();
@@ -74,6 +84,7 @@ class Server {
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> metrics_text_;
   AdminHandler admin_;
+  std::unique_ptr<ProxyOptions> proxy_;  // null: the proxy mode is off
   int active_ = 0;
 };
 

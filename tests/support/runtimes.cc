@@ -49,7 +49,8 @@ void StopDaemon(Process& p, std::chrono::seconds grace) {
 
 // ---- dockerd ---------------------------------------------------------------------------------
 
-Result<std::unique_ptr<Dockerd>> Dockerd::Start(const std::string& settings) {
+Result<std::unique_ptr<Dockerd>> Dockerd::Start(const std::string& settings,
+                                                std::vector<std::string> extra_env) {
   std::unique_ptr<Dockerd> d(new Dockerd());
   nlohmann::json cfg = nlohmann::json::parse(settings, nullptr, false);
   if (cfg.is_discarded() || !cfg.is_object()) {
@@ -71,8 +72,8 @@ Result<std::unique_ptr<Dockerd>> Dockerd::Start(const std::string& settings) {
   WriteFile(dir.Sub("daemon.json"), cfg.dump(2));
   std::filesystem::create_directories(dir.Sub("client"));
   d->WriteClientConfig("{}");
-  auto proc =
-      Process::Start({"dockerd", "--config-file", dir.Sub("daemon.json")}, dir.Sub("dockerd.log"));
+  auto proc = Process::Start({"dockerd", "--config-file", dir.Sub("daemon.json")},
+                             dir.Sub("dockerd.log"), std::move(extra_env));
   if (!proc) return proc.error();
   d->process_ = std::move(proc.value());
   Result<std::string> version = MakeError(ErrorCode::kUnavailable, "not asked");

@@ -19,10 +19,11 @@ namespace shoal::testkit {
 class Dockerd {
  public:
   // Writes daemon.json = `settings` (a JSON object, e.g. the output of `shoalctl config
-  // dockerd`) with the isolation settings above forced over it, starts dockerd and waits up to
-  // 60 s until `docker version` answers. Errors: kUnavailable naming what failed, with the log
-  // tail.
-  static Result<std::unique_ptr<Dockerd>> Start(const std::string& settings = "{}");
+  // dockerd`) with the isolation settings above forced over it, starts dockerd with extra_env
+  // ("NAME=value", e.g. HTTPS_PROXY) and waits up to 60 s until `docker version` answers.
+  // Errors: kUnavailable naming what failed, with the log tail.
+  static Result<std::unique_ptr<Dockerd>> Start(const std::string& settings = "{}",
+                                                std::vector<std::string> extra_env = {});
   ~Dockerd();
   Dockerd(const Dockerd&) = delete;
   Dockerd& operator=(const Dockerd&) = delete;
@@ -36,8 +37,9 @@ class Dockerd {
   // The manifest digest dockerd recorded for a pulled image ("sha256:..."), from RepoDigests.
   // Errors: kNotFound if the image has no repo digest.
   Result<std::string> RepoDigest(const std::string& image);
-  // dockerd's log.
+  // The end of dockerd's log, and all of it.
   std::string LogTail() const;
+  std::string Log() const { return process_ ? process_->Log() : ""; }
   // The daemon.json it runs with.
   std::string DaemonJsonPath() const { return dir_->Sub("daemon.json"); }
 

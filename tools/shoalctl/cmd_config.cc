@@ -1,5 +1,6 @@
 // `shoalctl config dockerd|containerd|crio`: the runtime configuration that sends a node's pulls
-// through its shoal agent, in the form each runtime expects (see docs/runtimes.md).
+// through its shoal agent, in the form each runtime expects (see docs/runtimes.md); `dockerd
+// --proxy` for the agent's HTTPS proxy mode.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,7 @@ struct ConfigOptions {
   std::vector<std::string> registries = {"docker.io"};
   std::string output_dir;  // empty: print everything to stdout
   std::string data_root;   // dockerd only
+  bool proxy = false;      // dockerd only: the agent's HTTPS proxy mode
 };
 
 // "HOST:PORT" of the agent's shim; a leading http:// is accepted. Errors: kInvalidArgument.
@@ -109,13 +111,45 @@ int ConfigDockerd(const ConfigOptions& o, const std::string& agent,
                           : "data-root " + o.data_root + " should be on the node's local SSD.",
       "registry-mirrors only applies to Docker Hub (docker.io) images.",
   };
+  std::vector<File> files = {{"/etc/docker/daemon.json", "daemon.json", daemon.dump(2) + "\n"}};
+  if (o.proxy) {
+    // dockerd 20.10 has no "proxies" key in daemon.json (added in 23.0): the proxy is set in
+    // its environment. dockerd then dials only the agent, with CONNECT host:443.
+    files.push_back({"/etc/systemd/system/docker.service.d/shoal-proxy.conf",
+                     "docker.service.d/shoal-proxy.conf",
+                     "# dockerd reaches HTTPS registries through the shoal agent's proxy mode.\n"
+                     "[Service]\nEnvironment=\"HTTPS_PROXY=http://" +
+                         agent + "\"\n"});
+    notes.push_back(
+        "Proxy mode: run the agent with --https-proxy (SHOAL_HTTPS_PROXY=true); it "
+        "answers CONNECT on " +
+        agent +
+        ". Install the drop-in, then `systemctl "
+        "daemon-reload && systemctl restart docker` (daemon.json \"proxies\" needs "
+        "dockerd 23.0; 20.10 reads HTTPS_PROXY from its environment).");
+  }
   for (const auto& r : registries) {
     if (r == "docker.io") continue;
-    notes.push_back("dockerd has no mirror setting for " + r + ": pull it as " + agent + "/" + r +
-                    "/<repo>:<tag> (the shim reads the registry from the name).");
+    if (o.proxy) {
+      notes.push_back("Trust the agent's node CA for " + r + ": mkdir -p /etc/docker/certs.d/" + r +
+                      " && curl -fsS http://" + agent +
+                      "/shoal/v1/proxy/ca.crt -o /etc/docker/certs.d/" + r +
+                      "/ca.crt (the certificate only; the key never leaves the agent's cache "
+                      "dir). Then pull " +
+                      r + "/<repo>:<tag> by its own name.");
+    } else {
+      notes.push_back("dockerd has no mirror setting for " + r + ": pull it as " + agent + "/" + r +
+                      "/<repo>:<tag> (the shim reads the registry from the name), or use "
+                      "--proxy.");
+    }
+  }
+  if (o.proxy) {
+    notes.push_back(
+        "docker.io keeps going through registry-mirrors (dockerd reads no certs.d for "
+        "Docker Hub); the proxy tunnels its CONNECTs, like every registry the "
+        "agent's upstream map does not name (--proxy-tunnel=deny refuses them).");
   }
   notes.push_back(std::string("kubelet flags: ") + kKubeletFlags);
-  std::vector<File> files = {{"/etc/docker/daemon.json", "daemon.json", daemon.dump(2) + "\n"}};
   return Emit(o, files, notes);
 }
 
@@ -172,7 +206,9 @@ void AddConfigCommand(CLI::App& app) {
     int (*run)(const ConfigOptions&, const std::string&, const std::vector<std::string>&);
   };
   const Runtime runtimes[] = {
-      {"dockerd", "daemon.json: registry-mirrors, insecure-registries, downloads, overlay2",
+      {"dockerd",
+       "daemon.json: registry-mirrors, insecure-registries, downloads, overlay2; with --proxy "
+       "the HTTPS proxy drop-in and certs.d",
        ConfigDockerd},
       {"containerd", "one hosts.toml per registry (certs.d layout)", ConfigContainerd},
       {"crio", "registries.conf mirror entries for CRI-O and podman", ConfigCrio},
@@ -195,6 +231,11 @@ void AddConfigCommand(CLI::App& app) {
       sub->add_option("--data-root", o->data_root,
                       "dockerd data-root to set (a directory on the local SSD)")
           ->envname("SHOAL_DOCKER_DATA_ROOT");
+      sub->add_flag("--proxy", o->proxy,
+                    "Use the agent's HTTPS proxy mode (agent --https-proxy) so that images keep "
+                    "their gcr.io/... names: adds a systemd drop-in with HTTPS_PROXY and the "
+                    "certs.d steps")
+          ->envname("SHOAL_DOCKER_PROXY");
     }
     auto run = rt.run;
     sub->callback([o, run] {
