@@ -20,6 +20,7 @@
 #include "lib/core/sha256.h"
 
 #include "tests/support/agent.h"
+#include "tests/support/counted_upstream.h"
 #include "tests/support/counting_proxy.h"
 #include "tests/support/http_client.h"
 #include "tests/support/image.h"
@@ -41,12 +42,10 @@ struct ProxyWorld {
   std::unique_ptr<Agent> agent;
 
   explicit ProxyWorld(std::vector<std::string> agent_args = {}) {
-    auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
-    registry = std::move(reg.value());
-    auto p = CountingProxy::Start(registry->HostPort());
-    REQUIRE(p.has_value());
-    proxy = std::move(p.value());
+    auto up = CountedUpstream::Start();
+    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    registry = std::move(up.value().registry);
+    proxy = std::move(up.value().proxy);
     AgentOptions opts;
     opts.cache_dir = dir.Sub("cache");
     opts.upstreams = {"gcr.io=" + proxy->Url()};

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/agent.h"
+#include "tests/support/counted_upstream.h"
 #include "tests/support/counting_proxy.h"
 #include "tests/support/http_client.h"
 #include "tests/support/image.h"
@@ -79,12 +80,10 @@ struct PrefetchWorld {
   std::vector<std::unique_ptr<Agent>> agents;
 
   PrefetchWorld() {
-    auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
-    registry = std::move(reg.value());
-    auto p = CountingProxy::Start(registry->HostPort());
-    REQUIRE(p.has_value());
-    proxy = std::move(p.value());
+    auto up = CountedUpstream::Start();
+    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    registry = std::move(up.value().registry);
+    proxy = std::move(up.value().proxy);
   }
 
   BuiltImage Push(const std::string& name, uint64_t seed) {

@@ -10,6 +10,7 @@
 #include "lib/core/base64.h"
 
 #include "tests/support/agent.h"
+#include "tests/support/counted_upstream.h"
 #include "tests/support/counting_proxy.h"
 #include "tests/support/http_client.h"
 #include "tests/support/image.h"
@@ -39,12 +40,10 @@ struct World {
   std::unique_ptr<Agent> agent;
 
   World() {
-    auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
-    registry = std::move(reg.value());
-    auto p = CountingProxy::Start(registry->HostPort());
-    REQUIRE(p.has_value());
-    proxy = std::move(p.value());
+    auto up = CountedUpstream::Start();
+    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    registry = std::move(up.value().registry);
+    proxy = std::move(up.value().proxy);
     AgentOptions opts;
     opts.cache_dir = dir.Sub("cache");
     opts.upstreams = {"docker.io=" + proxy->Url(), "gcr.io=" + proxy->Url()};
