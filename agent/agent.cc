@@ -186,6 +186,7 @@ int RunAgent(const AgentConfig& config) {
   PullThroughOptions options;
   options.upstreams = std::move(upstreams);
   options.tag_ttl = std::chrono::seconds(config.tag_ttl_s);
+  options.tracker_manifest_wait = std::chrono::milliseconds(config.manifest_wait_ms);
   PullThrough backend(ioc, pool, *store.value(), services, std::move(options), registry);
   // Before a blob's file goes, its chunk torrents leave the swarm (they read that file).
   store.value()->SetEvictHook([&seeds](const Digest& digest) {

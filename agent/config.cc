@@ -102,6 +102,12 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_TRACKER_GRACE_MS")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
+  app.add_option("--manifest-wait-ms", c.manifest_wait_ms,
+                 "Longest wait for another agent's upstream manifest fetch through the "
+                 "tracker's manifest cache before fetching it upstream directly")
+      ->envname("SHOAL_MANIFEST_WAIT_MS")
+      ->check(CLI::Range(0, 600000))
+      ->capture_default_str();
   app.add_option("--peer-stall-ms", c.peer_stall_ms,
                  "A chunk with no verified piece from peers for this long is re-leased")
       ->envname("SHOAL_PEER_STALL_MS")

@@ -36,6 +36,7 @@ struct AgentConfig {
   std::string swarm_listen = "0.0.0.0:6881";  // libtorrent listen address (use the node IP)
   int lease_wait_ms = 5000;                   // long-poll per lease request
   int tracker_grace_ms = 10000;  // tracker errors tolerated before fetching upstream directly
+  int manifest_wait_ms = 20000;  // longest wait on the tracker's manifest cache, then upstream
   int peer_stall_ms = 15000;     // a chunk with no verified piece for this long is re-leased
   int unchoke_slots = -1;        // peers uploaded to at once; -1: every interested LAN peer
   std::string node_name;                   // cluster prefetch: this node's name; default hostname

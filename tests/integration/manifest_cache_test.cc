@@ -64,7 +64,7 @@ struct ManifestWorld {
     tracker = std::move(t.value());
   }
 
-  Agent& AddAgent(const std::string& tracker_url) {
+  Agent& AddAgent(const std::string& tracker_url, std::vector<std::string> extra = {}) {
     AgentOptions opts;
     opts.cache_dir = dir.Sub("cache" + std::to_string(agents.size()));
     opts.upstreams = {"docker.io=" + proxy->Url()};
@@ -72,6 +72,7 @@ struct ManifestWorld {
     opts.extra_args = {"--tracker",  tracker_url, "--swarm-listen", "127.0.0.1:0",
                        "--agent-id", "agent" + std::to_string(agents.size()),
                        "--tag-ttl",  "0"};
+    opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
     auto a = Agent::Start(opts);
     REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
     agents.push_back(std::move(a.value()));
@@ -154,6 +155,33 @@ TEST_CASE("manifest cache: 5 agents resolving one tag cost one upstream request 
   w.ResolveAll();
   CHECK(w.UpstreamTagRequests() - before >= 1);
   CHECK(w.Sum("shoal_manifest_tracker_fallbacks_total", {{"reason", "error"}}) >= 5);
+}
+
+TEST_CASE("manifest cache: a fetch lease that never publishes costs at most --manifest-wait-ms") {
+  ManifestWorld w;
+  auto t = TrackerProcess::Start({"--manifest-lease-ttl-s", "60"});
+  REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+  w.tracker = std::move(t.value());
+  // Another "agent" takes the tag's fetch lease and never publishes (hung, or partitioned away).
+  auto taken = HttpRequest("POST", w.tracker->Url() + "/v1/manifests/resolve",
+                           {{"Content-Type", "application/json"}},
+                           R"({"agent":"stuck","registry":"docker.io","repository":"demo/app",)"
+                           R"("reference":"1"})");
+  REQUIRE(taken.has_value());
+  REQUIRE_MESSAGE(taken.value().body.find("\"fetch\"") != std::string::npos, taken.value().body);
+  Agent& agent = w.AddAgent(w.tracker->Url(), {"--manifest-wait-ms", "1000"});
+  const auto start = std::chrono::steady_clock::now();
+  auto r = HttpGet(agent.Url() + "/v2/demo/app/manifests/1", {{"Accept", kAccept}});
+  const auto waited = std::chrono::steady_clock::now() - start;
+  REQUIRE(r.has_value());
+  REQUIRE_MESSAGE(r.value().status == 200, (r.value().body + "\n" + agent.LogTail()));
+  CHECK(r.value().Header("docker-content-digest") == w.image.manifest_digest.str());
+  // It waited for the lease holder, gave up after --manifest-wait-ms and went upstream itself
+  // (well before the 60 s lease would have passed on).
+  CHECK(agent.Metric("shoal_manifest_tracker_fallbacks_total", {{"reason", "timeout"}}) == 1);
+  CHECK(w.UpstreamTagRequests() == 1);
+  CHECK(waited >= milliseconds(900));
+  CHECK(waited < seconds(20));
 }
 
 TEST_CASE("manifest cache: manifest bytes from a lying tracker are not served") {
