@@ -54,9 +54,9 @@ awaitable<Result<std::pair<std::string, std::string>>> AgentClient::GetManifest(
   co_return std::make_pair(std::move(body.value()), media_type);
 }
 
-awaitable<Result<uint64_t>> AgentClient::ReadBlob(const oci::ImageRef& image,
-                                                  const oci::Descriptor& blob,
-                                                  const ProgressFn& progress) {
+awaitable<Result<uint64_t>> AgentClient::StreamBlob(const oci::ImageRef& image,
+                                                    const oci::Descriptor& blob,
+                                                    const BlobSink& sink, bool verify_digest) {
   const std::string target = "/v2/" + ShimName(image) + "/blobs/" + blob.digest.str() + Query(image);
   auto res = co_await Get(target, "");
   if (!res) co_return res.error();
@@ -67,58 +67,80 @@ awaitable<Result<uint64_t>> AgentClient::ReadBlob(const oci::ImageRef& image,
   }
   Sha256 sha;
   uint64_t total = 0;
-  const uint64_t size = static_cast<uint64_t>(blob.size);
   for (;;) {
     auto piece = co_await res.value()->ReadSome();
     if (!piece) co_return piece.error();
     if (piece.value().empty()) break;
-    sha.Update(piece.value().data(), piece.value().size());
+    if (verify_digest) sha.Update(piece.value().data(), piece.value().size());
     total += piece.value().size();
-    if (progress) progress(blob.digest, total, size);
+    if (Status st = sink(piece.value()); !st) co_return st.error();
   }
-  Digest got = sha.Final();
-  if (got != blob.digest) {
-    co_return MakeError(ErrorCode::kDigestMismatch,
-                        "blob " + blob.digest.str() + " arrived as " + got.str());
+  if (blob.size >= 0 && total != static_cast<uint64_t>(blob.size)) {
+    co_return MakeError(ErrorCode::kProtocol, "blob " + blob.digest.str() + ": got " +
+                                                  std::to_string(total) + " of " +
+                                                  std::to_string(blob.size) + " bytes");
+  }
+  if (verify_digest) {
+    if (Digest got = sha.Final(); got != blob.digest) {
+      co_return MakeError(ErrorCode::kDigestMismatch,
+                          "blob " + blob.digest.str() + " arrived as " + got.str());
+    }
   }
   co_return total;
+}
+
+awaitable<Result<ResolvedImage>> AgentClient::Resolve(const oci::ImageRef& image,
+                                                      const std::string& platform) {
+  auto top = co_await GetManifest(image, image.RefString());
+  if (!top) co_return top.error();
+  auto parsed = oci::ParseManifest(top.value().first, top.value().second);
+  if (!parsed) co_return parsed.error();
+  ResolvedImage resolved;
+  resolved.digest = Sha256::Of(top.value().first);
+  resolved.media_type = parsed.value().media_type;
+  resolved.manifest = parsed.value();
+  if (!resolved.manifest.is_index) co_return resolved;
+  const oci::Descriptor* chosen = nullptr;
+  for (const auto& d : resolved.manifest.manifests) {
+    if (d.platform && d.platform->os + "/" + d.platform->architecture == platform) {
+      chosen = &d;
+      break;
+    }
+  }
+  if (!chosen) {
+    co_return MakeError(ErrorCode::kNotFound,
+                        image.str() + " has no manifest for platform " + platform);
+  }
+  const std::string child_ref = chosen->digest.str();
+  auto child = co_await GetManifest(image, child_ref);
+  if (!child) co_return child.error();
+  auto child_parsed = oci::ParseManifest(child.value().first, child.value().second);
+  if (!child_parsed) co_return child_parsed.error();
+  resolved.manifest = child_parsed.value();
+  co_return resolved;
 }
 
 awaitable<Result<PullReport>> AgentClient::Pull(const oci::ImageRef& image,
                                                  const std::string& platform,
                                                  const ProgressFn& progress) {
   PullReport report;
-  auto top = co_await GetManifest(image, image.RefString());
-  if (!top) co_return top.error();
-  auto parsed = oci::ParseManifest(top.value().first, top.value().second);
-  if (!parsed) co_return parsed.error();
-  report.manifest_digest = Sha256::Of(top.value().first);
-  report.media_type = parsed.value().media_type;
-  oci::Manifest manifest = parsed.value();
-  if (manifest.is_index) {
-    const oci::Descriptor* chosen = nullptr;
-    for (const auto& d : manifest.manifests) {
-      if (d.platform && d.platform->os + "/" + d.platform->architecture == platform) {
-        chosen = &d;
-        break;
-      }
-    }
-    if (!chosen) {
-      co_return MakeError(ErrorCode::kNotFound,
-                          image.str() + " has no manifest for platform " + platform);
-    }
-    const std::string child_ref = chosen->digest.str();
-    auto child = co_await GetManifest(image, child_ref);
-    if (!child) co_return child.error();
-    auto child_parsed = oci::ParseManifest(child.value().first, child.value().second);
-    if (!child_parsed) co_return child_parsed.error();
-    manifest = child_parsed.value();
-  }
+  auto resolved = co_await Resolve(image, platform);
+  if (!resolved) co_return resolved.error();
+  report.manifest_digest = resolved.value().digest;
+  report.media_type = resolved.value().media_type;
+  const oci::Manifest& manifest = resolved.value().manifest;
   std::vector<oci::Descriptor> blobs;
   if (manifest.config) blobs.push_back(*manifest.config);
   blobs.insert(blobs.end(), manifest.layers.begin(), manifest.layers.end());
   for (const auto& blob : blobs) {
-    auto n = co_await ReadBlob(image, blob, progress);
+    uint64_t got = 0;
+    const uint64_t size = static_cast<uint64_t>(blob.size);
+    const BlobSink sink = [&](std::string_view piece) -> Status {
+      got += piece.size();
+      if (progress) progress(blob.digest, got, size);
+      return Ok();
+    };
+    auto n = co_await StreamBlob(image, blob, sink);
     if (!n) co_return n.error();
     report.bytes += n.value();
     ++report.blobs;

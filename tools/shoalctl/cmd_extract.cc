@@ -87,83 +87,45 @@ struct Downloads {
 class ShimFetcher {
  public:
   ShimFetcher(asio::io_context& ioc, http::Url agent, oci::ImageRef image)
-      : agent_(agent),
-        image_(std::move(image)),
-        client_(ioc.get_executor(), http::ClientConfig{}),
-        manifests_(ioc, agent) {}
+      : image_(std::move(image)), agent_(ioc, std::move(agent)) {}
 
   // Resolves the image to one platform's manifest.
   awaitable<Result<oci::Manifest>> Resolve(const std::string& platform, Digest& top_digest) {
-    const std::string top_ref = image_.RefString();
-    auto top = co_await GetManifest(top_ref);
-    if (!top) co_return top.error();
-    top_digest = Sha256::Of(top.value().first);
-    auto parsed = oci::ParseManifest(top.value().first, top.value().second);
-    if (!parsed) co_return parsed.error();
-    if (!parsed.value().is_index) co_return parsed.value();
-    for (const auto& d : parsed.value().manifests) {
-      if (d.platform && d.platform->os + "/" + d.platform->architecture == platform) {
-        const std::string child_ref = d.digest.str();
-        auto child = co_await GetManifest(child_ref);
-        if (!child) co_return child.error();
-        co_return oci::ParseManifest(child.value().first, child.value().second);
-      }
-    }
-    co_return MakeError(ErrorCode::kNotFound,
-                        image_.str() + " has no manifest for platform " + platform);
+    auto resolved = co_await agent_.Resolve(image_, platform);
+    if (!resolved) co_return resolved.error();
+    top_digest = resolved.value().digest;
+    co_return resolved.value().manifest;
   }
 
-  // Streams blob `d` into `fd`, reporting each piece to downloads.Add(i, n).
+  // Streams blob `d` into `fd`, reporting each piece to downloads.Add(i, n). The digest is not
+  // checked here: the extractor hashes the same bytes and commits the layer only if they match.
   awaitable<Status> Download(const oci::Descriptor& d, int fd, size_t i, Downloads& downloads) {
-    http::Request req;
-    req.url = agent_;
-    req.url.target = "/v2/" + image_.repository + "/blobs/" + d.digest.str() + Query();
-    auto res = co_await client_.Open(req);
-    if (!res) co_return res.error();
-    if (res.value()->status() != 200) {
-      auto body = co_await res.value()->ReadAll(64 << 10);
-      co_return HttpFailure(res.value()->status(), "blob " + d.digest.str(),
-                            body ? body.value() : "");
-    }
     uint64_t off = 0;
-    for (;;) {
-      auto piece = co_await res.value()->ReadSome();
-      if (!piece) co_return piece.error();
-      if (piece.value().empty()) break;
-      const char* p = piece.value().data();
-      size_t left = piece.value().size();
+    const BlobSink sink = [&](std::string_view piece) -> Status {
+      const char* p = piece.data();
+      size_t left = piece.size();
       while (left > 0) {
         ssize_t w = ::pwrite(fd, p, left, static_cast<off_t>(off));
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) {
-          co_return MakeError(ErrorCode::kIo, "write blob " + d.digest.str() + ": " +
-                                                  std::strerror(errno));
+          return MakeError(ErrorCode::kIo,
+                           "write blob " + d.digest.str() + ": " + std::strerror(errno));
         }
         p += w;
         off += static_cast<uint64_t>(w);
         left -= static_cast<size_t>(w);
         downloads.Add(i, static_cast<uint64_t>(w));
       }
-    }
-    if (off != static_cast<uint64_t>(d.size)) {
-      co_return MakeError(ErrorCode::kProtocol, "blob " + d.digest.str() + ": got " +
-                                                    std::to_string(off) + " of " +
-                                                    std::to_string(d.size) + " bytes");
-    }
+      return Ok();
+    };
+    auto streamed = co_await agent_.StreamBlob(image_, d, sink, /*verify_digest=*/false);
+    if (!streamed) co_return streamed.error();
     co_return Ok();
   }
 
  private:
-  std::string Query() const { return "?ns=" + image_.registry; }
-
-  awaitable<Result<std::pair<std::string, std::string>>> GetManifest(const std::string& ref) {
-    co_return co_await manifests_.GetManifest(image_, ref);
-  }
-
-  http::Url agent_;
   oci::ImageRef image_;
-  http::Client client_;
-  AgentClient manifests_;
+  AgentClient agent_;
 };
 
 int RunExtract(const ExtractFlags& flags) {

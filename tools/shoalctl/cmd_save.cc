@@ -138,59 +138,6 @@ class TarWriter {
   std::string name_;
 };
 
-// The agent's shim as a runtime uses it (registry in ?ns=, like shoalctl pull).
-class ShimClient {
- public:
-  ShimClient(asio::io_context& ioc, http::Url agent)
-      : agent_(agent), client_(ioc.get_executor(), http::ClientConfig{}), manifests_(ioc, agent) {}
-
-  awaitable<Result<std::pair<std::string, std::string>>> GetManifest(const oci::ImageRef& image,
-                                                                     const std::string& ref) {
-    co_return co_await manifests_.GetManifest(image, ref);
-  }
-
-  // Streams blob d into `sink` (called per piece) and checks its digest and size.
-  awaitable<Status> GetBlob(const oci::ImageRef& image, const oci::Descriptor& d,
-                            const std::function<Status(std::string_view)>& sink) {
-    http::Request req;
-    req.url = agent_;
-    req.url.target =
-        "/v2/" + image.repository + "/blobs/" + d.digest.str() + "?ns=" + image.registry;
-    auto res = co_await client_.Open(req);
-    if (!res) co_return res.error();
-    if (res.value()->status() != 200) {
-      auto body = co_await res.value()->ReadAll(64 << 10);
-      co_return HttpFailure(res.value()->status(), "blob " + d.digest.str(),
-                            body ? body.value() : "");
-    }
-    Sha256 sha;
-    uint64_t total = 0;
-    for (;;) {
-      auto piece = co_await res.value()->ReadSome();
-      if (!piece) co_return piece.error();
-      if (piece.value().empty()) break;
-      sha.Update(piece.value().data(), piece.value().size());
-      total += piece.value().size();
-      if (auto st = sink(piece.value()); !st) co_return st;
-    }
-    if (d.size >= 0 && total != static_cast<uint64_t>(d.size)) {
-      co_return MakeError(ErrorCode::kProtocol, "blob " + d.digest.str() + ": got " +
-                                                    std::to_string(total) + " of " +
-                                                    std::to_string(d.size) + " bytes");
-    }
-    if (Digest got = sha.Final(); got != d.digest) {
-      co_return MakeError(ErrorCode::kDigestMismatch,
-                          "blob " + d.digest.str() + " arrived as " + got.str());
-    }
-    co_return Ok();
-  }
-
- private:
-  http::Url agent_;
-  http::Client client_;
-  AgentClient manifests_;
-};
-
 // Runs one coroutine to completion on ioc.
 template <typename T>
 T RunSync(asio::io_context& ioc, std::function<awaitable<T>()> fn, T init) {
@@ -200,6 +147,12 @@ T RunSync(asio::io_context& ioc, std::function<awaitable<T>()> fn, T init) {
   ioc.restart();
   ioc.run();
   return out;
+}
+
+// A blob stream's outcome as a Status (the size is not needed).
+Status ToStatus(const Result<uint64_t>& streamed) {
+  if (!streamed) return streamed.error();
+  return Ok();
 }
 
 // The name docker shows for a reference: Docker Hub's "docker.io/" and "library/" dropped.
@@ -214,7 +167,7 @@ std::string FamiliarName(const oci::ImageRef& ref) {
 
 struct SaveState {
   asio::io_context ioc;
-  std::unique_ptr<ShimClient> shim;
+  std::unique_ptr<AgentClient> shim;
   TarWriter* tar = nullptr;
   std::string tmp_dir;
   bool tty = false;
@@ -249,7 +202,11 @@ Result<std::string> SaveLayer(SaveState& s, const oci::ImageRef& image, const oc
     return st;
   };
   Status st = RunSync<Status>(
-      s.ioc, [&]() -> awaitable<Status> { co_return co_await s.shim->GetBlob(image, d, sink); },
+      s.ioc,
+      [&]() -> awaitable<Status> {
+        auto streamed = co_await s.shim->StreamBlob(image, d, sink);
+        co_return ToStatus(streamed);
+      },
       Status(MakeError(ErrorCode::kInternal, "not run")));
   ::close(fd);
   if (!st) {
@@ -295,42 +252,15 @@ Status SaveImage(SaveState& s, const std::string& text, const std::string& platf
                  nlohmann::json& row) {
   auto image = oci::ParseImageRef(text);
   if (!image) return image.error();
-  using ManifestAnswer = Result<std::pair<std::string, std::string>>;
-  const ManifestAnswer not_run = MakeError(ErrorCode::kInternal, "not run");
-  const std::string top_ref = image.value().RefString();
-  auto top = RunSync<ManifestAnswer>(
+  auto resolved = RunSync<Result<ResolvedImage>>(
       s.ioc,
-      [&]() -> awaitable<ManifestAnswer> {
-        co_return co_await s.shim->GetManifest(image.value(), top_ref);
+      [&]() -> awaitable<Result<ResolvedImage>> {
+        co_return co_await s.shim->Resolve(image.value(), platform);
       },
-      not_run);
-  if (!top) return top.error();
-  row["digest"] = Sha256::Of(top.value().first).str();
-  auto parsed = oci::ParseManifest(top.value().first, top.value().second);
-  if (!parsed) return parsed.error();
-  oci::Manifest manifest = parsed.value();
-  if (manifest.is_index) {
-    std::optional<std::string> child_ref;
-    for (const auto& d : manifest.manifests) {
-      if (d.platform && d.platform->os + "/" + d.platform->architecture == platform) {
-        child_ref = d.digest.str();
-        break;
-      }
-    }
-    if (!child_ref) {
-      return MakeError(ErrorCode::kNotFound, text + " has no manifest for platform " + platform);
-    }
-    auto child = RunSync<ManifestAnswer>(
-        s.ioc,
-        [&]() -> awaitable<ManifestAnswer> {
-          co_return co_await s.shim->GetManifest(image.value(), *child_ref);
-        },
-        not_run);
-    if (!child) return child.error();
-    auto child_parsed = oci::ParseManifest(child.value().first, child.value().second);
-    if (!child_parsed) return child_parsed.error();
-    manifest = child_parsed.value();
-  }
+      Result<ResolvedImage>(MakeError(ErrorCode::kInternal, "not run")));
+  if (!resolved) return resolved.error();
+  row["digest"] = resolved.value().digest.str();
+  const oci::Manifest& manifest = resolved.value().manifest;
   if (!manifest.config) return MakeError(ErrorCode::kInvalidArgument, text + " has no config");
   const oci::Descriptor config_desc = *manifest.config;
   std::string config;
@@ -343,7 +273,8 @@ Status SaveImage(SaveState& s, const std::string& text, const std::string& platf
   Status st = RunSync<Status>(
       s.ioc,
       [&]() -> awaitable<Status> {
-        co_return co_await s.shim->GetBlob(image.value(), config_desc, sink);
+        auto streamed = co_await s.shim->StreamBlob(image.value(), config_desc, sink);
+        co_return ToStatus(streamed);
       },
       Status(MakeError(ErrorCode::kInternal, "not run")));
   if (!st) return st;
@@ -407,7 +338,7 @@ int RunSave(const SaveFlags& flags) {
   char work_tmpl[] = "/tmp/shoalctl-save-XXXXXX";
   const char* work = ::mkdtemp(work_tmpl);
   SaveState s;
-  s.shim = std::make_unique<ShimClient>(s.ioc, agent.value());
+  s.shim = std::make_unique<AgentClient>(s.ioc, agent.value());
   TarWriter tar(fd, tmp_path);
   s.tar = &tar;
   s.tmp_dir = work ? work : "/tmp";
