@@ -145,6 +145,7 @@ int RunAgent(const AgentConfig& config) {
     swarm_options.listen_interface = config.swarm_listen;
     swarm_options.allow_multiple_connections_per_ip = true;
     swarm_options.unchoke_slots = config.unchoke_slots;
+    swarm_options.libtorrent_settings = config.libtorrent_settings;
     swarm = std::make_unique<swarm::Swarm>(ioc, swarm_options);
     if (auto st = swarm->Start(); !st) return fail(st.error());
     seeds = std::make_unique<SeedBook>(config.cache_dir + "/swarm", *store.value(), *swarm,

@@ -119,6 +119,11 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_UNCHOKE_SLOTS")
       ->check(CLI::Range(-1, 100000))
       ->capture_default_str();
+  app.add_option("--libtorrent-setting", c.libtorrent_settings,
+                 "Override one libtorrent settings_pack value, NAME=VALUE (repeatable or "
+                 "comma-separated), e.g. max_out_request_queue=64; for tuning, applied last")
+      ->envname("SHOAL_LIBTORRENT_SETTINGS")
+      ->delimiter(',');
   app.add_option("--node-name", c.node_name,
                  "This node's name for cluster prefetch jobs (shoalctl prefetch --nodes); default "
                  "the hostname (in Kubernetes set it from spec.nodeName)")

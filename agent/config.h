@@ -39,6 +39,7 @@ struct AgentConfig {
   int manifest_wait_ms = 20000;  // longest wait on the tracker's manifest cache, then upstream
   int peer_stall_ms = 15000;     // a chunk with no verified piece for this long is re-leased
   int unchoke_slots = -1;        // peers uploaded to at once; -1: every interested LAN peer
+  std::vector<std::string> libtorrent_settings;  // "name=value" settings_pack overrides
   std::string node_name;                   // cluster prefetch: this node's name; default hostname
   std::vector<std::string> node_labels;    // cluster prefetch: "k=v" labels for selectors
   std::string log_format = "json";

@@ -29,7 +29,15 @@ SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
                     .Name("shoal_swarm_torrents")
                     .Help("Chunk torrents in the session (seeding or downloading)")
                     .Register(registry)
-                    .Add({})) {}
+                    .Add({})) {
+  auto& wasted = prometheus::BuildCounter()
+                     .Name("shoal_swarm_wasted_bytes_total")
+                     .Help("Payload bytes from peers that libtorrent discarded, by reason "
+                           "(end_game: duplicate blocks; timed_out: requests re-sent after a "
+                           "timeout; cancelled, unknown, seed, closing)")
+                     .Register(registry);
+  for (const char* reason : swarm::kWasteReasons) wasted_.push_back(&wasted.Add({{"reason", reason}}));
+}
 
 void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   AddDelta(downloaded_, s.downloaded, last_.downloaded);
@@ -38,6 +46,8 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   AddDelta(hash_failures_, s.hash_failures, last_.hash_failures);
   AddDelta(banned_, s.peers_banned, last_.peers_banned);
   torrents_.Set(static_cast<double>(s.torrents));
+  for (size_t i = 0; i < wasted_.size(); ++i) AddDelta(*wasted_[i], s.wasted[i], last_.wasted[i]);
+  last_.wasted = s.wasted;
   last_.downloaded = s.downloaded;
   last_.redundant = s.redundant;
   last_.uploaded = s.uploaded;

@@ -2,6 +2,7 @@
 // Prometheus counters mirrored from the libtorrent session's cumulative stats.
 
 #include <cstdint>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
@@ -24,6 +25,7 @@ class SwarmMetrics {
   prometheus::Counter& hash_failures_;
   prometheus::Counter& banned_;
   prometheus::Gauge& torrents_;
+  std::vector<prometheus::Counter*> wasted_;  // by swarm::kWasteReasons
   swarm::SwarmStats last_;
 };
 

@@ -19,6 +19,7 @@
 
 #include <utility>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,11 +49,17 @@ struct SwarmOptions {
   // Bytes received from peers and not yet written to the blob file before we stop reading
   // from sockets.
   int max_queued_disk_bytes = 16 << 20;
+  // 16 KiB block requests in flight per peer connection, both ways (see MakeSettings): 16
+  // blocks is 256 KiB, a LAN link's bandwidth-delay product several times over.
+  int request_queue_blocks = 16;
   // Lower bound on the re-announce interval, in seconds (the tracker's interval wins if larger).
   int min_announce_interval_s = 30;
   // Alerts libtorrent keeps before dropping; piece alerts must not be lost (we resync if they
   // are, see Swarm), so this is generous.
   int alert_queue_size = 100000;
+  // libtorrent settings_pack overrides as "name=value" (settings_pack names, e.g.
+  // "max_out_request_queue=64"), applied last. Start fails on an unknown name or a bad value.
+  std::vector<std::string> libtorrent_settings;
 };
 
 // One chunk torrent to download or seed.
@@ -101,11 +108,18 @@ struct SwarmStats {
   uint64_t downloaded = 0;
   uint64_t uploaded = 0;
   uint64_t redundant = 0;      // of downloaded: bytes received that we already had
+  // libtorrent's wasted piece bytes by reason, from its session counters (ses.waste_piece_*),
+  // sampled every second: timed_out, cancelled, unknown, seed, end_game, closing.
+  std::array<uint64_t, 6> wasted{};
   uint64_t hash_failures = 0;  // pieces that failed their hash check
   uint64_t peers_banned = 0;   // peers banned for sending bad data
   size_t torrents = 0;         // chunks currently added
   std::vector<ChunkStats> chunks;
 };
+
+// The reasons of SwarmStats::wasted, in order, as metric labels.
+inline constexpr std::array<const char*, 6> kWasteReasons = {
+    "timed_out", "cancelled", "unknown", "seed", "end_game", "closing"};
 
 class Swarm {
  public:

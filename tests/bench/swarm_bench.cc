@@ -69,6 +69,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include "lib/swarm/session.h"
 #include "tests/support/http_client.h"
 #include "tests/support/image.h"
 #include "tests/support/proc_stats.h"
@@ -610,6 +611,7 @@ struct NodeRun {
   // shoal: the node's agent metrics over the run
   double from_upstream = 0, from_peers = 0, leases = 0, stalls = 0, fallbacks = 0;
   double redundant = 0;  // peer payload bytes the node already had (end-game duplicates)
+  std::map<std::string, double> wasted;  // shoal_swarm_wasted_bytes_total by reason
 };
 
 // GET http://127.0.0.1:port<target> from the calling thread's namespace with a plain socket:
@@ -1060,6 +1062,7 @@ json MeasuredJson(const Context& c, const Measured& m) {
                      {"from_upstream", n.from_upstream},
                      {"from_peers", n.from_peers},
                      {"redundant", n.redundant},
+                     {"wasted", n.wasted},
                      {"leases", n.leases},
                      {"stalls", n.stalls},
                      {"fallbacks", n.fallbacks}});
@@ -1475,6 +1478,11 @@ int Main(int argc, char** argv) {
         m.nodes[i].from_upstream = delta("shoal_upstream_blob_bytes_total");
         m.nodes[i].from_peers = delta("shoal_swarm_peer_bytes_total");
         m.nodes[i].redundant = delta("shoal_swarm_redundant_bytes_total");
+        for (const char* reason : swarm::kWasteReasons) {
+          double w = MetricSum(after, "shoal_swarm_wasted_bytes_total", {{"reason", reason}}) -
+                     MetricSum(before[i], "shoal_swarm_wasted_bytes_total", {{"reason", reason}});
+          if (w > 0) m.nodes[i].wasted[reason] = w;
+        }
         m.nodes[i].leases = delta("shoal_swarm_leases_granted_total");
         m.nodes[i].stalls = delta("shoal_swarm_peer_stalls_total");
         m.nodes[i].fallbacks = delta("shoal_swarm_fallback_total");
@@ -1567,6 +1575,16 @@ int Main(int argc, char** argv) {
                   n.fallbacks, Mib(static_cast<double>(in)).c_str(),
                   Mib(static_cast<double>(out)).c_str());
     }
+    std::map<std::string, double> wasted;
+    for (const NodeRun& n : shoal->nodes) {
+      for (const auto& [reason, bytes] : n.wasted) wasted[reason] += bytes;
+    }
+    std::printf("wasted peer bytes by libtorrent's reason, all nodes:");
+    if (wasted.empty()) std::printf(" none");
+    for (const auto& [reason, bytes] : wasted) {
+      std::printf(" %s %s;", reason.c_str(), Mib(bytes).c_str());
+    }
+    std::printf("\n");
   }
   if (first_byte) {
     std::printf(

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,6 +135,48 @@ TEST_CASE("swarm: bad chunk specs and listen addresses are errors") {
   CHECK(started.error().code == ErrorCode::kUnavailable);
   MESSAGE(started.error().message);
   CHECK(other.listen_port() == 0);
+}
+
+TEST_CASE("swarm: libtorrent setting overrides are checked at start") {
+  boost::asio::io_context ioc;
+  struct Case {
+    std::string entry;
+    const char* says;  // empty: accepted
+  };
+  for (const Case& c : {Case{"strict_end_game_mode=false", ""}, Case{"max_out_request_queue=64", ""},
+                        Case{"user_agent=test", ""}, Case{"no_such_setting=1", "settings_pack name"},
+                        Case{"max_out_request_queue", "settings_pack name"},
+                        Case{"max_out_request_queue=lots", "integer"},
+                        Case{"max_out_request_queue=99999999999", "integer"},
+                        Case{"strict_end_game_mode=maybe", "true or false"}}) {
+    CAPTURE(c.entry);
+    SwarmOptions o = Loopback();
+    o.libtorrent_settings = {c.entry};
+    Swarm swarm(ioc, o);
+    auto started = swarm.Start();
+    if (std::string(c.says).empty()) {
+      CHECK(started.has_value());
+      CHECK(swarm.listen_port() != 0);
+    } else {
+      REQUIRE_FALSE(started.has_value());
+      CHECK(started.error().code == ErrorCode::kInvalidArgument);
+      CHECK(started.error().message.find(c.entry) != std::string::npos);
+      CHECK(started.error().message.find(c.says) != std::string::npos);
+      CHECK(swarm.listen_port() == 0);
+    }
+  }
+}
+
+TEST_CASE("swarm: the counter sampler runs every second and stops with the session") {
+  boost::asio::io_context ioc;
+  Swarm swarm(ioc, Loopback());
+  REQUIRE(swarm.Start().has_value());
+  // The sampling timer posts session stats every second; nothing was downloaded, so all zero.
+  ioc.run_for(std::chrono::milliseconds(1500));
+  SwarmStats s = swarm.Stats();
+  for (uint64_t w : s.wasted) CHECK(w == 0);
+  CHECK(kWasteReasons.size() == s.wasted.size());
+  swarm.Stop();
 }
 
 }  // namespace shoal::swarm
