@@ -358,6 +358,9 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     if (session) return MakeError(ErrorCode::kInternal, "swarm already started");
     lt::settings_pack settings = MakeSettings(options);
     if (auto st = ApplyOverrides(options.libtorrent_settings, settings); !st) return st;
+    for (const std::string& entry : options.libtorrent_settings) {
+      spdlog::info("swarm: libtorrent setting {} (override)", entry);
+    }
     lt::session_params params(std::move(settings));
     params.disk_io_constructor =
         RangeDiskIoConstructor(RangeDiskIoOptions{registry, options.disk_threads});
