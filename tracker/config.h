@@ -26,7 +26,7 @@ struct TrackerConfig {
   uint32_t piece_size_kib = 4096;       // 4 MiB pieces in each chunk torrent (the largest)
   uint32_t target_chunks = 128;         // smaller blobs get chunks of about size / 128
   uint64_t min_chunk_size_kib = 1024;   // but not below 1 MiB
-  uint64_t first_chunk_kib = 256;       // ramp: chunk 0 is 256 KiB, then 512, 1024, ... (0: no ramp)
+  uint64_t first_chunk_kib = 1024;      // ramp: chunk 0 is 1 MiB, then 2, 4, ... (0: no ramp)
   uint32_t max_upstream_fetchers = 8;  // active leases in the whole cluster (NAT quota)
   uint32_t max_leases_per_agent = 2;
   uint32_t max_leases_per_blob = 4;
