@@ -57,6 +57,12 @@ ChunkFetchMetrics::ChunkFetchMetrics(prometheus::Registry& registry)
 
 namespace {
 
+// Milliseconds from t to now, for debug timings.
+long long MillisSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t)
+      .count();
+}
+
 awaitable<void> Sleep(asio::io_context& ioc, std::chrono::milliseconds d) {
   asio::steady_timer timer(ioc);
   timer.expires_after(d);
@@ -361,7 +367,15 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   auto done = std::make_shared<bool>(false);
   if (!lease_id.empty())
     asio::co_spawn(s_.ioc, RenewLoop(k, lease_id, ttl, progress, done), asio::detached);
-  upstream::BodySink sink = [this, begin, &hasher, progress](const char* data, size_t n) -> Status {
+  const Clock::time_point started = Clock::now();
+  spdlog::debug("chunk {} of {}: upstream GET of {} bytes at {}{}", k, fetch_->digest().str(),
+                length, begin, lease_id.empty() ? " (no lease)" : "");
+  upstream::BodySink sink = [this, k, begin, &hasher, progress, started](const char* data,
+                                                                       size_t n) -> Status {
+    if (*progress == 0) {
+      spdlog::debug("chunk {} of {}: first upstream byte after {} ms", k, fetch_->digest().str(),
+                    MillisSince(started));
+    }
     if (auto st = fetch_->Write(data, n, begin + *progress); !st) return st;
     if (hasher) {
       if (auto st = hasher->Update(data, n); !st) return st;
@@ -381,6 +395,8 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
     co_return st.error();
   }
   origin_[k] = Origin::kUpstream;
+  spdlog::debug("chunk {} of {}: {} bytes from upstream in {} ms", k, fetch_->digest().str(), length,
+                MillisSince(started));
   s_.metrics.chunks.Add({{"source", lease_id.empty() ? "upstream_direct" : "upstream_lease"}})
       .Increment();
   if (!hasher) co_return Ok();
@@ -464,6 +480,7 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
     state->notifier.NotifyAll();
   };
   if (auto st = SeedChunk(k, torrent.value(), std::move(spec)); !st) co_return st;
+  const Clock::time_point added = state->progress;
   Clock::time_point reannounced = state->progress;
   while (!state->complete && !state->error && !fetch_->ended()) {
     co_await state->notifier.Wait(std::chrono::milliseconds(500));
@@ -484,6 +501,8 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
     }
   }
   if (state->complete) {
+    spdlog::debug("chunk {} of {}: complete from peers {} ms after it was added", k,
+                  fetch_->digest().str(), MillisSince(added));
     origin_[k] = Origin::kPeers;
     metainfo_[k] = torrent.value().metainfo;
     if (s_.seeds != nullptr) s_.seeds->AddPartial(fetch_->digest(), source_, k, metainfo_[k]);
