@@ -395,8 +395,8 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
     co_return st.error();
   }
   origin_[k] = Origin::kUpstream;
-  spdlog::debug("chunk {} of {}: {} bytes from upstream in {} ms", k, fetch_->digest().str(), length,
-                MillisSince(started));
+  spdlog::debug("chunk {} of {}: {} bytes from upstream in {} ms", k, fetch_->digest().str(),
+                length, MillisSince(started));
   s_.metrics.chunks.Add({{"source", lease_id.empty() ? "upstream_direct" : "upstream_lease"}})
       .Increment();
   if (!hasher) co_return Ok();

@@ -32,11 +32,13 @@ SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
                     .Add({})) {
   auto& wasted = prometheus::BuildCounter()
                      .Name("shoal_swarm_wasted_bytes_total")
-                     .Help("Payload bytes from peers that libtorrent discarded, by reason "
-                           "(end_game: duplicate blocks; timed_out: requests re-sent after a "
-                           "timeout; cancelled, unknown, seed, closing)")
+                     .Help(
+                         "Payload bytes from peers that libtorrent discarded, by reason "
+                         "(end_game: duplicate blocks; timed_out: requests re-sent after a "
+                         "timeout; cancelled, unknown, seed, closing)")
                      .Register(registry);
-  for (const char* reason : swarm::kWasteReasons) wasted_.push_back(&wasted.Add({{"reason", reason}}));
+  for (const char* reason : swarm::kWasteReasons)
+    wasted_.push_back(&wasted.Add({{"reason", reason}}));
 }
 
 void SwarmMetrics::Update(const swarm::SwarmStats& s) {

@@ -103,23 +103,23 @@ struct ChunkStats {
   bool seeding = false;
 };
 
+// The reasons of SwarmStats::wasted, in order, as metric labels.
+inline constexpr std::array<const char*, 6> kWasteReasons = {
+    "timed_out", "cancelled", "unknown", "seed", "end_game", "closing"};
+
 struct SwarmStats {
   // Payload bytes from/to peers since Start(), including chunks removed since.
   uint64_t downloaded = 0;
   uint64_t uploaded = 0;
   uint64_t redundant = 0;      // of downloaded: bytes received that we already had
-  // libtorrent's wasted piece bytes by reason, from its session counters (ses.waste_piece_*),
-  // sampled every second: timed_out, cancelled, unknown, seed, end_game, closing.
-  std::array<uint64_t, 6> wasted{};
+  // libtorrent's wasted piece bytes by reason (kWasteReasons), from its session counters
+  // (ses.waste_piece_*), sampled every second.
+  std::array<uint64_t, kWasteReasons.size()> wasted{};
   uint64_t hash_failures = 0;  // pieces that failed their hash check
   uint64_t peers_banned = 0;   // peers banned for sending bad data
   size_t torrents = 0;         // chunks currently added
   std::vector<ChunkStats> chunks;
 };
-
-// The reasons of SwarmStats::wasted, in order, as metric labels.
-inline constexpr std::array<const char*, 6> kWasteReasons = {
-    "timed_out", "cancelled", "unknown", "seed", "end_game", "closing"};
 
 class Swarm {
  public:

@@ -143,12 +143,13 @@ TEST_CASE("swarm: libtorrent setting overrides are checked at start") {
     std::string entry;
     const char* says;  // empty: accepted
   };
-  for (const Case& c : {Case{"strict_end_game_mode=false", ""}, Case{"max_out_request_queue=64", ""},
-                        Case{"user_agent=test", ""}, Case{"no_such_setting=1", "settings_pack name"},
-                        Case{"max_out_request_queue", "settings_pack name"},
-                        Case{"max_out_request_queue=lots", "integer"},
-                        Case{"max_out_request_queue=99999999999", "integer"},
-                        Case{"strict_end_game_mode=maybe", "true or false"}}) {
+  for (const Case& c :
+       {Case{"strict_end_game_mode=false", ""}, Case{"max_out_request_queue=64", ""},
+        Case{"user_agent=test", ""}, Case{"no_such_setting=1", "settings_pack name"},
+        Case{"max_out_request_queue", "settings_pack name"},
+        Case{"max_out_request_queue=lots", "integer"},
+        Case{"max_out_request_queue=99999999999", "integer"},
+        Case{"strict_end_game_mode=maybe", "true or false"}}) {
     CAPTURE(c.entry);
     SwarmOptions o = Loopback();
     o.libtorrent_settings = {c.entry};
