@@ -91,7 +91,11 @@ void BlobFetch::Filled(uint64_t begin, uint64_t end) {
 
 void BlobFetch::AdvanceContiguous() {
   contiguous_ = (!filled_.empty() && filled_.begin()->first == 0) ? filled_.begin()->second : 0;
-  if (contiguous_ - notified_at_ >= kNotifyStep || contiguous_ == size_) {
+  // Readers wake for the first bytes at once (a client's time to first byte: waiting for a
+  // full step held them back until the whole first chunk had arrived), then every step, and at
+  // the end.
+  const bool first_bytes = notified_at_ == 0 && contiguous_ > 0;
+  if (first_bytes || contiguous_ - notified_at_ >= kNotifyStep || contiguous_ == size_) {
     notified_at_ = contiguous_;
     notifier_.NotifyAll();
   }

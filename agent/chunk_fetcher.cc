@@ -461,12 +461,19 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
     bool complete = false;
     std::optional<Error> error;
     Clock::time_point progress = Clock::now();
+    bool any_piece = false;
   };
   auto state = std::make_shared<State>(s_.ioc);
   swarm::ChunkSpec spec;
   std::weak_ptr<BlobFetch> weak_fetch = fetch_;
   ChunkFetchMetrics* metrics = &s_.metrics;
-  spec.on_piece = [state, weak_fetch, begin, metrics](uint32_t, uint64_t b, uint64_t e) {
+  spec.on_piece = [state, weak_fetch, begin, metrics, k](uint32_t piece, uint64_t b,
+                                                         uint64_t e) {
+    if (!state->any_piece) {
+      state->any_piece = true;
+      spdlog::debug("chunk {}: first piece ({}) from peers {} ms after it was added", k, piece,
+                    MillisSince(state->progress));
+    }
     state->progress = Clock::now();
     metrics->peer_bytes.Increment(static_cast<double>(e - b));
     if (auto f = weak_fetch.lock()) f->Filled(begin + b, begin + e);

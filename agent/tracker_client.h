@@ -50,7 +50,8 @@ struct LeaseAnswer {
   std::string lease_id;  // kGranted
   std::chrono::milliseconds ttl{0};          // kGranted: renew well before this passes
   std::chrono::milliseconds retry_after{0};  // kWait
-  std::string reason;  // kWait: "leased", "cluster_cap", "agent_cap", "blob_cap", "unleased"
+  std::string reason;  // kWait: "leased", "cluster_cap", "agent_cap", "blob_cap", "unleased",
+                      // "head_start"
 };
 
 // ---- The cluster-wide manifest cache (tracker/manifest_api.h) ----

@@ -42,6 +42,8 @@ std::string_view WaitReasonName(WaitReason reason) {
       return "blob_cap";
     case WaitReason::kUnleased:
       return "unleased";
+    case WaitReason::kHeadStart:
+      return "head_start";
   }
   return "leased";
 }
@@ -142,7 +144,18 @@ BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::
     return wait(WaitReason::kClusterCap, first_expiry);
   }
   if (blob.leases >= options_.max_leases_per_blob) return wait(WaitReason::kBlobCap, first_expiry);
+  if (auto until = HeadStartUntil(blob, k, now)) return wait(WaitReason::kHeadStart, *until);
   return grant(Grant(digest, blob, k, agent, now));
+}
+
+std::optional<TimePoint> BlobTable::HeadStartUntil(const Blob& blob, uint32_t k,
+                                                   TimePoint now) const {
+  if (k == 0 || options_.head_start.count() <= 0) return std::nullopt;
+  const Chunk& first = blob.chunks[0];
+  if (!first.lease || first.published) return std::nullopt;
+  TimePoint until = first.lease->granted + options_.head_start;
+  if (now >= until) return std::nullopt;
+  return until;
 }
 
 LeaseAnswer BlobTable::Granted(LeaseAnswer answer, const Blob& blob, uint32_t k,
@@ -221,6 +234,7 @@ BlobResult<LeaseAnswer> BlobTable::Work(const Digest& digest, std::string_view a
   }
   if (blob.leases >= options_.max_leases_per_blob) return wait(WaitReason::kBlobCap, blob_expiry);
   if (!free) return wait(WaitReason::kLeased, blob_expiry);
+  if (auto until = HeadStartUntil(blob, *free, now)) return wait(WaitReason::kHeadStart, *until);
   return grant(*free, Grant(digest, blob, *free, agent, now));
 }
 

@@ -13,6 +13,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -43,6 +44,9 @@ struct BlobTableOptions {
   uint32_t max_upstream_fetchers = 8;            // active leases over all blobs
   uint32_t max_leases_per_agent = 2;             // active leases of one agent
   uint32_t max_leases_per_blob = 4;              // active leases on one blob (U goes to its head)
+  // While chunk 0 is leased but not ready, no other chunk of the blob is leased for this long
+  // after chunk 0's grant: chunk 0 gets the whole upstream link, so peers get it sooner. 0: off.
+  std::chrono::milliseconds head_start{0};
   std::chrono::milliseconds lease_ttl{15'000};   // a lease not renewed for this long expires
   std::chrono::milliseconds retry_after{1'000};  // the hint in a wait answer
   size_t max_blobs = 100'000;                    // tables kept; beyond, the LRU lease-free one goes
@@ -91,8 +95,9 @@ struct BlobView {
   std::vector<ChunkView> chunks;
 };
 
-enum class WaitReason { kLeased, kClusterCap, kAgentCap, kBlobCap, kUnleased };
-// "leased", "cluster_cap", "agent_cap", "blob_cap" or "unleased" (nobody fetches it yet).
+enum class WaitReason { kLeased, kClusterCap, kAgentCap, kBlobCap, kUnleased, kHeadStart };
+// "leased", "cluster_cap", "agent_cap", "blob_cap", "unleased" (nobody fetches it yet) or
+// "head_start" (the blob's chunk 0 is fetched alone for now).
 std::string_view WaitReasonName(WaitReason reason);
 
 // The answer to a lease request.
@@ -177,14 +182,16 @@ class BlobTable {
 
   // Chunk k for agent (creating the table like Ensure): ready with its metainfo; granted (a new
   // lease if the chunk has none and both caps allow, or the agent's own lease on it again with a
-  // fresh expiry); or wait with the reason. Errors: as Ensure, kInvalid for k out of range.
+  // fresh expiry); or wait with the reason (kHeadStart for k > 0 while chunk 0 has its head
+  // start). Errors: as Ensure, kInvalid for k out of range.
   // With may_grant false the answer is only ever ready or wait (the agent's upstream worker
   // asks for work with Work; its readers only wait for chunks).
   BlobResult<LeaseAnswer> Lease(const Digest& digest, uint32_t k, std::string_view agent,
                                 const BlobSource& source, TimePoint now, bool may_grant = true);
   // Upstream work on digest for agent (creating the table like Ensure): the agent's live lease
   // on this blob again (fresh expiry); else, if every cap allows (cluster, agent, blob), a new
-  // lease on the lowest chunk that is neither leased nor ready; else wait with the reason; done
+  // lease on the lowest chunk that is neither leased nor ready (not before chunk 0's head start
+  // ends, options.head_start); else wait with the reason; done
   // when every chunk is ready. The tracker, not the agent, picks the chunk: whoever is idle
   // fetches the next one, so upstream bytes keep flowing in blob order and leases spread over
   // the agents that ask (long-polls parked first are woken first). Errors: as Ensure.
@@ -265,6 +272,9 @@ class BlobTable {
   LeaseAnswer Granted(LeaseAnswer answer, const Blob& blob, uint32_t k,
                       const LeaseRecord& lease) const;
   LeaseAnswer Waiting(LeaseAnswer answer, WaitReason reason, TimePoint recheck_at) const;
+  // When chunk k > 0 may not be leased yet because chunk 0 is still in its head start: the
+  // time the head start ends; nullopt otherwise.
+  std::optional<TimePoint> HeadStartUntil(const Blob& blob, uint32_t k, TimePoint now) const;
   // A new lease on chunk k of blob for agent (the caps were checked).
   LeaseRecord& Grant(const Digest& digest, Blob& blob, uint32_t k, std::string_view agent,
                      TimePoint now);

@@ -92,6 +92,13 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_MAX_LEASES_PER_BLOB")
       ->check(CLI::Range(1u, 100'000u))
       ->capture_default_str();
+  app.add_option("--head-start-ms", c.head_start_ms,
+                 "Milliseconds a blob's first chunk is fetched from upstream alone before the "
+                 "blob's other chunks are leased (less if it is ready sooner), so the swarm gets "
+                 "the first bytes at once instead of sharing the link four ways (0: off)")
+      ->envname("SHOAL_HEAD_START_MS")
+      ->check(CLI::Range(0, 60'000))
+      ->capture_default_str();
   app.add_option("--max-leases-per-agent", c.max_leases_per_agent,
                  "Upstream leases one agent may hold at once")
       ->envname("SHOAL_MAX_LEASES_PER_AGENT")

@@ -30,6 +30,7 @@ struct TrackerConfig {
   uint32_t max_upstream_fetchers = 8;  // active leases in the whole cluster (NAT quota)
   uint32_t max_leases_per_agent = 2;
   uint32_t max_leases_per_blob = 4;
+  int head_start_ms = 500;  // a blob's chunk 0 fetches alone this long, or until it is ready
   int lease_ttl_s = 15;
   size_t max_blobs = 100'000;
   // The cluster-wide manifest cache (the manifest API).

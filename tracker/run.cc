@@ -92,6 +92,7 @@ int RunTracker(const TrackerConfig& config) {
   blob_options.table.max_upstream_fetchers = config.max_upstream_fetchers;
   blob_options.table.max_leases_per_agent = config.max_leases_per_agent;
   blob_options.table.max_leases_per_blob = config.max_leases_per_blob;
+  blob_options.table.head_start = std::chrono::milliseconds(config.head_start_ms);
   blob_options.table.lease_ttl = std::chrono::seconds(config.lease_ttl_s);
   blob_options.table.max_blobs = config.max_blobs;
   swarm::ChunkLayout layout{1, blob_options.table.chunk_size, blob_options.table.piece_size, 0};

@@ -75,7 +75,8 @@ class Response {
   // True when the whole body has been read (always true for HEAD and bodiless statuses).
   bool done() const;
 
-  // Reads the next piece of the body (up to 256 KiB). The view points into a buffer owned by this
+  // Reads the next piece of the body: what has arrived, once at least one byte has (up to
+  // 256 KiB; it does not wait for more). The view points into a buffer owned by this
   // Response and stays valid until the next call. An empty view means the body is complete.
   // Bytes received before a failure are returned first; the failure comes with the next call.
   // Errors: kUnavailable (timeout, reset, body cut short), kProtocol (malformed HTTP).

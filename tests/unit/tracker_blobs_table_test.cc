@@ -502,6 +502,63 @@ TEST_CASE("tracker blobs: work hands out the lowest free chunk, within the blob 
   CHECK(work("b").kind == LeaseAnswer::Kind::kDone);
 }
 
+TEST_CASE("tracker blobs: chunk 0 has a head start: other chunks wait until it is ready or it ends") {
+  BlobTableOptions o = Options();
+  o.head_start = milliseconds(500);
+  BlobTable t(o, 1);
+  const Digest d = D('h');
+  auto work = [&](const std::string& agent, TimePoint now) {
+    auto a = t.Work(d, agent, Source(), now);
+    REQUIRE_MESSAGE(a.has_value(), a.error().message);
+    return a.value();
+  };
+  LeaseAnswer a = work("a", kT0);
+  REQUIRE(a.kind == LeaseAnswer::Kind::kGranted);
+  REQUIRE(a.chunk == 0);
+  // Within the head start, nobody gets chunk 1: not by work, not by an explicit lease.
+  LeaseAnswer b = work("b", kT0 + milliseconds(100));
+  CHECK(b.kind == LeaseAnswer::Kind::kWait);
+  CHECK(b.reason == WaitReason::kHeadStart);
+  CHECK(WaitReasonName(b.reason) == "head_start");
+  // A long-poll must re-ask when the head start ends.
+  CHECK(b.recheck_at == kT0 + milliseconds(500));
+  auto direct = t.Lease(d, 1, "b", Source(), kT0 + milliseconds(100));
+  REQUIRE(direct.has_value());
+  CHECK(direct.value().kind == LeaseAnswer::Kind::kWait);
+  CHECK(direct.value().reason == WaitReason::kHeadStart);
+  // The holder of chunk 0 asking again still gets its own lease.
+  CHECK(work("a", kT0 + milliseconds(200)).lease_id == a.lease_id);
+  // Once chunk 0 is ready the head start is over at once.
+  REQUIRE(t.Publish(d, 0, "a", a.lease_id, Source(), Metainfo(kChunk, 1), kT0 + milliseconds(300))
+              .has_value());
+  b = work("b", kT0 + milliseconds(300));
+  REQUIRE(b.kind == LeaseAnswer::Kind::kGranted);
+  CHECK(b.chunk == 1);
+
+  // On another blob whose chunk 0 is slow, the head start ends after 500 ms anyway.
+  const Digest e = D('i');
+  auto slow = t.Work(e, "c", Source(), kT0);
+  REQUIRE(slow.has_value());
+  REQUIRE(slow.value().chunk == 0);
+  auto early = t.Work(e, "d", Source(), kT0 + milliseconds(499));
+  REQUIRE(early.has_value());
+  CHECK(early.value().reason == WaitReason::kHeadStart);
+  auto late = t.Work(e, "d", Source(), kT0 + milliseconds(500));
+  REQUIRE(late.has_value());
+  CHECK(late.value().kind == LeaseAnswer::Kind::kGranted);
+  CHECK(late.value().chunk == 1);
+}
+
+TEST_CASE("tracker blobs: without a head start chunk 1 is leased next to chunk 0 at once") {
+  BlobTable t(Options(), 1);  // head_start 0
+  const Digest d = D('j');
+  REQUIRE(t.Work(d, "a", Source(), kT0).value().chunk == 0);
+  auto b = t.Work(d, "b", Source(), kT0);
+  REQUIRE(b.has_value());
+  CHECK(b.value().kind == LeaseAnswer::Kind::kGranted);
+  CHECK(b.value().chunk == 1);
+}
+
 TEST_CASE("tracker blobs: an expired work lease goes to the next agent that asks for work") {
   BlobTable t(Options(), 1);
   const Digest d = D('x');
