@@ -10,6 +10,7 @@
 
 #include <utility>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -91,6 +92,8 @@ class BlobFetch : public std::enable_shared_from_this<BlobFetch> {
   uint64_t notified_at_ = 0;  // contiguous_ when readers were last woken
   uint64_t hashed_ = 0;
   bool hashing_ = false;
+  // When the last byte arrived and when the digest matched (for the timings in the logs).
+  std::chrono::steady_clock::time_point filled_at_, verified_at_;
   bool verified_ = false;  // the digest matched; all bytes may be sent (commit may be pending)
   bool complete_ = false;
   std::optional<Error> error_;

@@ -58,7 +58,9 @@ BlobTable::BlobTable(BlobTableOptions options, uint64_t seed)
 BlobResult<swarm::ChunkLayout> BlobTable::LayoutFor(uint64_t size) const {
   swarm::ChunkLayout layout{size, options_.chunk_size, options_.piece_size, 0};
   if (options_.target_chunks > 0 && options_.min_chunk_size < layout.chunk_size) {
-    uint64_t want = std::bit_ceil(std::max<uint64_t>(size / options_.target_chunks, 1));
+    // Rounded down, so the blob has at least target_chunks full chunks (rounding up, as this did
+    // until session 6, gave a 256.3 MiB layer 4 MiB chunks where 2 MiB were meant).
+    uint64_t want = std::bit_floor(std::max<uint64_t>(size / options_.target_chunks, 1));
     want = std::max(want, options_.min_chunk_size);
     if (want < layout.chunk_size) {
       layout.chunk_size = want;

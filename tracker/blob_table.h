@@ -32,7 +32,7 @@ namespace shoal::tracker {
 struct BlobTableOptions {
   // The layout of a new table (validated by the caller): full chunks of chunk_size bytes with
   // pieces of piece_size. With target_chunks > 0 a smaller blob gets smaller chunks: the power of
-  // two nearest above size / target_chunks, at least min_chunk_size, with pieces of an eighth of
+  // two at or below size / target_chunks, at least min_chunk_size, with pieces of an eighth of
   // a chunk (at most piece_size), so a blob of any size has enough chunks to spread over the
   // swarm and its last chunk is a small tail. first_chunk_size > 0 adds the ramp of
   // ChunkLayout (small first chunks, so the swarm starts sharing a blob at once).

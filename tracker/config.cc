@@ -61,8 +61,8 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->check(CLI::Range(16u, 65536u))
       ->capture_default_str();
   app.add_option("--target-chunks", c.target_chunks,
-                 "Chunks a blob is cut into at least: a blob smaller than target x chunk size "
-                 "gets chunks of about size / target (a power of two, at least "
+                 "Full chunks a blob is cut into at least: a blob smaller than target x chunk "
+                 "size gets chunks of the power of two at or below size / target (at least "
                  "--min-chunk-size-kib) with pieces of an eighth of a chunk; 0 keeps "
                  "--chunk-size-kib for every blob")
       ->envname("SHOAL_TARGET_CHUNKS")

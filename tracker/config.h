@@ -24,7 +24,7 @@ struct TrackerConfig {
   // Chunk tables and upstream leases (the blob API).
   uint64_t chunk_size_kib = 65536;      // 64 MiB chunks (the largest; smaller blobs get smaller)
   uint32_t piece_size_kib = 4096;       // 4 MiB pieces in each chunk torrent (the largest)
-  uint32_t target_chunks = 128;         // smaller blobs get chunks of about size / 128
+  uint32_t target_chunks = 64;          // smaller blobs get at least 64 full chunks
   uint64_t min_chunk_size_kib = 1024;   // but not below 1 MiB
   uint64_t first_chunk_kib = 1024;      // ramp: chunk 0 is 1 MiB, then 2, 4, ... (0: no ramp)
   uint32_t max_upstream_fetchers = 8;  // active leases in the whole cluster (NAT quota)

@@ -155,8 +155,8 @@ int RunTracker(const TrackerConfig& config) {
       listen.value().first, port.value(), options.announce_interval.count(),
       options.min_interval.count(), service.table().options().peer_ttl.count());
   spdlog::info(
-      "tracker id {}; chunks of up to {} KiB with {} KiB pieces (at least {} chunks per blob, "
-      "chunks of at least {} KiB, first chunk {} KiB); at most {} upstream leases ({} per "
+      "tracker id {}; chunks of up to {} KiB with {} KiB pieces (blobs below that x {} get smaller "
+      "chunks, at least {} KiB; first chunk {} KiB); at most {} upstream leases ({} per "
       "agent), lease ttl {} s, at most {} blob tables",
       blobs.tracker_id(), config.chunk_size_kib, config.piece_size_kib, config.target_chunks,
       config.min_chunk_size_kib, config.first_chunk_kib,

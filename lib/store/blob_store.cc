@@ -110,6 +110,15 @@ Status BlobWriter::PWrite(const char* data, size_t size, uint64_t offset) {
   return Ok();
 }
 
+void BlobWriter::StartWriteback(uint64_t offset, uint64_t length) const {
+  if (length == 0) return;
+  // Not a durability point (fsync is): this only spreads the writeback over the download, where
+  // it otherwise came all at once at the end (1.2-1.4 s for six 256 MiB blobs at the end of a
+  // swarm bench run, with the clients' own fsyncs queued behind it).
+  (void)::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(length),
+                          SYNC_FILE_RANGE_WRITE);
+}
+
 Status BlobWriter::Commit() {
   if (done_) return MakeError(ErrorCode::kInternal, "commit twice: " + temp_path_);
   if (::fsync(fd_) != 0) return IoError("fsync", temp_path_, errno);

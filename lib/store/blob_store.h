@@ -52,6 +52,10 @@ class BlobWriter {
 
   // Writes all of [data, data+size) at offset. Errors: kIo (e.g. ENOSPC) naming the file.
   Status PWrite(const char* data, size_t size, uint64_t offset);
+  // A hint: starts writing [offset, offset + length) to disk without waiting for it
+  // (sync_file_range), so that Commit's fsync finds little left to write. Errors are ignored:
+  // Commit reports any that matter.
+  void StartWriteback(uint64_t offset, uint64_t length) const;
   // fsyncs and atomically renames the temp file to the blob's final path. The caller must have
   // verified the content hashes to the digest. Errors: kIo.
   Status Commit();

@@ -493,6 +493,28 @@ struct ShoalCluster {
   }
 };
 
+// The chunk layout the tracker gave `digest` ("" if it cannot say), e.g. "1 MiB first chunk,
+// then doubling to 4 MiB chunks of 512 KiB pieces: 67 chunks".
+std::string LayoutOf(const Endpoint& tracker_ep, const Digest& digest) {
+  std::string url = "http://" + tracker_ep.ip + ":" + std::to_string(kTrackerPort) + "/v1/blobs/" +
+                    digest.str();
+  auto r = InNetns(tracker_ep.ns, [&] { return HttpGet(url, {}, std::chrono::seconds(10)); });
+  if (!r || r.value().status != 200) return "";
+  json j = json::parse(r.value().body, nullptr, false);
+  if (j.is_discarded() || !j.contains("chunk_size") || !j.contains("chunks")) return "";
+  auto kib = [](uint64_t b) {
+    return b >= (1u << 20) && b % (1u << 20) == 0 ? std::to_string(b >> 20) + " MiB"
+                                                  : std::to_string(b >> 10) + " KiB";
+  };
+  std::string out;
+  uint64_t first = j.value("first_chunk_size", uint64_t{0});
+  if (first > 0) out += kib(first) + " first chunk, doubling to ";
+  out += kib(j["chunk_size"].get<uint64_t>()) + " chunks of " +
+         kib(j["piece_size"].get<uint64_t>()) + " pieces: " + std::to_string(j["chunks"].size()) +
+         " chunks";
+  return out;
+}
+
 struct Options {
   // Defaults: see "Choosing N and B" in docs/benchmarks.md (CPU budget of a 2-core machine).
   size_t nodes = 6;
@@ -1403,6 +1425,7 @@ int Main(int argc, char** argv) {
   std::optional<Measured> first_byte;
   std::vector<std::string> notes;
   std::string tracker_settings;  // the tracker's log line with its chunk and lease settings
+  std::string big_layout;        // the largest layer's chunk layout, as the tracker cut it
   std::vector<std::string> problem_lines;
   size_t problem_count = 0;
   for (const auto& scenario : o.scenarios) {
@@ -1487,6 +1510,7 @@ int Main(int argc, char** argv) {
         m.nodes[i].stalls = delta("shoal_swarm_peer_stalls_total");
         m.nodes[i].fallbacks = delta("shoal_swarm_fallback_total");
       }
+      big_layout = LayoutOf(*tracker_ep, c.img.big);
       auto stopped = cl.Stop();
       notes.insert(notes.end(), stopped.begin(), stopped.end());
       problem_lines = LogProblems(p.logs, &problem_count);
@@ -1530,7 +1554,7 @@ int Main(int argc, char** argv) {
   // ---- Report. ----
   std::printf(
       "\n==== results: %zu nodes, B = %d Mbit/s, U = %d Mbit/s, S = %s (%llu bytes), "
-      "chunks %llu MiB ====\n",
+      "chunks of up to %llu MiB ====\n",
       o.nodes, o.node_mbit, o.upstream_mbit, Mib(S).c_str(),
       static_cast<unsigned long long>(c.img.size), static_cast<unsigned long long>(o.chunk_mib));
   std::printf(
@@ -1542,6 +1566,7 @@ int Main(int argc, char** argv) {
     std::printf("tracker: %s\n",
                 tracker_settings.substr(pos == std::string::npos ? 0 : pos).c_str());
   }
+  if (!big_layout.empty()) std::printf("largest layer as the tracker cut it: %s\n", big_layout.c_str());
   PrintTimes(c, runs);
   std::printf(
       "\ntimes: from the common start to each node's skopeo exit (manifest, config and all layers "
@@ -1686,6 +1711,7 @@ int Main(int argc, char** argv) {
                 {"tracker_args", o.tracker_args},
                 {"limit_s", c.limit_s},
                 {"tracker_settings", tracker_settings},
+                {"largest_layer_layout", big_layout},
                 {"scenarios", json::array()}};
     for (const auto& m : runs) out["scenarios"].push_back(MeasuredJson(c, m));
     if (first_byte) out["first_byte_run"] = MeasuredJson(c, *first_byte);

@@ -121,6 +121,16 @@ TEST_CASE("tracker blobs: target_chunks gives smaller blobs smaller chunks, with
   CHECK(l.value().piece_size == (1u << 20));
   CHECK(l.value().first_chunk_size == (1ull << 20));
   CHECK(l.value().chunk_count() == 3 + 32);
+  // Just over 256 MiB (the bench's layer): rounded down, still 8 MiB chunks (size / 8 MiB >= 32):
+  // the 7 MiB ramp, 31 full chunks and a tail.
+  l = t.LayoutFor((256ull << 20) + (300u << 10));
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (8ull << 20));
+  CHECK(l.value().chunk_count() == 3 + 31 + 1);
+  // Just under: 4 MiB chunks.
+  l = t.LayoutFor((256ull << 20) - 1);
+  REQUIRE(l.has_value());
+  CHECK(l.value().chunk_size == (4ull << 20));
   // 17 GiB: the configured 64 MiB chunks and 4 MiB pieces.
   l = t.LayoutFor(17ull << 30);
   REQUIRE(l.has_value());
