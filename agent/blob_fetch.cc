@@ -57,9 +57,9 @@ awaitable<Status> BlobFetch::WaitStarted() {
 Status BlobFetch::Write(const char* data, size_t size, uint64_t offset) {
   if (error_) return *error_;
   if (!writer_ || offset > size_ || size > size_ - offset) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     "write of " + std::to_string(size) + " bytes at " + std::to_string(offset) +
-                         " is outside blob " + digest_.str());
+    return MakeError(ErrorCode::kInvalidArgument, "write of " + std::to_string(size) +
+                                                      " bytes at " + std::to_string(offset) +
+                                                      " is outside blob " + digest_.str());
   }
   if (auto st = writer_->PWrite(data, size, offset); !st) {
     Fail(st.error());
@@ -145,16 +145,16 @@ void BlobFetch::MaybeHash() {
 void BlobFetch::Verify() {
   Digest actual = sha_.Final();
   if (actual != digest_) {
-    Fail(MakeError(ErrorCode::kDigestMismatch,
-                   "the " + std::to_string(size_) + " bytes received for " + digest_.str() +
-                       " hash to " + actual.str()));
+    Fail(MakeError(ErrorCode::kDigestMismatch, "the " + std::to_string(size_) +
+                                                   " bytes received for " + digest_.str() +
+                                                   " hash to " + actual.str()));
     return;
   }
   hashing_ = true;  // no further hashing; keeps MaybeHash idle while committing
   verified_at_ = std::chrono::steady_clock::now();
-  spdlog::debug("blob {}: sha256 matched {} ms after its last byte arrived", digest_.str(),
-                std::chrono::duration_cast<std::chrono::milliseconds>(verified_at_ - filled_at_)
-                    .count());
+  spdlog::debug(
+      "blob {}: sha256 matched {} ms after its last byte arrived", digest_.str(),
+      std::chrono::duration_cast<std::chrono::milliseconds>(verified_at_ - filled_at_).count());
   // The bytes are proven: release the last byte now rather than after fsync + rename (measured:
   // the fsync alone held clients 0.6-2 s per GiB). The fetch stays in the in-flight map until
   // the commit is done, so no second fetch can start in between.

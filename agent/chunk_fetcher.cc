@@ -158,10 +158,10 @@ awaitable<void> ChunkFetcher::Run() {
     layout_.blob_size = fetch_->size();
   }
   if (layout_.blob_size != fetch_->size()) {
-    fetch_->Fail(MakeError(ErrorCode::kProtocol,
-                           "tracker says " + fetch_->digest().str() + " is " +
-                               std::to_string(layout_.blob_size) + " bytes, upstream says " +
-                               std::to_string(fetch_->size())));
+    fetch_->Fail(MakeError(ErrorCode::kProtocol, "tracker says " + fetch_->digest().str() + " is " +
+                                                     std::to_string(layout_.blob_size) +
+                                                     " bytes, upstream says " +
+                                                     std::to_string(fetch_->size())));
     co_return;
   }
   if (fetch_->size() == 0) co_return;  // verified at Open
@@ -235,8 +235,8 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
       spdlog::warn("chunk {} of {}: no tracker answer ({}); fetching it straight from upstream", k,
                    fetch_->digest().str(), e.message);
       s_.metrics.fallbacks
-          .Add({{"reason", e.code == ErrorCode::kUnavailable ? "tracker_unreachable"
-                                                             : "tracker_error"}})
+          .Add({{"reason",
+                 e.code == ErrorCode::kUnavailable ? "tracker_unreachable" : "tracker_error"}})
           .Increment();
       const std::string no_lease;
       Status st = co_await Upstream(k, no_lease, std::chrono::milliseconds(0));
@@ -318,8 +318,8 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     s_.metrics.leases.Increment();
     if (origin_[k] != Origin::kNone && !metainfo_[k].empty()) {
       // We hold the chunk already (the tracker lost or dropped its metainfo): publish ours.
-      Status published = co_await s_.tracker->Publish(fetch_->digest(), k, source_, a.lease_id,
-                                                      metainfo_[k]);
+      Status published =
+          co_await s_.tracker->Publish(fetch_->digest(), k, source_, a.lease_id, metainfo_[k]);
       if (!published) {
         spdlog::warn("cannot re-publish chunk {} of {}: {}", k, fetch_->digest().str(),
                      published.error().message);
@@ -331,8 +331,7 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     in_upstream_[k] = false;
     upstream_done_.NotifyAll();
     if (st) continue;
-    spdlog::warn("chunk {} of {} from upstream: {}", k, fetch_->digest().str(),
-                 st.error().message);
+    spdlog::warn("chunk {} of {} from upstream: {}", k, fetch_->digest().str(), st.error().message);
     if (Fatal(st.error()) || ++failures >= s_.options.upstream_attempts) {
       fetch_->Fail(st.error());
       co_return;
@@ -371,7 +370,7 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   spdlog::debug("chunk {} of {}: upstream GET of {} bytes at {}{}", k, fetch_->digest().str(),
                 length, begin, lease_id.empty() ? " (no lease)" : "");
   upstream::BodySink sink = [this, k, begin, &hasher, progress, started](const char* data,
-                                                                       size_t n) -> Status {
+                                                                         size_t n) -> Status {
     if (*progress == 0) {
       spdlog::debug("chunk {} of {}: first upstream byte after {} ms", k, fetch_->digest().str(),
                     MillisSince(started));
@@ -402,9 +401,8 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   if (!hasher) co_return Ok();
   auto hashes = hasher->Finish();
   if (!hashes) co_return hashes.error();
-  auto torrent =
-      swarm::BuildChunkTorrent(ChunkName(k), length, layout_.piece_size_of(k),
-                               std::move(hashes.value()));
+  auto torrent = swarm::BuildChunkTorrent(ChunkName(k), length, layout_.piece_size_of(k),
+                                          std::move(hashes.value()));
   if (!torrent) co_return torrent.error();
   metainfo_[k] = torrent.value().metainfo;
   swarm::ChunkSpec seed_spec;
@@ -451,7 +449,8 @@ awaitable<void> ChunkFetcher::RenewLoop(uint32_t k, std::string lease_id,
 awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainfo) {
   auto self = shared_from_this();
   const uint64_t begin = layout_.chunk_begin(k);
-  auto torrent = swarm::ParseChunkTorrent(metainfo, layout_.chunk_length(k), layout_.piece_size_of(k));
+  auto torrent =
+      swarm::ParseChunkTorrent(metainfo, layout_.chunk_length(k), layout_.piece_size_of(k));
   if (!torrent) co_return torrent.error();
   if (s_.swarm == nullptr || !file_)
     co_return MakeError(ErrorCode::kUnsupported, "this agent has no swarm session");
@@ -467,8 +466,7 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
   swarm::ChunkSpec spec;
   std::weak_ptr<BlobFetch> weak_fetch = fetch_;
   ChunkFetchMetrics* metrics = &s_.metrics;
-  spec.on_piece = [state, weak_fetch, begin, metrics, k](uint32_t piece, uint64_t b,
-                                                         uint64_t e) {
+  spec.on_piece = [state, weak_fetch, begin, metrics, k](uint32_t piece, uint64_t b, uint64_t e) {
     if (!state->any_piece) {
       state->any_piece = true;
       spdlog::debug("chunk {}: first piece ({}) from peers {} ms after it was added", k, piece,
@@ -502,9 +500,9 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
     }
     if (!state->complete && Clock::now() - state->progress > s_.options.peer_stall) {
       s_.metrics.stalls.Increment();
-      state->error = MakeError(ErrorCode::kUnavailable,
-                               "no piece from peers for " +
-                                   std::to_string(s_.options.peer_stall.count()) + " ms");
+      state->error = MakeError(
+          ErrorCode::kUnavailable,
+          "no piece from peers for " + std::to_string(s_.options.peer_stall.count()) + " ms");
     }
   }
   if (state->complete) {
@@ -542,8 +540,8 @@ awaitable<void> ChunkFetcher::Finish() {
     // Some published chunk was wrong: drop what we took from peers so it is fetched again.
     for (uint32_t k = 0; k < origin_.size(); ++k) {
       if (origin_[k] != Origin::kPeers) continue;
-      auto t = swarm::ParseChunkTorrent(metainfo_[k], layout_.chunk_length(k),
-                                        layout_.piece_size_of(k));
+      auto t =
+          swarm::ParseChunkTorrent(metainfo_[k], layout_.chunk_length(k), layout_.piece_size_of(k));
       if (!t) continue;
       const std::string info_hash = swarm::Sha1Hex(t.value().info_hash);
       auto reported = co_await s_.tracker->ReportBad(fetch_->digest(), k, info_hash);
@@ -556,8 +554,8 @@ awaitable<void> ChunkFetcher::Finish() {
 
 awaitable<void> RunChunkFetch(FetchServices& services, std::shared_ptr<BlobFetch> fetch,
                               upstream::RegistryEndpoint endpoint, BlobSource source) {
-  auto fetcher =
-      std::make_shared<ChunkFetcher>(services, std::move(fetch), std::move(endpoint), std::move(source));
+  auto fetcher = std::make_shared<ChunkFetcher>(services, std::move(fetch), std::move(endpoint),
+                                                std::move(source));
   co_await fetcher->Run();
 }
 

@@ -103,8 +103,7 @@ BlobResult<BlobView> BlobTable::Find(const Digest& digest, TimePoint now) {
 }
 
 BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::string_view agent,
-                                         const BlobSource& source, TimePoint now,
-                                         bool may_grant) {
+                                         const BlobSource& source, TimePoint now, bool may_grant) {
   ExpireLeases(now);
   auto checked = CheckChunk(digest, source, k);
   if (!checked) return checked.error();

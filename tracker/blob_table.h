@@ -41,9 +41,9 @@ struct BlobTableOptions {
   uint32_t target_chunks = 0;
   uint64_t min_chunk_size = 4ull << 20;  // a power of two
   uint64_t first_chunk_size = 0;         // 0 or a power of two >= 16 KiB
-  uint32_t max_upstream_fetchers = 8;            // active leases over all blobs
-  uint32_t max_leases_per_agent = 2;             // active leases of one agent
-  uint32_t max_leases_per_blob = 4;              // active leases on one blob (U goes to its head)
+  uint32_t max_upstream_fetchers = 8;    // active leases over all blobs
+  uint32_t max_leases_per_agent = 2;     // active leases of one agent
+  uint32_t max_leases_per_blob = 4;      // active leases on one blob (U goes to its head)
   // While chunk 0 is leased but not ready, no other chunk of the blob is leased for this long
   // after chunk 0's grant: chunk 0 gets the whole upstream link, so peers get it sooner. 0: off.
   std::chrono::milliseconds head_start{0};

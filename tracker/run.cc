@@ -108,7 +108,8 @@ int RunTracker(const TrackerConfig& config) {
                           "--min-chunk-size-kib " + std::to_string(config.min_chunk_size_kib) +
                               " is not a power of two"));
   }
-  if (config.first_chunk_kib != 0 && (!pow2(config.first_chunk_kib) || config.first_chunk_kib < 16)) {
+  if (config.first_chunk_kib != 0 &&
+      (!pow2(config.first_chunk_kib) || config.first_chunk_kib < 16)) {
     return fail(MakeError(ErrorCode::kInvalidArgument,
                           "--first-chunk-kib " + std::to_string(config.first_chunk_kib) +
                               " is not 0 or a power of two of at least 16"));
@@ -127,8 +128,8 @@ int RunTracker(const TrackerConfig& config) {
   BlobApi blobs(blob_options, registry, BlobApi::NewTrackerId());
   // Chunk torrents announce here too, so the swarm table knows when a ready chunk lost its seeds.
   blobs.SetSeedersLostProbe([&service](const swarm::Sha1& hash) {
-    auto id = InfoHash::FromBytes(std::string_view(reinterpret_cast<const char*>(hash.data()),
-                                                   hash.size()));
+    auto id = InfoHash::FromBytes(
+        std::string_view(reinterpret_cast<const char*>(hash.data()), hash.size()));
     return id && service.table().LostSeeders(*id);
   });
   ServerOptions server_options;
@@ -159,15 +160,15 @@ int RunTracker(const TrackerConfig& config) {
       "chunks, at least {} KiB; first chunk {} KiB); at most {} upstream leases ({} per "
       "agent), lease ttl {} s, at most {} blob tables",
       blobs.tracker_id(), config.chunk_size_kib, config.piece_size_kib, config.target_chunks,
-      config.min_chunk_size_kib, config.first_chunk_kib,
-      config.max_upstream_fetchers, config.max_leases_per_agent, config.lease_ttl_s,
-      config.max_blobs);
+      config.min_chunk_size_kib, config.first_chunk_kib, config.max_upstream_fetchers,
+      config.max_leases_per_agent, config.lease_ttl_s, config.max_blobs);
   spdlog::info("manifest cache: tag ttl {} s, fetch lease ttl {} s, at most {} manifests / {} MiB",
                config.manifest_ttl_s, config.manifest_lease_ttl_s, config.max_manifests,
                config.max_manifest_cache_mib);
-  spdlog::info("prefetch jobs: agents gone after {} s of silence, at most {} jobs, ended ones "
-               "kept {} s",
-               config.prefetch_agent_ttl_s, config.max_prefetch_jobs, config.prefetch_keep_s);
+  spdlog::info(
+      "prefetch jobs: agents gone after {} s of silence, at most {} jobs, ended ones "
+      "kept {} s",
+      config.prefetch_agent_ttl_s, config.max_prefetch_jobs, config.prefetch_keep_s);
 
   // Upkeep: drop silent peers. A tenth of the TTL keeps the overshoot small and the cost low
   // (one pass over the peers).

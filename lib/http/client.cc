@@ -8,6 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include <openssl/ssl.h>
+#include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -18,8 +20,6 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
-#include <openssl/ssl.h>
-#include <spdlog/spdlog.h>
 
 namespace shoal::http {
 
@@ -36,7 +36,7 @@ constexpr uint32_t kHeaderLimit = 64 * 1024;
 
 // One keep-alive connection: a plain or TLS stream plus the read buffer that belongs to it.
 struct Connection {
-  std::string key;  // scheme://host:port
+  std::string key;              // scheme://host:port
   net::any_io_executor strand;  // every operation on the streams runs here
   std::unique_ptr<beast::tcp_stream> plain;
   std::unique_ptr<beast::ssl_stream<beast::tcp_stream>> secure;
@@ -344,8 +344,8 @@ Client::Client(net::any_io_executor executor, ClientConfig config)
     : impl_(std::make_shared<Impl>()) {
   impl_->executor = std::move(executor);
   impl_->config = std::move(config);
-  impl_->pool = std::make_shared<ConnectionPool>(impl_->config.max_idle_per_host,
-                                                 impl_->config.max_idle_age);
+  impl_->pool =
+      std::make_shared<ConnectionPool>(impl_->config.max_idle_per_host, impl_->config.max_idle_age);
   auto& ctx = impl_->ssl_ctx;
   SSL_CTX_set_min_proto_version(ctx.native_handle(), TLS1_2_VERSION);
   beast::error_code ec;
@@ -371,9 +371,8 @@ net::awaitable<std::optional<Result<std::unique_ptr<Connection>>>> Client::Impl:
   auto endpoints = co_await resolver.async_resolve(url.host, std::to_string(url.port), flags,
                                                    net::redirect_error(net::use_awaitable, ec));
   if (ec) {
-    co_return MakeError(ErrorCode::kUnavailable,
-                        "cannot resolve " + url.host + " for " + url.Redacted() + ": " +
-                            ec.message());
+    co_return MakeError(ErrorCode::kUnavailable, "cannot resolve " + url.host + " for " +
+                                                     url.Redacted() + ": " + ec.message());
   }
   auto conn = std::make_unique<Connection>();
   conn->strand = strand;
@@ -421,9 +420,8 @@ net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& re
   bhttp::request<bhttp::string_body> req{request.method, url.target, 11};
   for (const auto& f : request.headers) {
     if (!IsHeaderSafe(f.value())) {
-      co_return MakeError(ErrorCode::kInvalidArgument,
-                          "header " + std::string(f.name_string()) + " for " + url.Redacted() +
-                              " has CR/LF");
+      co_return MakeError(ErrorCode::kInvalidArgument, "header " + std::string(f.name_string()) +
+                                                           " for " + url.Redacted() + " has CR/LF");
     }
     req.insert(f.name_string(), f.value());
   }
@@ -433,8 +431,7 @@ net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& re
     req.prepare_payload();
   }
   const std::string key = url.scheme + "://" + url.HostPort();
-  const bool idempotent =
-      request.method == bhttp::verb::get || request.method == bhttp::verb::head;
+  const bool idempotent = request.method == bhttp::verb::get || request.method == bhttp::verb::head;
 
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::unique_ptr<Connection> conn;
@@ -442,8 +439,8 @@ net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& re
     const bool reused = conn != nullptr;
     if (!conn) {
       net::any_io_executor strand = net::make_strand(impl->executor);
-      auto connected = co_await net::co_spawn(strand, impl->Connect(url, strand),
-                                              net::use_awaitable);
+      auto connected =
+          co_await net::co_spawn(strand, impl->Connect(url, strand), net::use_awaitable);
       if (!connected) co_return MakeError(ErrorCode::kInternal, "connect lost its result");
       if (!connected->has_value()) co_return connected->error();
       conn = std::move(*connected).value();
@@ -454,14 +451,14 @@ net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& re
     parser->body_limit(std::numeric_limits<std::uint64_t>::max());  // callers cap bodies
     parser->header_limit(kHeaderLimit);
     if (request.method == bhttp::verb::head) parser->skip(true);
-    Exchange x = co_await net::co_spawn(
-        conn->strand, ExchangeOn(*conn, req, *parser, impl->config.idle_timeout),
-        net::use_awaitable);
+    Exchange x = co_await net::co_spawn(conn->strand,
+                                        ExchangeOn(*conn, req, *parser, impl->config.idle_timeout),
+                                        net::use_awaitable);
     if (x.ec) {
       // A pooled connection the server has closed meanwhile fails at once: try a fresh one.
       if (reused && idempotent && (!x.sent || IsStaleConnectionError(x.ec))) continue;
-      co_return IoError(x.ec, x.sent ? "cannot read the response from"
-                                     : "cannot send the request to", url);
+      co_return IoError(
+          x.ec, x.sent ? "cannot read the response from" : "cannot send the request to", url);
     }
     auto state = std::make_unique<detail::ResponseState>();
     state->conn = std::move(conn);

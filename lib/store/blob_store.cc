@@ -24,8 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 Error IoError(std::string_view what, const std::string& path, int err) {
-  return MakeError(ErrorCode::kIo,
-                   std::string(what) + " " + path + ": " + std::strerror(err));
+  return MakeError(ErrorCode::kIo, std::string(what) + " " + path + ": " + std::strerror(err));
 }
 
 Status FsyncDir(const std::string& dir) {
@@ -266,14 +265,23 @@ Result<uint64_t> ParseBudget(std::string_view spec, const std::string& path) {
   }
   std::string u;
   for (char c : unit) u += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},         {"b", 1},
-      {"k", 1024.0},   {"kib", 1024.0},           {"kb", 1e3},
-      {"m", 1 << 20},  {"mib", 1 << 20},          {"mb", 1e6},
-      {"g", 1 << 30},  {"gib", 1 << 30},          {"gb", 1e9},
-      {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12}};
+  static const std::map<std::string, double> kUnits = {{"", 1},
+                                                       {"b", 1},
+                                                       {"k", 1024.0},
+                                                       {"kib", 1024.0},
+                                                       {"kb", 1e3},
+                                                       {"m", 1 << 20},
+                                                       {"mib", 1 << 20},
+                                                       {"mb", 1e6},
+                                                       {"g", 1 << 30},
+                                                       {"gib", 1 << 30},
+                                                       {"gb", 1e9},
+                                                       {"t", 1099511627776.0},
+                                                       {"tib", 1099511627776.0},
+                                                       {"tb", 1e12}};
   auto it = kUnits.find(u);
-  if (it == kUnits.end()) return bad("unknown unit \"" + unit + "\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB or %)");
+  if (it == kUnits.end())
+    return bad("unknown unit \"" + unit + "\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB or %)");
   return static_cast<uint64_t>(number * it->second);
 }
 
@@ -547,8 +555,8 @@ void BlobStore::LoadIndex() {
       IndexEntry e;
       e.size = static_cast<uint64_t>(st.st_size);
       auto lu = last_use.find(f.path().filename().string());
-      e.last_use = lu != last_use.end() ? FromMs(lu->second)
-                                        : TimePoint(std::chrono::seconds(st.st_mtime));
+      e.last_use =
+          lu != last_use.end() ? FromMs(lu->second) : TimePoint(std::chrono::seconds(st.st_mtime));
       total_bytes_ += e.size;
       index_.insert_or_assign(digest.value(), e);
     }

@@ -7,10 +7,11 @@
 // its sha256 matched, so a crash can leave garbage in tmp/ but never a wrong blob.
 //
 // Budget and pins: the store keeps an index of its complete blobs (size, last use). Last use is
-// recorded by Touch (the agent calls it when it serves a blob) and GetManifest (not atime, which noatime mounts do not keep) and saved
-// in meta/access.json by Evict and Flush. Evict deletes least recently used blobs until the total
-// fits the budget, skipping pinned blobs (pins.json, each with an owner and an optional expiry)
-// and blobs in use (a MarkInUse handle: open readers; a writer until its Commit).
+// recorded by Touch (the agent calls it when it serves a blob) and GetManifest (not atime, which
+// noatime mounts do not keep) and saved in meta/access.json by Evict and Flush. Evict deletes least
+// recently used blobs until the total fits the budget, skipping pinned blobs (pins.json, each with
+// an owner and an optional expiry) and blobs in use (a MarkInUse handle: open readers; a writer
+// until its Commit).
 
 #include <chrono>
 #include <cstdint>
@@ -102,7 +103,7 @@ struct CacheStats {
   uint64_t budget = 0;        // 0: unlimited
   uint64_t pinned_bytes = 0;  // complete blobs with an unexpired pin
   uint64_t blobs = 0;
-  uint64_t evictions = 0;     // blobs evicted since Open
+  uint64_t evictions = 0;  // blobs evicted since Open
 };
 
 // What one Evict call did.
@@ -193,7 +194,7 @@ class BlobStore {
   void Added(const Digest& digest, uint64_t size);
   void Release(const Digest& digest);
   void LoadIndex();
-  Status SavePinsLocked() const;   // requires mu_
+  Status SavePinsLocked() const;        // requires mu_
   std::string IndexJsonLocked() const;  // requires mu_
   bool PinnedLocked(const Digest& digest, std::chrono::system_clock::time_point now) const;
   void DropExpiredLocked(std::chrono::system_clock::time_point now);
@@ -203,15 +204,15 @@ class BlobStore {
   int cleaned_temp_files_ = 0;
 
   mutable std::mutex mu_;
-  Clock clock_;                                        // GUARDED_BY(mu_)
-  uint64_t budget_ = 0;                                // GUARDED_BY(mu_)
-  uint64_t total_bytes_ = 0;                           // GUARDED_BY(mu_)
-  uint64_t seq_ = 0;                                   // GUARDED_BY(mu_)
-  uint64_t evictions_ = 0;                             // GUARDED_BY(mu_)
-  std::unordered_map<Digest, IndexEntry> index_;       // GUARDED_BY(mu_): complete blobs
-  std::unordered_map<Digest, int> users_;              // GUARDED_BY(mu_): in-use counts
+  Clock clock_;                                   // GUARDED_BY(mu_)
+  uint64_t budget_ = 0;                           // GUARDED_BY(mu_)
+  uint64_t total_bytes_ = 0;                      // GUARDED_BY(mu_)
+  uint64_t seq_ = 0;                              // GUARDED_BY(mu_)
+  uint64_t evictions_ = 0;                        // GUARDED_BY(mu_)
+  std::unordered_map<Digest, IndexEntry> index_;  // GUARDED_BY(mu_): complete blobs
+  std::unordered_map<Digest, int> users_;         // GUARDED_BY(mu_): in-use counts
   std::map<Digest, std::map<std::string, shoal::store::Pin>> pins_;  // GUARDED_BY(mu_): by owner
-  std::function<void(const Digest&)> evict_hook_;      // GUARDED_BY(mu_)
+  std::function<void(const Digest&)> evict_hook_;                    // GUARDED_BY(mu_)
   friend class BlobWriter;
 };
 

@@ -496,8 +496,8 @@ struct ShoalCluster {
 // The chunk layout the tracker gave `digest` ("" if it cannot say), e.g. "1 MiB first chunk,
 // then doubling to 4 MiB chunks of 512 KiB pieces: 67 chunks".
 std::string LayoutOf(const Endpoint& tracker_ep, const Digest& digest) {
-  std::string url = "http://" + tracker_ep.ip + ":" + std::to_string(kTrackerPort) + "/v1/blobs/" +
-                    digest.str();
+  std::string url =
+      "http://" + tracker_ep.ip + ":" + std::to_string(kTrackerPort) + "/v1/blobs/" + digest.str();
   auto r = InNetns(tracker_ep.ns, [&] { return HttpGet(url, {}, std::chrono::seconds(10)); });
   if (!r || r.value().status != 200) return "";
   json j = json::parse(r.value().body, nullptr, false);
@@ -519,7 +519,7 @@ struct Options {
   // Defaults: see "Choosing N and B" in docs/benchmarks.md (CPU budget of a 2-core machine).
   size_t nodes = 6;
   int node_mbit = 100;
-  int upstream_mbit = 100;
+  int upstream_mbit = 50;  // B = 2U: a node link faster than its share of the NAT (docs)
   uint64_t image_mib = 256;
   uint64_t chunk_mib = 64;  // shoal-tracker's defaults: 64 MiB chunks of 4 MiB pieces
   uint64_t piece_kib = 0;   // 0: min(4096, chunk size)
@@ -1322,7 +1322,8 @@ int Main(int argc, char** argv) {
   const std::string load_at_start = Trim(ReadFile("/proc/loadavg"));
   std::printf(
       "shoal-bench-swarm: %zu nodes, B = %d Mbit/s per node, U = %d Mbit/s upstream, "
-      "image ~%llu MiB, chunks %llu MiB / pieces %llu KiB\n",
+      "image ~%llu MiB, chunks up to %llu MiB / pieces up to %llu KiB (smaller blobs get "
+      "smaller ones: see the layout in the results)\n",
       o.nodes, o.node_mbit, o.upstream_mbit, static_cast<unsigned long long>(o.image_mib),
       static_cast<unsigned long long>(o.chunk_mib), static_cast<unsigned long long>(o.piece_kib));
   std::printf("machine: %s; load average at start: %s; nice %d\n", Machine().c_str(),
@@ -1566,7 +1567,8 @@ int Main(int argc, char** argv) {
     std::printf("tracker: %s\n",
                 tracker_settings.substr(pos == std::string::npos ? 0 : pos).c_str());
   }
-  if (!big_layout.empty()) std::printf("largest layer as the tracker cut it: %s\n", big_layout.c_str());
+  if (!big_layout.empty())
+    std::printf("largest layer as the tracker cut it: %s\n", big_layout.c_str());
   PrintTimes(c, runs);
   std::printf(
       "\ntimes: from the common start to each node's skopeo exit (manifest, config and all layers "
@@ -1595,9 +1597,8 @@ int Main(int argc, char** argv) {
       const NodeRun& n = shoal->nodes[i];
       auto [in, out] = NodeLinkBytes(*shoal, i);
       std::printf("%-5zu %8.2f %12s %12s %12s %7.0f %7.0f %9.0f %12s %12s\n", i + 1, n.seconds,
-                  Mib(n.from_upstream).c_str(), Mib(n.from_peers).c_str(),
-                  Mib(n.redundant).c_str(), n.leases, n.stalls,
-                  n.fallbacks, Mib(static_cast<double>(in)).c_str(),
+                  Mib(n.from_upstream).c_str(), Mib(n.from_peers).c_str(), Mib(n.redundant).c_str(),
+                  n.leases, n.stalls, n.fallbacks, Mib(static_cast<double>(in)).c_str(),
                   Mib(static_cast<double>(out)).c_str());
     }
     std::map<std::string, double> wasted;

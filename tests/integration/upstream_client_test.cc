@@ -35,8 +35,8 @@ namespace {
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
-using testkit::SyncHttpServer;
 using std::chrono::milliseconds;
+using testkit::SyncHttpServer;
 
 constexpr const char* kAccept =
     "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json, "
@@ -147,8 +147,8 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
   CHECK(m.value().digest == img.image.manifest_digest);
   CHECK(m.value().media_type == img.image.media_type);
 
-  auto by_digest = Run(ioc, client.GetManifest(ep, "demo/app", img.image.manifest_digest.str(),
-                                               kAccept));
+  auto by_digest =
+      Run(ioc, client.GetManifest(ep, "demo/app", img.image.manifest_digest.str(), kAccept));
   REQUIRE_MESSAGE(by_digest.has_value(), by_digest.error().ToString());
   CHECK(by_digest.value().body == img.image.manifest_json);
 
@@ -162,8 +162,8 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
   CHECK(size.value() == img.layer_bytes.size());
 
   std::string whole;
-  auto st = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, 0, img.layer_bytes.size(),
-                                      Collect(&whole)));
+  auto st = Run(
+      ioc, client.FetchBlob(ep, "demo/app", img.layer, 0, img.layer_bytes.size(), Collect(&whole)));
   REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
   CHECK(whole.size() == img.layer_bytes.size());
   CHECK(Sha256::Of(whole) == img.layer);
@@ -196,9 +196,9 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
     for (int i = 0; i < kParts; ++i) {
       uint64_t off = i * part_size;
       uint64_t len = std::min<uint64_t>(part_size, img.layer_bytes.size() - off);
-      net::co_spawn(mt, StoreResult(shared.FetchBlob(ep, repo, img.layer, off, len,
-                                                     Collect(&parts[i])),
-                                    &done[i]),
+      net::co_spawn(mt,
+                    StoreResult(shared.FetchBlob(ep, repo, img.layer, off, len, Collect(&parts[i])),
+                                &done[i]),
                     net::detached);
     }
     std::thread second([&] { mt.run(); });
@@ -292,8 +292,8 @@ TEST_CASE("upstream client: gets, caches and shares bearer tokens from a token s
 
   // The cached token serves later calls too.
   std::string blob;
-  auto st = Run(ioc, client.FetchBlob(ep, "team/tool", img.layer, 0, img.layer_bytes.size(),
-                                      Collect(&blob)));
+  auto st = Run(
+      ioc, client.FetchBlob(ep, "team/tool", img.layer, 0, img.layer_bytes.size(), Collect(&blob)));
   REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
   CHECK(Sha256::Of(blob) == img.layer);
   CHECK(tokens.value()->TokenRequests() - before == 1);
@@ -381,9 +381,9 @@ TEST_CASE("upstream client: resumes a body cut short from the first undelivered 
         ranges.push_back(std::string(req[bhttp::field::range]));
         cut = ++requests == 1;
       }
-      std::string head = "HTTP/1.1 206 Partial Content\r\nContent-Length: " +
-                         std::to_string(r.length()) + "\r\nContent-Range: " +
-                         http::ContentRange(r, blob.size()) + "\r\n\r\n";
+      std::string head =
+          "HTTP/1.1 206 Partial Content\r\nContent-Length: " + std::to_string(r.length()) +
+          "\r\nContent-Range: " + http::ContentRange(r, blob.size()) + "\r\n\r\n";
       net::write(socket, net::buffer(head), ec);
       size_t n = cut ? (1 << 20) : r.length();
       net::write(socket, net::buffer(blob.data() + r.first, n), ec);
@@ -404,8 +404,8 @@ TEST_CASE("upstream client: resumes a body cut short from the first undelivered 
   std::lock_guard lock(mu);
   REQUIRE(ranges.size() == 2);
   CHECK(ranges[0] == "bytes=100-" + std::to_string(blob.size() - 101));
-  CHECK(ranges[1] == "bytes=" + std::to_string(100 + (1 << 20)) + "-" +
-                         std::to_string(blob.size() - 101));
+  CHECK(ranges[1] ==
+        "bytes=" + std::to_string(100 + (1 << 20)) + "-" + std::to_string(blob.size() - 101));
   CHECK(client.stats().retries == 1);
   CHECK(client.stats().bytes == length);
 }
@@ -423,10 +423,10 @@ TEST_CASE("upstream client: detects a stalled upstream with the idle timeout") {
     if (ec) return;
     ++requests;
     http::ByteRange r = RequestedRange(req, blob.size());
-    std::string head = "HTTP/1.1 206 Partial Content\r\nContent-Length: " +
-                       std::to_string(r.length()) + "\r\nContent-Range: " +
-                       http::ContentRange(r, blob.size()) + "\r\n\r\n" +
-                       blob.substr(r.first, 10);
+    std::string head =
+        "HTTP/1.1 206 Partial Content\r\nContent-Length: " + std::to_string(r.length()) +
+        "\r\nContent-Range: " + http::ContentRange(r, blob.size()) + "\r\n\r\n" +
+        blob.substr(r.first, 10);
     net::write(socket, net::buffer(head), ec);
     // Stall: wait until the client gives up (or the server stops).
     char c;
@@ -453,6 +453,52 @@ TEST_CASE("upstream client: detects a stalled upstream with the idle timeout") {
   // the first one's.
   CHECK(got == blob.substr(0, 20));
   CHECK(client.stats().bytes == 20);
+}
+
+TEST_CASE("upstream client: hands on body bytes as they arrive, without waiting for more") {
+  std::string blob(100'000, '\0');
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>('a' + i % 26);
+  std::atomic<bool> first_delivered{false};
+  std::atomic<bool> server_waited_out{false};
+  // Sends the head and 10 body bytes, then holds the rest back until the client has handed
+  // those 10 on to its sink (or 5 s passed).
+  auto server = SyncHttpServer::StartRaw([&](net::ip::tcp::socket& socket) {
+    beast::flat_buffer buffer;
+    SyncHttpServer::Request req;
+    beast::error_code ec;
+    bhttp::read(socket, buffer, req, ec);
+    if (ec) return;
+    http::ByteRange r = RequestedRange(req, blob.size());
+    std::string head =
+        "HTTP/1.1 206 Partial Content\r\nContent-Length: " + std::to_string(r.length()) +
+        "\r\nContent-Range: " + http::ContentRange(r, blob.size()) + "\r\n\r\n" +
+        blob.substr(r.first, 10);
+    net::write(socket, net::buffer(head), ec);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!first_delivered && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(milliseconds(5));
+    if (!first_delivered) server_waited_out = true;
+    net::write(socket, net::buffer(blob.substr(r.first + 10, r.length() - 10)), ec);
+  });
+  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  RegistryEndpoint ep = Endpoint(server.value()->HostPort());
+
+  net::io_context ioc;
+  ClientOptions options = FastRetries();
+  options.idle_timeout = std::chrono::seconds(10);
+  options.max_attempts = 1;
+  RegistryClient client(ioc.get_executor(), options, Credentials());
+  std::string got;
+  BodySink sink = [&](const char* data, size_t size) -> Status {
+    got.append(data, size);
+    first_delivered = true;
+    return Ok();
+  };
+  auto st = Run(ioc, client.FetchBlob(ep, "demo/trickle", Sha256::Of("x"), 0, blob.size(), sink));
+  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  // The first 10 bytes reached the sink while the server still held the rest back.
+  CHECK_FALSE(server_waited_out.load());
+  CHECK(got == blob);
 }
 
 TEST_CASE("upstream client: follows a 307 to another host without forwarding Authorization") {
@@ -527,7 +573,8 @@ TEST_CASE("upstream client: follows a 307 to another host without forwarding Aut
 }
 
 TEST_CASE("upstream client: rejects manifests whose bytes do not match their digest") {
-  const std::string body = R"({"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"})";
+  const std::string body =
+      R"({"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"})";
   const Digest real = Sha256::Of(body);
   const Digest other = Sha256::Of("something else");
   std::atomic<int> connections{0};
@@ -535,8 +582,10 @@ TEST_CASE("upstream client: rejects manifests whose bytes do not match their dig
     std::string target(req.target());
     auto res = Answer(200, req.method() == bhttp::verb::head ? "" : body);
     res.set(bhttp::field::content_type, "application/vnd.oci.image.manifest.v1+json; charset=x");
-    if (target.ends_with("/lying")) res.set("Docker-Content-Digest", other.str());
-    else res.set("Docker-Content-Digest", real.str());
+    if (target.ends_with("/lying"))
+      res.set("Docker-Content-Digest", other.str());
+    else
+      res.set("Docker-Content-Digest", real.str());
     if (req.method() == bhttp::verb::head) res.content_length(body.size());
     return res;
   });
@@ -629,11 +678,11 @@ struct TlsBlobServer {
 
 // Makes a self-signed certificate (its own CA) with the given subjectAltName.
 void MakeCert(const testkit::TempDir& dir, const std::string& name, const std::string& san) {
-  auto made = testkit::RunCommand(
-      {"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-       dir.Sub(name + ".key"), "-out", dir.Sub(name + ".pem"), "-days", "2", "-subj",
-       "/CN=shoal-test", "-addext", "subjectAltName=" + san},
-      std::chrono::seconds(60));
+  auto made =
+      testkit::RunCommand({"openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                           dir.Sub(name + ".key"), "-out", dir.Sub(name + ".pem"), "-days", "2",
+                           "-subj", "/CN=shoal-test", "-addext", "subjectAltName=" + san},
+                          std::chrono::seconds(60));
   REQUIRE_MESSAGE(made.has_value(), made.error().ToString());
 }
 

@@ -56,13 +56,14 @@ TEST_CASE("blob fetch: a waiting reader wakes at the first bytes, not after a wh
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + (i >> 12));
   const Digest digest = Sha256::Of(data);
   std::optional<bool> ended;
-  auto fetch = std::make_shared<BlobFetch>(ioc, pool, *store.value(), digest,
-                                           [&](bool ok) { ended = ok; });
+  auto fetch =
+      std::make_shared<BlobFetch>(ioc, pool, *store.value(), digest, [&](bool ok) { ended = ok; });
   REQUIRE(fetch->Open(data.size()).has_value());
 
   std::optional<Result<uint64_t>> first;
-  asio::co_spawn(ioc, [&]() -> asio::awaitable<void> { first = co_await fetch->WaitReadable(0); },
-                 asio::detached);
+  asio::co_spawn(
+      ioc, [&]() -> asio::awaitable<void> { first = co_await fetch->WaitReadable(0); },
+      asio::detached);
   ioc.run_for(std::chrono::milliseconds(50));  // the reader parks: nothing is filled yet
   CHECK_FALSE(first.has_value());
 
