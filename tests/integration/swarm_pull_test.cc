@@ -10,8 +10,10 @@
 #include <regex>
 #include <thread>
 
+#include "lib/swarm/session.h"
 #include "tests/support/agent.h"
 #include "tests/support/counting_proxy.h"
+#include "tests/support/http_client.h"
 #include "tests/support/image.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
@@ -65,18 +67,12 @@ struct SwarmWorld {
     AgentOptions opts;
     opts.cache_dir = dir.Sub("cache" + std::to_string(agents.size()));
     opts.upstreams = {"docker.io=" + proxy->Url()};
-    opts.extra_args = {"--tracker",
-                       tracker_url.empty() ? tracker->Url() : tracker_url,
-                       "--swarm-listen",
-                       "127.0.0.1:0",
-                       "--agent-id",
-                       "agent" + std::to_string(agents.size()),
-                       "--lease-wait-ms",
-                       "1000",
-                       "--tracker-grace-ms",
-                       "3000",
-                       "--peer-stall-ms",
-                       "3000"};
+    opts.extra_args = {"--tracker",          tracker_url.empty() ? tracker->Url() : tracker_url,
+                       "--swarm-listen",     "127.0.0.1:0",
+                       "--agent-id",         "agent" + std::to_string(agents.size()),
+                       "--lease-wait-ms",    "1000",
+                       "--tracker-grace-ms", "3000",
+                       "--peer-stall-ms",    "3000"};
     opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
     auto a = Agent::Start(opts);
     REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
@@ -142,6 +138,19 @@ TEST_CASE("swarm: a cold pull on 5 agents at once crosses from upstream about on
   // Every agent holds the verified big layer in its cache.
   for (size_t i = 0; i < w.agents.size(); ++i)
     CHECK(std::filesystem::exists(w.CachedPath(i, w.image.layer_digests[1])));
+  // Every agent exports libtorrent's discarded peer bytes by reason (sampled every second), and
+  // they are a part of what it received from peers.
+  for (auto& a : w.agents) {
+    std::string text = a->Metrics();
+    double wasted = 0;
+    for (const char* reason : swarm::kWasteReasons) {
+      CHECK_MESSAGE(text.find("shoal_swarm_wasted_bytes_total{reason=\"" + std::string(reason) +
+                              "\"}") != std::string::npos,
+                    reason);
+      wasted += testkit::MetricSum(text, "shoal_swarm_wasted_bytes_total", {{"reason", reason}});
+    }
+    CHECK(wasted <= testkit::MetricSum(text, "shoal_swarm_payload_downloaded_bytes_total"));
+  }
 }
 
 TEST_CASE("swarm: peers receive a large layer's bytes before any agent has all of it") {
