@@ -120,6 +120,24 @@ http::ByteRange RequestedRange(const SyncHttpServer::Request& req, uint64_t size
   return r.has_value() ? r.value() : http::ByteRange{0, size - 1};
 }
 
+// Reads one range request from `socket` and sends the 206 head with the range's first `first`
+// bytes of `blob`. Returns the range asked for, or nullopt when no request could be read.
+std::optional<http::ByteRange> AnswerRangeStart(net::ip::tcp::socket& socket,
+                                                const std::string& blob, size_t first) {
+  beast::flat_buffer buffer;
+  SyncHttpServer::Request req;
+  beast::error_code ec;
+  bhttp::read(socket, buffer, req, ec);
+  if (ec) return std::nullopt;
+  http::ByteRange r = RequestedRange(req, blob.size());
+  std::string head =
+      "HTTP/1.1 206 Partial Content\r\nContent-Length: " + std::to_string(r.length()) +
+      "\r\nContent-Range: " + http::ContentRange(r, blob.size()) + "\r\n\r\n" +
+      blob.substr(r.first, first);
+  net::write(socket, net::buffer(head), ec);
+  return r;
+}
+
 SyncHttpServer::Response Answer(unsigned status, std::string body = "") {
   SyncHttpServer::Response res{static_cast<bhttp::status>(status), 11};
   res.body() = std::move(body);
@@ -416,18 +434,9 @@ TEST_CASE("upstream client: detects a stalled upstream with the idle timeout") {
   std::atomic<int> requests{0};
   // Answers the requested range, sends its first 10 bytes, then stalls.
   auto server = SyncHttpServer::StartRaw([&](net::ip::tcp::socket& socket) {
-    beast::flat_buffer buffer;
-    SyncHttpServer::Request req;
-    beast::error_code ec;
-    bhttp::read(socket, buffer, req, ec);
-    if (ec) return;
+    if (!AnswerRangeStart(socket, blob, 10)) return;
     ++requests;
-    http::ByteRange r = RequestedRange(req, blob.size());
-    std::string head =
-        "HTTP/1.1 206 Partial Content\r\nContent-Length: " + std::to_string(r.length()) +
-        "\r\nContent-Range: " + http::ContentRange(r, blob.size()) + "\r\n\r\n" +
-        blob.substr(r.first, 10);
-    net::write(socket, net::buffer(head), ec);
+    beast::error_code ec;
     // Stall: wait until the client gives up (or the server stops).
     char c;
     socket.read_some(net::buffer(&c, 1), ec);
@@ -463,22 +472,14 @@ TEST_CASE("upstream client: hands on body bytes as they arrive, without waiting 
   // Sends the head and 10 body bytes, then holds the rest back until the client has handed
   // those 10 on to its sink (or 5 s passed).
   auto server = SyncHttpServer::StartRaw([&](net::ip::tcp::socket& socket) {
-    beast::flat_buffer buffer;
-    SyncHttpServer::Request req;
-    beast::error_code ec;
-    bhttp::read(socket, buffer, req, ec);
-    if (ec) return;
-    http::ByteRange r = RequestedRange(req, blob.size());
-    std::string head =
-        "HTTP/1.1 206 Partial Content\r\nContent-Length: " + std::to_string(r.length()) +
-        "\r\nContent-Range: " + http::ContentRange(r, blob.size()) + "\r\n\r\n" +
-        blob.substr(r.first, 10);
-    net::write(socket, net::buffer(head), ec);
+    auto r = AnswerRangeStart(socket, blob, 10);
+    if (!r) return;
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     while (!first_delivered && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(milliseconds(5));
     if (!first_delivered) server_waited_out = true;
-    net::write(socket, net::buffer(blob.substr(r.first + 10, r.length() - 10)), ec);
+    beast::error_code ec;
+    net::write(socket, net::buffer(blob.substr(r->first + 10, r->length() - 10)), ec);
   });
   REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
   RegistryEndpoint ep = Endpoint(server.value()->HostPort());
