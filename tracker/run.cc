@@ -158,10 +158,12 @@ int RunTracker(const TrackerConfig& config) {
   spdlog::info(
       "tracker id {}; chunks of up to {} KiB with {} KiB pieces (blobs below that x {} get smaller "
       "chunks, at least {} KiB; first chunk {} KiB); at most {} upstream leases ({} per "
-      "agent), lease ttl {} s, at most {} blob tables",
+      "agent, {} per blob; a blob's chunk 0 alone for up to {} ms), lease ttl {} s, at most {} "
+      "blob tables",
       blobs.tracker_id(), config.chunk_size_kib, config.piece_size_kib, config.target_chunks,
       config.min_chunk_size_kib, config.first_chunk_kib, config.max_upstream_fetchers,
-      config.max_leases_per_agent, config.lease_ttl_s, config.max_blobs);
+      config.max_leases_per_agent, config.max_leases_per_blob, config.head_start_ms,
+      config.lease_ttl_s, config.max_blobs);
   spdlog::info("manifest cache: tag ttl {} s, fetch lease ttl {} s, at most {} manifests / {} MiB",
                config.manifest_ttl_s, config.manifest_lease_ttl_s, config.max_manifests,
                config.max_manifest_cache_mib);
