@@ -2,19 +2,20 @@
 
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <nlohmann/json.hpp>
 
 #include "agent/admin.h"
 #include "lib/core/sha256.h"
 
 #include "lib/oci/manifest.h"
 #include "lib/oci/media_types.h"
+#include "lib/oci/quote.h"
 #include "lib/oci/reference.h"
 
 namespace shoal::agent {
@@ -163,7 +164,8 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
   if (ref.value().IsDigest()) {
     const Digest& d = *ref.value().digest;
     if (auto cached = store_.GetManifest(d)) {
-      if (auto parsed = oci::ParseManifest(cached->body, cached->media_type)) NoteSizes(parsed.value());
+      if (auto parsed = oci::ParseManifest(cached->body, cached->media_type))
+        NoteSizes(parsed.value());
       manifest_cache_.Increment();
       co_return shim::ManifestResult{std::move(cached->body), cached->media_type, d};
     }
@@ -175,7 +177,8 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
   if (!ref.value().IsDigest() && tag != tags_.end() &&
       std::chrono::steady_clock::now() - tag->second.fetched < options_.tag_ttl) {
     if (auto cached = store_.GetManifest(tag->second.digest)) {
-      if (auto parsed = oci::ParseManifest(cached->body, cached->media_type)) NoteSizes(parsed.value());
+      if (auto parsed = oci::ParseManifest(cached->body, cached->media_type))
+        NoteSizes(parsed.value());
       manifest_cache_.Increment();
       co_return shim::ManifestResult{std::move(cached->body), cached->media_type,
                                      tag->second.digest};
@@ -247,8 +250,8 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
         // A lying tracker must not poison this node: the bytes must hash to the digest (and to
         // the reference, for a digest). A tag -> digest answer itself can only be trusted.
         auto digest = Digest::Parse(m.digest);
-        bool verified = digest && Sha256::Of(m.body) == digest.value() &&
-                        (!want || *want == digest.value());
+        bool verified =
+            digest && Sha256::Of(m.body) == digest.value() && (!want || *want == digest.value());
         auto parsed = oci::ParseManifest(
             m.body, oci::IsManifestType(m.media_type) ? m.media_type : std::string());
         if (!verified || !parsed) {
@@ -278,13 +281,25 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
                          published.error().message);
           }
         } else {
-          Status released = co_await tracker.ReleaseManifest(mref);
+          // An upstream "not found" is worth telling the cluster: a thousand nodes asking for a
+          // mistyped tag then cost one upstream request. Other failures may pass; not remembered.
+          // (A named string: GCC 12 frees a temporary in a co_await expression twice.)
+          std::string missing;
+          if (fetched.error().code == ErrorCode::kNotFound)
+            missing = oci::Printable(fetched.error().message);
+          Status released = co_await tracker.ReleaseManifest(mref, missing);
           if (!released) {
-            spdlog::debug("manifest {}: lease release failed: {}", name,
-                          released.error().message);
+            spdlog::debug("manifest {}: lease release failed: {}", name, released.error().message);
           }
         }
         co_return std::optional<Result<shim::ManifestResult>>(std::move(fetched));
+      }
+      case TrackerManifest::Kind::kMissing: {
+        manifest_tracker_.Increment();
+        std::string message = m.missing + " (another node of this cluster got that from upstream " +
+                              std::to_string(m.age.count()) + " ms ago; the tracker remembers it)";
+        Error missing = MakeError(ErrorCode::kNotFound, std::move(message));
+        co_return std::optional<Result<shim::ManifestResult>>(std::move(missing));
       }
       case TrackerManifest::Kind::kWait: {
         // Normally the tracker held the request; an immediate "wait" (its waiter cap) must not
@@ -423,7 +438,8 @@ void PullThrough::RegisterCacheMetrics(prometheus::Registry& metrics) {
 store::EvictReport PullThrough::Evict(std::optional<uint64_t> to) {
   store::EvictReport r = to ? store_.EvictTo(*to) : store_.Evict();
   if (!r.evicted.empty()) {
-    if (cache_metrics_.evictions) cache_metrics_.evictions->Increment(static_cast<double>(r.evicted.size()));
+    if (cache_metrics_.evictions)
+      cache_metrics_.evictions->Increment(static_cast<double>(r.evicted.size()));
     spdlog::info("cache: evicted {} blobs ({} bytes) to fit the budget", r.evicted.size(),
                  r.freed_bytes);
   }

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "lib/core/base64.h"
 #include "lib/core/sha256.h"
@@ -160,8 +160,8 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::CallReplica(size_t replic
   auto read = co_await resp.ReadAll(kMaxReply);
   if (!read) co_return read.error();
   if (resp.status() >= 502 && resp.status() <= 504) {  // a proxy in front of a dead replica
-    co_return MakeError(ErrorCode::kUnavailable, "tracker " + req.url.str() + " answered " +
-                                                     std::to_string(resp.status()));
+    co_return MakeError(ErrorCode::kUnavailable,
+                        "tracker " + req.url.str() + " answered " + std::to_string(resp.status()));
   }
   NoteTrackerId(replica, read.value());
   co_return Reply{resp.status(), std::move(read.value()), replica};
@@ -181,8 +181,7 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::Call(const Digest& digest
                       "no tracker answered (" + (last ? last->message : std::string("?")) + ")");
 }
 
-awaitable<Result<ChunkTable>> TrackerClient::Table(const Digest& digest,
-                                                   const BlobSource& source) {
+awaitable<Result<ChunkTable>> TrackerClient::Table(const Digest& digest, const BlobSource& source) {
   std::string body = SourceJson(options_.agent_id, source).dump();
   std::string target = "/v1/blobs/" + digest.str();
   auto reply = co_await Call(digest, http_::verb::post, std::move(target), std::move(body));
@@ -286,9 +285,8 @@ awaitable<Status> TrackerClient::Renew(const Digest& digest, uint32_t k,
   co_return Ok();
 }
 
-awaitable<Status> TrackerClient::Publish(const Digest& digest, uint32_t k,
-                                         const BlobSource& source, const std::string& lease_id,
-                                         const std::string& metainfo) {
+awaitable<Status> TrackerClient::Publish(const Digest& digest, uint32_t k, const BlobSource& source,
+                                         const std::string& lease_id, const std::string& metainfo) {
   json j = SourceJson(options_.agent_id, source);
   if (!lease_id.empty()) j["lease_id"] = lease_id;
   j["metainfo"] = Base64Encode(metainfo);
@@ -360,6 +358,10 @@ Result<TrackerManifest> ParseManifestAnswer(const std::string& body) {
     } else if (state == "wait") {
       out.kind = TrackerManifest::Kind::kWait;
       out.retry_after = std::chrono::milliseconds(j.value("retry_after_ms", int64_t{500}));
+    } else if (state == "missing") {
+      out.kind = TrackerManifest::Kind::kMissing;
+      out.missing = j.value("error", std::string("not found upstream"));
+      out.age = std::chrono::milliseconds(std::max<int64_t>(0, j.value("age_ms", int64_t{0})));
     } else {
       return MakeError(ErrorCode::kProtocol, "tracker manifest state \"" + state + "\" unknown");
     }
@@ -401,9 +403,12 @@ awaitable<Status> TrackerClient::PublishManifest(const ManifestRef& ref, const D
   co_return Ok();
 }
 
-awaitable<Status> TrackerClient::ReleaseManifest(const ManifestRef& ref) {
+awaitable<Status> TrackerClient::ReleaseManifest(const ManifestRef& ref,
+                                                 const std::string& missing) {
   std::string target = "/v1/manifests/release";
-  std::string body = ManifestRefJson(options_.agent_id, ref).dump();
+  json j = ManifestRefJson(options_.agent_id, ref);
+  if (!missing.empty()) j["missing"] = missing;
+  std::string body = j.dump(-1, ' ', false, json::error_handler_t::replace);
   Digest key = ManifestOwnerKey(ref);
   auto reply = co_await Call(key, http_::verb::post, std::move(target), std::move(body));
   if (!reply) co_return reply.error();
@@ -440,16 +445,17 @@ awaitable<Result<std::vector<TrackerPrefetchJob>>> TrackerClient::PollPrefetch(
     }
     co_return out;
   } catch (const std::exception& e) {
-    co_return MakeError(ErrorCode::kProtocol, std::string("tracker prefetch poll answer: ") + e.what());
+    co_return MakeError(ErrorCode::kProtocol,
+                        std::string("tracker prefetch poll answer: ") + e.what());
   }
 }
 
 awaitable<Status> TrackerClient::ReportPrefetch(size_t replica, const std::string& id,
                                                 const std::string& node,
                                                 const TrackerPrefetchProgress& p) {
-  json j{{"agent", options_.agent_id},  {"state", p.state},
-         {"bytes_done", p.bytes_done},  {"bytes_total", p.bytes_total},
-         {"blobs_done", p.blobs_done},  {"blobs_total", p.blobs_total}};
+  json j{{"agent", options_.agent_id}, {"state", p.state},
+         {"bytes_done", p.bytes_done}, {"bytes_total", p.bytes_total},
+         {"blobs_done", p.blobs_done}, {"blobs_total", p.blobs_total}};
   if (!p.error.empty()) j["error"] = p.error.substr(0, 2000);
   const std::string target =
       "/v1/prefetch/jobs/" + http::QueryEscape(id) + "/nodes/" + http::QueryEscape(node);

@@ -45,13 +45,13 @@ struct LeaseAnswer {
   enum class Kind { kReady, kGranted, kWait, kDone };
   Kind kind = Kind::kWait;
   swarm::ChunkLayout layout;
-  uint32_t chunk = 0;    // kGranted: the chunk to fetch
-  std::string metainfo;  // kReady: the chunk's bencoded torrent
-  std::string lease_id;  // kGranted
+  uint32_t chunk = 0;                        // kGranted: the chunk to fetch
+  std::string metainfo;                      // kReady: the chunk's bencoded torrent
+  std::string lease_id;                      // kGranted
   std::chrono::milliseconds ttl{0};          // kGranted: renew well before this passes
   std::chrono::milliseconds retry_after{0};  // kWait
   std::string reason;  // kWait: "leased", "cluster_cap", "agent_cap", "blob_cap", "unleased",
-                      // "head_start"
+                       // "head_start"
 };
 
 // ---- The cluster-wide manifest cache (tracker/manifest_api.h) ----
@@ -68,12 +68,14 @@ struct ManifestRef {
 struct TrackerManifest {
   // kFetch: this agent holds the lease: fetch upstream, then PublishManifest or ReleaseManifest.
   // kWait: another agent is fetching; ask again (long-polls).
-  enum class Kind { kFound, kFetch, kWait };
+  // kMissing: another agent's upstream fetch found nothing, `age` ago; answer "not found".
+  enum class Kind { kFound, kFetch, kWait, kMissing };
   Kind kind = Kind::kWait;
   std::string digest;  // kFound, as the tracker sent it (parse and verify before use)
   std::string media_type;
   std::string body;
-  std::chrono::milliseconds age{0};          // kFound for a tag: since an agent fetched it
+  std::chrono::milliseconds age{0};          // kFound for a tag, kMissing: since it was fetched
+  std::string missing;                       // kMissing: the upstream's answer (its 404 text)
   std::chrono::milliseconds retry_after{0};  // kWait
 };
 
@@ -132,9 +134,8 @@ class TrackerClient {
   boost::asio::awaitable<Status> Renew(const Digest& digest, uint32_t k,
                                        const std::string& lease_id, uint64_t bytes);
   // Publishes chunk k's metainfo (releasing the lease when lease_id is not empty).
-  boost::asio::awaitable<Status> Publish(const Digest& digest, uint32_t k,
-                                         const BlobSource& source, const std::string& lease_id,
-                                         const std::string& metainfo);
+  boost::asio::awaitable<Status> Publish(const Digest& digest, uint32_t k, const BlobSource& source,
+                                         const std::string& lease_id, const std::string& metainfo);
   // Gives a lease back after a failed upstream fetch.
   boost::asio::awaitable<Status> Release(const Digest& digest, uint32_t k,
                                          const std::string& lease_id);
@@ -153,8 +154,10 @@ class TrackerClient {
   boost::asio::awaitable<Status> PublishManifest(const ManifestRef& ref, const Digest& digest,
                                                  const std::string& media_type,
                                                  const std::string& body);
-  // Gives our lease on ref back after a failed upstream fetch.
-  boost::asio::awaitable<Status> ReleaseManifest(const ManifestRef& ref);
+  // Gives our lease on ref back after a failed upstream fetch. A non-empty `missing` (the
+  // upstream's 404 text) has the tracker answer "not found" to the cluster for a while.
+  boost::asio::awaitable<Status> ReleaseManifest(const ManifestRef& ref,
+                                                 const std::string& missing = "");
 
   // ---- Cluster prefetch jobs. Unlike the calls above these go to one given replica: a job
   // lives on the replica that created it, so the agent polls every replica. ----
@@ -176,7 +179,9 @@ class TrackerClient {
 
   // Called (on the network thread) when a replica answers with a tracker_id different from the
   // one it gave before: it restarted and lost its tables.
-  void OnRestart(std::function<void(size_t replica)> callback) { on_restart_ = std::move(callback); }
+  void OnRestart(std::function<void(size_t replica)> callback) {
+    on_restart_ = std::move(callback);
+  }
 
  private:
   struct Reply {
@@ -189,8 +194,7 @@ class TrackerClient {
                                              std::string target, std::string body);
   // Sends to one replica. Errors: kUnavailable when it does not answer (or a proxy in front of
   // it answers 502..504).
-  boost::asio::awaitable<Result<Reply>> CallReplica(size_t replica,
-                                                    boost::beast::http::verb method,
+  boost::asio::awaitable<Result<Reply>> CallReplica(size_t replica, boost::beast::http::verb method,
                                                     const std::string& target,
                                                     const std::string& body);
   void NoteTrackerId(size_t replica, const std::string& body);

@@ -124,6 +124,12 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_MANIFEST_TTL_S")
       ->check(CLI::Range(1, 86400))
       ->capture_default_str();
+  app.add_option("--manifest-missing-ttl-s", c.manifest_missing_ttl_s,
+                 "Seconds an agent's upstream \"not found\" for a manifest is answered to the "
+                 "whole cluster without asking upstream again (0: never remembered)")
+      ->envname("SHOAL_MANIFEST_MISSING_TTL_S")
+      ->check(CLI::Range(0, 3600))
+      ->capture_default_str();
   app.add_option("--manifest-lease-ttl-s", c.manifest_lease_ttl_s,
                  "Seconds the agent told to fetch a missing manifest has to publish it; then the "
                  "next agent that asks fetches it instead")

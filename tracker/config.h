@@ -35,6 +35,7 @@ struct TrackerConfig {
   size_t max_blobs = 100'000;
   // The cluster-wide manifest cache (the manifest API).
   int manifest_ttl_s = 30;              // a tag resolution is served this long
+  int manifest_missing_ttl_s = 10;      // an upstream 404 is answered this long (0: never)
   int manifest_lease_ttl_s = 10;        // an agent fetching a manifest for the cluster, at most
   size_t max_manifests = 10'000;        // manifests kept (LRU beyond)
   uint64_t max_manifest_cache_mib = 256;  // manifest bytes kept (LRU beyond)

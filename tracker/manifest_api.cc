@@ -92,6 +92,7 @@ struct ManifestApi::Call {
   std::optional<Digest> digest;      // from the path (publish, get)
   std::string media_type;
   std::string manifest;  // decoded
+  std::string missing;   // release: the upstream's 404 text, when the fetch found nothing
   std::chrono::milliseconds wait{0};
 };
 
@@ -148,13 +149,15 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
                                       Call& call) {
   std::string_view rest = req.path.substr(std::min(req.path.size(), kPrefix.size()));
   if (rest.size() <= 1 || rest.find('/', 1) != std::string_view::npos) {
-    return Rejection{404, "no such manifest API endpoint (want /v1/manifests/resolve, "
-                          "/v1/manifests/release or /v1/manifests/{digest})"};
+    return Rejection{404,
+                     "no such manifest API endpoint (want /v1/manifests/resolve, "
+                     "/v1/manifests/release or /v1/manifests/{digest})"};
   }
   std::string_view name = rest.substr(1);
   if (name == "resolve" || name == "release") {
     if (req.method != http::verb::post) {
-      return Rejection{405, std::string(http::to_string(req.method)) + " is not supported; use POST"};
+      return Rejection{405,
+                       std::string(http::to_string(req.method)) + " is not supported; use POST"};
     }
     call.route = name == "resolve" ? Route::kResolve : Route::kRelease;
   } else {
@@ -187,10 +190,11 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
   }
   if (!j.is_object()) return Rejection{400, "request body is not a JSON object"};
   if (auto r = ParseReference(j, call.route != Route::kPublish, call)) return r;
+  if (call.route == Route::kRelease) return StringField(j, "missing", false, 1024, call.missing);
   if (call.route != Route::kPublish) return std::nullopt;
   if (call.ref_digest && *call.ref_digest != *call.digest) {
-    return Rejection{400, "\"reference\" " + oci::Quote(call.reference, 80) +
-                              " is not the digest in the path"};
+    return Rejection{
+        400, "\"reference\" " + oci::Quote(call.reference, 80) + " is not the digest in the path"};
   }
   if (auto r = StringField(j, "media_type", true, 256, call.media_type)) return r;
   std::string encoded;
@@ -222,16 +226,29 @@ ManifestApi::ManifestApi(ManifestApiOptions options, prometheus::Registry& regis
                 .Help("Manifest resolutions answered from the cluster-wide cache")
                 .Register(registry)
                 .Add({})),
-      misses_(prometheus::BuildCounter()
-                  .Name("shoal_tracker_manifest_misses_total")
-                  .Help("Manifest resolutions answered with a fetch lease (one agent goes upstream)")
-                  .Register(registry)
-                  .Add({})),
+      misses_(
+          prometheus::BuildCounter()
+              .Name("shoal_tracker_manifest_misses_total")
+              .Help("Manifest resolutions answered with a fetch lease (one agent goes upstream)")
+              .Register(registry)
+              .Add({})),
       lease_waits_(prometheus::BuildCounter()
                        .Name("shoal_tracker_manifest_lease_waits_total")
                        .Help("Manifest resolutions that waited for another agent's fetch")
                        .Register(registry)
                        .Add({})),
+      missing_hits_(prometheus::BuildCounter()
+                        .Name("shoal_tracker_manifest_missing_hits_total")
+                        .Help("Manifest resolutions answered \"not found\" from an agent's recent "
+                              "upstream 404, without asking upstream again")
+                        .Register(registry)
+                        .Add({})),
+      missing_reports_(prometheus::BuildCounter()
+                           .Name("shoal_tracker_manifest_missing_reports_total")
+                           .Help("Upstream 404s for manifests reported by agents (remembered "
+                                 "for --manifest-missing-ttl-s)")
+                           .Register(registry)
+                           .Add({})),
       leases_expired_(prometheus::BuildCounter()
                           .Name("shoal_tracker_manifest_leases_expired_total")
                           .Help("Manifest fetch leases that expired without a publish")
@@ -341,6 +358,16 @@ BlobResponse ManifestApi::Execute(const Call& call, TimePoint now) {
       return Json(200, json{{"digest", call.digest->str()}});
     }
     case Route::kRelease: {
+      if (!call.missing.empty()) {
+        bool dropped = cache_.ReleaseMissing(call.key, call.agent, call.missing, now);
+        missing_reports_.Increment();
+        spdlog::info(
+            "manifest {}: agent {} found nothing upstream ({}); answering that for {} s", call.key,
+            call.agent, call.missing,
+            std::chrono::duration_cast<std::chrono::seconds>(cache_.options().missing_ttl).count());
+        waiters_.WakeBlob(WaitKey(call.key));
+        return Json(200, json{{"released", dropped}, {"missing", true}});
+      }
       bool dropped = cache_.Release(call.key, call.agent);
       if (dropped) waiters_.WakeBlob(WaitKey(call.key));
       return Json(200, json{{"released", dropped}});
@@ -376,6 +403,9 @@ BlobResponse ManifestApi::ResolveResponse(const Call& call, const ManifestAnswer
                      call.agent);
       }
       return Json(200, json{{"state", "fetch"}, {"lease_ttl_ms", a.lease_ttl.count()}});
+    case ManifestAnswer::Kind::kMissing:
+      missing_hits_.Increment();
+      return Json(200, json{{"state", "missing"}, {"error", a.missing}, {"age_ms", a.age.count()}});
     case ManifestAnswer::Kind::kWait: {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(a.recheck_at - now);
       left = std::clamp(left, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));

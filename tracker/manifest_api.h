@@ -6,9 +6,12 @@
 //        -> {"state":"found","digest","media_type","manifest":base64,"age_ms"}
 //         | {"state":"fetch","lease_ttl_ms"}  (you fetch upstream, then PUT)
 //         | {"state":"wait","retry_after_ms"} (someone else fetches; long-polls up to wait_ms)
+//         | {"state":"missing","error","age_ms"} (an agent's upstream fetch found nothing
+//           less than --manifest-missing-ttl-s ago; answer "not found" without going upstream)
 //   PUT  /v1/manifests/{digest}  {"agent","registry","repository","reference","media_type",
 //                                 "manifest":base64}  (verified: sha256 of the bytes = digest)
-//   POST /v1/manifests/release   {"agent","registry","repository","reference"} (fetch failed)
+//   POST /v1/manifests/release   {"agent","registry","repository","reference"[,"missing"]}
+//        (fetch failed; "missing": the upstream's 404 text, remembered for the cluster)
 //   GET  /v1/manifests/{digest}  -> {"digest","media_type","manifest"}
 // Every answer carries the tracker's tracker_id, like the blob API.
 
@@ -75,9 +78,11 @@ class ManifestApi {
   LeaseWaiters waiters_;
   bool stopping_ = false;
   prometheus::Family<prometheus::Counter>& requests_;  // shoal_tracker_manifest_api_requests_total
-  prometheus::Counter& hits_;             // shoal_tracker_manifest_hits_total
+  prometheus::Counter& hits_;                          // shoal_tracker_manifest_hits_total
   prometheus::Counter& misses_;           // shoal_tracker_manifest_misses_total (lease granted)
   prometheus::Counter& lease_waits_;      // shoal_tracker_manifest_lease_waits_total
+  prometheus::Counter& missing_hits_;     // shoal_tracker_manifest_missing_hits_total
+  prometheus::Counter& missing_reports_;  // shoal_tracker_manifest_missing_reports_total
   prometheus::Counter& leases_expired_;   // shoal_tracker_manifest_leases_expired_total
   prometheus::Counter& published_;        // shoal_tracker_manifests_published_total
   prometheus::Counter& rejected_;         // shoal_tracker_manifest_publish_rejected_total

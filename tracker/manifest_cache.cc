@@ -38,6 +38,15 @@ ManifestAnswer ManifestCache::Resolve(const std::string& key, const Digest* dige
       tags_.erase(tag);
     }
   }
+  if (auto m = missing_.find(key); m != missing_.end()) {
+    if (now - m->second.fetched < options_.missing_ttl) {
+      answer.kind = ManifestAnswer::Kind::kMissing;
+      answer.missing = m->second.message;
+      answer.age = std::chrono::duration_cast<std::chrono::milliseconds>(now - m->second.fetched);
+      return answer;
+    }
+    missing_.erase(m);
+  }
   auto lease = leases_.find(key);
   if (lease != leases_.end() && lease->second.agent != agent && now < lease->second.expires) {
     answer.kind = ManifestAnswer::Kind::kWait;
@@ -72,12 +81,16 @@ PublishErrc ManifestCache::Publish(const Digest& digest, std::string media_type,
   if (is_tag && !lease_key.empty()) {
     if (tags_.size() >= options_.max_tags && tags_.find(lease_key) == tags_.end()) {
       // Drop expired resolutions first; if none, an arbitrary one (it is only re-fetched).
-      std::erase_if(tags_, [&](const auto& t) { return now - t.second.fetched >= options_.tag_ttl; });
+      std::erase_if(tags_,
+                    [&](const auto& t) { return now - t.second.fetched >= options_.tag_ttl; });
       if (tags_.size() >= options_.max_tags) tags_.erase(tags_.begin());
     }
     tags_.insert_or_assign(lease_key, Tag{digest, now});
   }
-  if (!lease_key.empty()) leases_.erase(lease_key);
+  if (!lease_key.empty()) {
+    leases_.erase(lease_key);
+    missing_.erase(lease_key);
+  }
   return PublishErrc::kOk;
 }
 
@@ -88,6 +101,19 @@ bool ManifestCache::Release(const std::string& key, const std::string& agent) {
   return true;
 }
 
+bool ManifestCache::ReleaseMissing(const std::string& key, const std::string& agent,
+                                   std::string message, TimePoint now) {
+  bool dropped = Release(key, agent);
+  if (options_.missing_ttl.count() <= 0) return dropped;
+  if (missing_.size() >= options_.max_tags && missing_.find(key) == missing_.end()) {
+    std::erase_if(missing_,
+                  [&](const auto& m) { return now - m.second.fetched >= options_.missing_ttl; });
+    if (missing_.size() >= options_.max_tags) missing_.erase(missing_.begin());
+  }
+  missing_.insert_or_assign(key, Missing{std::move(message), now});
+  return dropped;
+}
+
 std::shared_ptr<const CachedManifest> ManifestCache::Find(const Digest& digest) {
   auto it = manifests_.find(digest);
   if (it == manifests_.end()) return nullptr;
@@ -96,14 +122,15 @@ std::shared_ptr<const CachedManifest> ManifestCache::Find(const Digest& digest) 
 }
 
 size_t ManifestCache::Sweep(TimePoint now) {
-  size_t expired =
-      std::erase_if(leases_, [&](const auto& l) { return now >= l.second.expires; });
+  size_t expired = std::erase_if(leases_, [&](const auto& l) { return now >= l.second.expires; });
   std::erase_if(tags_, [&](const auto& t) { return now - t.second.fetched >= options_.tag_ttl; });
+  std::erase_if(missing_,
+                [&](const auto& m) { return now - m.second.fetched >= options_.missing_ttl; });
   return expired;
 }
 
 ManifestTotals ManifestCache::totals() const {
-  return ManifestTotals{manifests_.size(), bytes_, tags_.size(), leases_.size()};
+  return ManifestTotals{manifests_.size(), bytes_, tags_.size(), leases_.size(), missing_.size()};
 }
 
 void ManifestCache::Store(std::shared_ptr<const CachedManifest> manifest) {
@@ -120,8 +147,8 @@ void ManifestCache::Store(std::shared_ptr<const CachedManifest> manifest) {
 
 void ManifestCache::EvictOverBounds() {
   // The newest entry (front) is never evicted: it was stored because an agent needs it now.
-  while (lru_.size() > 1 && (manifests_.size() > options_.max_manifests ||
-                             bytes_ > options_.max_bytes)) {
+  while (lru_.size() > 1 &&
+         (manifests_.size() > options_.max_manifests || bytes_ > options_.max_bytes)) {
     const Digest& victim = lru_.back();
     auto it = manifests_.find(victim);
     bytes_ -= it->second.manifest->body.size();

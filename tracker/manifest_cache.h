@@ -23,11 +23,13 @@ namespace shoal::tracker {
 struct ManifestCacheOptions {
   std::chrono::milliseconds tag_ttl{30'000};    // a tag resolution is served this long
   std::chrono::milliseconds lease_ttl{10'000};  // a fetcher that does not publish by then loses it
-  size_t max_manifests = 10'000;                // manifests kept (LRU beyond)
-  uint64_t max_bytes = 256ull << 20;            // manifest bytes kept (LRU beyond)
-  size_t max_tags = 100'000;                    // tag resolutions kept
-  size_t max_leases = 10'000;                   // fetch leases at once; beyond, no single-flight
-  size_t max_manifest_bytes = 4u << 20;         // a larger manifest is refused (OCI's own limit)
+  // An upstream "not found" is answered this long without asking upstream again (0: never).
+  std::chrono::milliseconds missing_ttl{10'000};
+  size_t max_manifests = 10'000;         // manifests kept (LRU beyond)
+  uint64_t max_bytes = 256ull << 20;     // manifest bytes kept (LRU beyond)
+  size_t max_tags = 100'000;             // tag resolutions kept
+  size_t max_leases = 10'000;            // fetch leases at once; beyond, no single-flight
+  size_t max_manifest_bytes = 4u << 20;  // a larger manifest is refused (OCI's own limit)
 };
 
 // A manifest as stored. Immutable once stored; shared with readers.
@@ -40,16 +42,18 @@ struct CachedManifest {
 // The answer to Resolve.
 struct ManifestAnswer {
   enum class Kind {
-    kFound,  // manifest (and, for a tag, its resolution) is known
-    kFetch,  // the asker holds the fetch lease: fetch upstream, then Publish (or Release)
-    kWait,   // another agent holds the lease; ask again by recheck_at or when woken
+    kFound,    // manifest (and, for a tag, its resolution) is known
+    kFetch,    // the asker holds the fetch lease: fetch upstream, then Publish (or Release)
+    kWait,     // another agent holds the lease; ask again by recheck_at or when woken
+    kMissing,  // an agent found nothing upstream less than missing_ttl ago (`missing` says what)
   };
   Kind kind = Kind::kWait;
   std::shared_ptr<const CachedManifest> manifest;  // kFound
-  std::chrono::milliseconds age{0};                // kFound for a tag: since it was fetched
-  std::chrono::milliseconds lease_ttl{0};          // kFetch
+  std::chrono::milliseconds age{0};  // kFound for a tag, kMissing: since it was fetched
+  std::string missing;               // kMissing: the upstream's answer, as the agent reported it
+  std::chrono::milliseconds lease_ttl{0};  // kFetch
   bool took_over = false;  // kFetch: another agent's lease had expired (it never published)
-  TimePoint recheck_at = TimePoint::max();         // kWait: the lease's expiry
+  TimePoint recheck_at = TimePoint::max();  // kWait: the lease's expiry
 };
 
 // Why Publish refused a manifest (the API answers 400 / 413).
@@ -61,6 +65,7 @@ struct ManifestTotals {
   uint64_t bytes = 0;
   size_t tags = 0;
   size_t leases = 0;
+  size_t missing = 0;  // references remembered as not found upstream
 };
 
 // Not thread-safe: the tracker calls it from its single network thread. `key` names what is
@@ -87,6 +92,12 @@ class ManifestCache {
   // Drops agent's lease on key (its upstream fetch failed), so the next asker fetches.
   // Returns whether a lease was dropped.
   bool Release(const std::string& key, const std::string& agent);
+  // Like Release, and remembers for missing_ttl that the upstream has no such manifest (the
+  // agent's fetch got a 404; message is its text), so that a thousand nodes asking for a typo
+  // cost one upstream request, not a thousand one after the other. A later Publish of key
+  // forgets it. Returns whether a lease was dropped.
+  bool ReleaseMissing(const std::string& key, const std::string& agent, std::string message,
+                      TimePoint now);
   // The stored manifest for digest, or nullptr.
   std::shared_ptr<const CachedManifest> Find(const Digest& digest);
   // Drops expired leases and expired tags; returns the number of leases that expired.
@@ -104,6 +115,10 @@ class ManifestCache {
     std::string agent;
     TimePoint expires;
   };
+  struct Missing {
+    std::string message;
+    TimePoint fetched;
+  };
   struct Entry {
     std::shared_ptr<const CachedManifest> manifest;
     std::list<Digest>::iterator lru;  // position in lru_ (front: most recent)
@@ -117,6 +132,7 @@ class ManifestCache {
   uint64_t bytes_ = 0;
   std::unordered_map<std::string, Tag> tags_;
   std::unordered_map<std::string, Lease> leases_;
+  std::unordered_map<std::string, Missing> missing_;  // at most max_tags
 };
 
 }  // namespace shoal::tracker

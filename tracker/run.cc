@@ -119,6 +119,7 @@ int RunTracker(const TrackerConfig& config) {
   ManifestApiOptions manifest_options;
   manifest_options.cache.tag_ttl = std::chrono::seconds(config.manifest_ttl_s);
   manifest_options.cache.lease_ttl = std::chrono::seconds(config.manifest_lease_ttl_s);
+  manifest_options.cache.missing_ttl = std::chrono::seconds(config.manifest_missing_ttl_s);
   manifest_options.cache.max_manifests = config.max_manifests;
   manifest_options.cache.max_bytes = config.max_manifest_cache_mib << 20;
 
@@ -164,9 +165,11 @@ int RunTracker(const TrackerConfig& config) {
       config.min_chunk_size_kib, config.first_chunk_kib, config.max_upstream_fetchers,
       config.max_leases_per_agent, config.max_leases_per_blob, config.head_start_ms,
       config.lease_ttl_s, config.max_blobs);
-  spdlog::info("manifest cache: tag ttl {} s, fetch lease ttl {} s, at most {} manifests / {} MiB",
-               config.manifest_ttl_s, config.manifest_lease_ttl_s, config.max_manifests,
-               config.max_manifest_cache_mib);
+  spdlog::info(
+      "manifest cache: tag ttl {} s, upstream 404 ttl {} s, fetch lease ttl {} s, at most {} "
+      "manifests / {} MiB",
+      config.manifest_ttl_s, config.manifest_missing_ttl_s, config.manifest_lease_ttl_s,
+      config.max_manifests, config.max_manifest_cache_mib);
   spdlog::info(
       "prefetch jobs: agents gone after {} s of silence, at most {} jobs, ended ones "
       "kept {} s",

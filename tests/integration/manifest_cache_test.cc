@@ -58,8 +58,8 @@ struct ManifestWorld {
   }
 
   void StartTracker() {
-    auto t = TrackerProcess::Start({"--manifest-ttl-s", std::to_string(kTtlS),
-                                    "--manifest-lease-ttl-s", "5"});
+    auto t = TrackerProcess::Start(
+        {"--manifest-ttl-s", std::to_string(kTtlS), "--manifest-lease-ttl-s", "5"});
     REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
     tracker = std::move(t.value());
   }
@@ -69,9 +69,9 @@ struct ManifestWorld {
     opts.cache_dir = dir.Sub("cache" + std::to_string(agents.size()));
     opts.upstreams = {"docker.io=" + proxy->Url()};
     // --tag-ttl 0: every resolution asks the cluster cache, so the tracker's TTL is what counts.
-    opts.extra_args = {"--tracker",  tracker_url, "--swarm-listen", "127.0.0.1:0",
-                       "--agent-id", "agent" + std::to_string(agents.size()),
-                       "--tag-ttl",  "0"};
+    opts.extra_args = {"--tracker",   tracker_url,  "--swarm-listen",
+                       "127.0.0.1:0", "--agent-id", "agent" + std::to_string(agents.size()),
+                       "--tag-ttl",   "0"};
     opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
     auto a = Agent::Start(opts);
     REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
@@ -157,6 +157,45 @@ TEST_CASE("manifest cache: 5 agents resolving one tag cost one upstream request 
   CHECK(w.Sum("shoal_manifest_tracker_fallbacks_total", {{"reason", "error"}}) >= 5);
 }
 
+TEST_CASE("manifest cache: 5 agents asking for a tag that does not exist cost one upstream 404") {
+  ManifestWorld w;
+  w.StartTracker();
+  for (int i = 0; i < 5; ++i) w.AddAgent(w.tracker->Url());
+  w.proxy->Reset();
+  auto missing_requests = [&] {
+    auto log = w.proxy->RequestLog();
+    return std::count_if(log.begin(), log.end(), [](const std::string& l) {
+      return l.find("/v2/demo/app/manifests/nosuchtag ") != std::string::npos;
+    });
+  };
+  std::vector<Result<HttpResponse>> results(w.agents.size(),
+                                            MakeError(ErrorCode::kInternal, "not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < w.agents.size(); ++i) {
+    threads.emplace_back([&, i] {
+      results[i] =
+          HttpGet(w.agents[i]->Url() + "/v2/demo/app/manifests/nosuchtag", {{"Accept", kAccept}});
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < w.agents.size(); ++i) {
+    REQUIRE_MESSAGE(results[i].has_value(),
+                    (results[i].error().ToString() + "\n" + w.agents[i]->LogTail()));
+    CHECK_MESSAGE(results[i].value().status == 404, results[i].value().body);
+    CHECK(results[i].value().body.find("MANIFEST_UNKNOWN") != std::string::npos);
+  }
+  // One agent asked upstream; the tracker told the others (and a second round) "missing".
+  MESSAGE("upstream requests for the missing tag from 5 agents: " << missing_requests());
+  CHECK(missing_requests() == 1);
+  auto again =
+      HttpGet(w.agents[0]->Url() + "/v2/demo/app/manifests/nosuchtag", {{"Accept", kAccept}});
+  REQUIRE(again.has_value());
+  CHECK(again.value().status == 404);
+  CHECK(missing_requests() == 1);
+  CHECK(w.tracker->Metric("shoal_tracker_manifest_missing_reports_total") == 1);
+  CHECK(w.tracker->Metric("shoal_tracker_manifest_missing_hits_total") >= 4);
+}
+
 TEST_CASE("manifest cache: a fetch lease that never publishes costs at most --manifest-wait-ms") {
   ManifestWorld w;
   auto t = TrackerProcess::Start({"--manifest-lease-ttl-s", "60"});
@@ -198,13 +237,14 @@ TEST_CASE("manifest cache: manifest bytes from a lying tracker are not served") 
     res.body() = R"({"error":"no","tracker_id":"fake"})";
     if (req.target().starts_with("/v1/manifests/resolve")) {
       res.result(http::status::ok);
-      res.body() = nlohmann::json{{"state", "found"},
-                                  {"digest", digest},
-                                  {"media_type", media_type},
-                                  {"manifest", Base64Encode(tampered)},
-                                  {"age_ms", 0},
-                                  {"tracker_id", "fake"}}
-                       .dump();
+      res.body() = nlohmann::json{
+          {"state", "found"},
+          {"digest", digest},
+          {"media_type", media_type},
+          {"manifest", Base64Encode(tampered)},
+          {"age_ms", 0},
+          {"tracker_id",
+           "fake"}}.dump();
     }
     return res;
   });

@@ -86,8 +86,7 @@ TEST_CASE("tracker manifest cache: a tag expires after the TTL and one agent fet
   CHECK(cache.Resolve(kTag, nullptr, "node-3", kT0 + seconds(31)).kind == Kind::kWait);
   // Digests never expire.
   std::string by_digest = ManifestCache::ManifestKey("r.test", "a/b", d.str(), true);
-  CHECK(cache.Resolve(by_digest, &d, "node-3", kT0 + std::chrono::hours(24)).kind ==
-        Kind::kFound);
+  CHECK(cache.Resolve(by_digest, &d, "node-3", kT0 + std::chrono::hours(24)).kind == Kind::kFound);
   // The new resolution may point elsewhere.
   std::string body2 = Body(2);
   Digest d2 = Sha256::Of(body2);
@@ -189,8 +188,8 @@ struct Api {
 };
 
 std::string Ref(const std::string& agent, const std::string& reference = "1") {
-  return json{{"agent", agent}, {"registry", "r.test"}, {"repository", "a/b"},
-              {"reference", reference}}
+  return json{
+      {"agent", agent}, {"registry", "r.test"}, {"repository", "a/b"}, {"reference", reference}}
       .dump();
 }
 
@@ -218,8 +217,8 @@ TEST_CASE("tracker manifest api: resolve, publish with verification, then found"
   pub["manifest"] = Base64Encode(body);
   auto [s4, j4] = a.Call(http::verb::put, "/v1/manifests/" + d.str(), pub.dump());
   CHECK(s4 == 200);
-  auto [s5, j5] = a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-2"), kT0,
-                         "wait_ms=0");
+  auto [s5, j5] =
+      a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-2"), kT0, "wait_ms=0");
   CHECK(j5["state"] == "found");
   CHECK(j5["digest"] == d.str());
   CHECK(j5["media_type"] == kType);
@@ -235,8 +234,7 @@ TEST_CASE("tracker manifest api: bad requests get 4xx with a message") {
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", "").first == 400);
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", "[1]").first == 400);
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1", "bad tag!")).first == 400);
-  CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1", "sha256:12")).first ==
-        400);
+  CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1", "sha256:12")).first == 400);
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1"), kT0, "wait_ms=x").first ==
         400);
   CHECK(a.Call(http::verb::get, "/v1/manifests/resolve", "").first == 405);
@@ -246,6 +244,78 @@ TEST_CASE("tracker manifest api: bad requests get 4xx with a message") {
   auto [s, j] = a.Call(http::verb::post, "/v1/manifests/release", Ref("node-1"));
   CHECK(s == 200);
   CHECK(j["released"] == false);
+}
+
+
+TEST_CASE("tracker manifest cache: an upstream 404 is answered to everyone for the missing TTL") {
+  ManifestCacheOptions o = Options();
+  o.missing_ttl = seconds(10);
+  ManifestCache cache(o);
+  REQUIRE(cache.Resolve(kTag, nullptr, "node-1", kT0).kind == Kind::kFetch);
+  CHECK(cache.Resolve(kTag, nullptr, "node-2", kT0).kind == Kind::kWait);
+  // node-1's fetch found nothing: its lease ends and everyone hears "missing" at once.
+  CHECK(cache.ReleaseMissing(kTag, "node-1", "manifest unknown", kT0 + seconds(1)));
+  CHECK(cache.totals().leases == 0);
+  CHECK(cache.totals().missing == 1);
+  for (const char* agent : {"node-1", "node-2", "node-3"}) {
+    ManifestAnswer m = cache.Resolve(kTag, nullptr, agent, kT0 + seconds(5));
+    CHECK(m.kind == Kind::kMissing);
+    CHECK(m.missing == "manifest unknown");
+    CHECK(m.age == seconds(4));
+  }
+  // Other references are not affected.
+  const std::string other = ManifestCache::ManifestKey("r.test", "a/b", "2", false);
+  CHECK(cache.Resolve(other, nullptr, "node-2", kT0 + seconds(5)).kind == Kind::kFetch);
+  // After the TTL one agent asks upstream again (the tag may have been pushed since).
+  CHECK(cache.Resolve(kTag, nullptr, "node-2", kT0 + seconds(11)).kind == Kind::kFetch);
+  CHECK(cache.totals().missing == 0);
+  // A publish for the reference forgets an earlier miss at once.
+  CHECK(cache.ReleaseMissing(kTag, "node-2", "manifest unknown", kT0 + seconds(12)));
+  std::string body = Body(7);
+  REQUIRE(cache.Publish(Sha256::Of(body), kType, body, kTag, true, kT0 + seconds(13)) ==
+          PublishErrc::kOk);
+  CHECK(cache.Resolve(kTag, nullptr, "node-3", kT0 + seconds(13)).kind == Kind::kFound);
+  // Sweep drops expired misses.
+  CHECK_FALSE(cache.ReleaseMissing(other, "node-9", "name unknown", kT0 + seconds(20)));
+  CHECK(cache.totals().missing == 1);
+  cache.Sweep(kT0 + seconds(31));
+  CHECK(cache.totals().missing == 0);
+}
+
+TEST_CASE("tracker manifest cache: with a missing TTL of 0 a 404 is not remembered") {
+  ManifestCacheOptions o = Options();
+  o.missing_ttl = seconds(0);
+  ManifestCache cache(o);
+  REQUIRE(cache.Resolve(kTag, nullptr, "node-1", kT0).kind == Kind::kFetch);
+  CHECK(cache.ReleaseMissing(kTag, "node-1", "manifest unknown", kT0));
+  CHECK(cache.Resolve(kTag, nullptr, "node-2", kT0).kind == Kind::kFetch);
+}
+
+TEST_CASE(
+    "tracker manifest api: a release with \"missing\" answers \"missing\" to the next askers") {
+  Api a;
+  auto [s1, j1] = a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1"));
+  REQUIRE(j1["state"] == "fetch");
+  json rel = json::parse(Ref("node-1"));
+  rel["missing"] = std::string(2000, 'x');  // too long
+  CHECK(a.Call(http::verb::post, "/v1/manifests/release", rel.dump()).first == 400);
+  rel["missing"] = "manifest unknown: manifest tagged by \"1\" is not found";
+  auto [s2, j2] = a.Call(http::verb::post, "/v1/manifests/release", rel.dump(), kT0);
+  CHECK(s2 == 200);
+  CHECK(j2["released"] == true);
+  CHECK(j2["missing"] == true);
+  auto [s3, j3] = a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-2"), kT0 + seconds(2),
+                         "wait_ms=0");
+  CHECK(s3 == 200);
+  CHECK(j3["state"] == "missing");
+  CHECK(j3["error"] == "manifest unknown: manifest tagged by \"1\" is not found");
+  CHECK(j3["age_ms"] == 2000);
+  // A plain release (a transient failure) is not remembered.
+  const std::string ref2 = Ref("node-1", "2");
+  REQUIRE(a.Call(http::verb::post, "/v1/manifests/resolve", ref2).second["state"] == "fetch");
+  CHECK(a.Call(http::verb::post, "/v1/manifests/release", ref2).second["released"] == true);
+  CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-2", "2")).second["state"] ==
+        "fetch");
 }
 
 }  // namespace shoal::tracker
