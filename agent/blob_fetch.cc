@@ -10,13 +10,15 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 
+#include "lib/core/log.h"
+
 namespace shoal::agent {
 namespace asio = boost::asio;
 using asio::awaitable;
 
 namespace {
-// Readers are woken at most once per this many new bytes (and at the end), so that a fast
-// upstream does not resume every waiting coroutine on every socket read.
+// After the first bytes, readers are woken at most once per this many new bytes (and at the
+// end), so that a fast upstream does not resume every waiting coroutine on every socket read.
 constexpr uint64_t kNotifyStep = 1 << 20;
 constexpr size_t kHashChunk = 1 << 20;
 }  // namespace
@@ -91,7 +93,8 @@ void BlobFetch::Filled(uint64_t begin, uint64_t end) {
 
 void BlobFetch::AdvanceContiguous() {
   contiguous_ = (!filled_.empty() && filled_.begin()->first == 0) ? filled_.begin()->second : 0;
-  if (contiguous_ == size_) filled_at_ = std::chrono::steady_clock::now();
+  if (contiguous_ == size_ && filled_at_ == std::chrono::steady_clock::time_point{})
+    filled_at_ = std::chrono::steady_clock::now();
   // Readers wake for the first bytes at once (a client's time to first byte: waiting for a
   // full step held them back until the whole first chunk had arrived), then every step, and at
   // the end.
@@ -152,9 +155,8 @@ void BlobFetch::Verify() {
   }
   hashing_ = true;  // no further hashing; keeps MaybeHash idle while committing
   verified_at_ = std::chrono::steady_clock::now();
-  spdlog::debug(
-      "blob {}: sha256 matched {} ms after its last byte arrived", digest_.str(),
-      std::chrono::duration_cast<std::chrono::milliseconds>(verified_at_ - filled_at_).count());
+  spdlog::debug("blob {}: sha256 matched {} ms after its last byte arrived", digest_.str(),
+                MillisSince(filled_at_));
   // The bytes are proven: release the last byte now rather than after fsync + rename (measured:
   // the fsync alone held clients 0.6-2 s per GiB). The fetch stays in the in-flight map until
   // the commit is done, so no second fetch can start in between.
@@ -176,10 +178,7 @@ void BlobFetch::Verify() {
 void BlobFetch::Complete() {
   complete_ = true;
   spdlog::info("blob {} verified and cached ({} bytes; fsync and rename took {} ms)", digest_.str(),
-               size_,
-               std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::steady_clock::now() - verified_at_)
-                   .count());
+               size_, MillisSince(verified_at_));
   notifier_.NotifyAll();
   if (on_end_) on_end_(true);
 }

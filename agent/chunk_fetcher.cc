@@ -14,6 +14,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "lib/core/log.h"
+
 namespace shoal::agent {
 namespace asio = boost::asio;
 using asio::awaitable;
@@ -56,12 +58,6 @@ ChunkFetchMetrics::ChunkFetchMetrics(prometheus::Registry& registry)
                  .Add({})) {}
 
 namespace {
-
-// Milliseconds from t to now, for debug timings.
-long long MillisSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t)
-      .count();
-}
 
 awaitable<void> Sleep(asio::io_context& ioc, std::chrono::milliseconds d) {
   asio::steady_timer timer(ioc);

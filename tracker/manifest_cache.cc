@@ -6,6 +6,19 @@
 #include "lib/core/sha256.h"
 
 namespace shoal::tracker {
+namespace {
+
+// Makes room in `map` for `key` (bounded by `max`): drops the entries past `ttl` first and, if
+// none, an arbitrary one (a dropped entry only costs one more upstream request).
+template <typename Map>
+void MakeRoom(Map& map, const std::string& key, size_t max, TimePoint now,
+              std::chrono::milliseconds ttl) {
+  if (map.size() < max || map.find(key) != map.end()) return;
+  std::erase_if(map, [&](const auto& e) { return now - e.second.fetched >= ttl; });
+  if (map.size() >= max) map.erase(map.begin());
+}
+
+}  // namespace
 
 std::string ManifestCache::ManifestKey(std::string_view registry, std::string_view repository,
                                        std::string_view reference, bool digest_ref) {
@@ -79,12 +92,7 @@ PublishErrc ManifestCache::Publish(const Digest& digest, std::string media_type,
   manifest->body = std::move(body);
   Store(std::move(manifest));
   if (is_tag && !lease_key.empty()) {
-    if (tags_.size() >= options_.max_tags && tags_.find(lease_key) == tags_.end()) {
-      // Drop expired resolutions first; if none, an arbitrary one (it is only re-fetched).
-      std::erase_if(tags_,
-                    [&](const auto& t) { return now - t.second.fetched >= options_.tag_ttl; });
-      if (tags_.size() >= options_.max_tags) tags_.erase(tags_.begin());
-    }
+    MakeRoom(tags_, lease_key, options_.max_tags, now, options_.tag_ttl);
     tags_.insert_or_assign(lease_key, Tag{digest, now});
   }
   if (!lease_key.empty()) {
@@ -105,11 +113,7 @@ bool ManifestCache::ReleaseMissing(const std::string& key, const std::string& ag
                                    std::string message, TimePoint now) {
   bool dropped = Release(key, agent);
   if (options_.missing_ttl.count() <= 0) return dropped;
-  if (missing_.size() >= options_.max_tags && missing_.find(key) == missing_.end()) {
-    std::erase_if(missing_,
-                  [&](const auto& m) { return now - m.second.fetched >= options_.missing_ttl; });
-    if (missing_.size() >= options_.max_tags) missing_.erase(missing_.begin());
-  }
+  MakeRoom(missing_, key, options_.max_tags, now, options_.missing_ttl);
   missing_.insert_or_assign(key, Missing{std::move(message), now});
   return dropped;
 }

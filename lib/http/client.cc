@@ -119,8 +119,9 @@ net::awaitable<Exchange> ExchangeOn(Connection& c, bhttp::request<bhttp::string_
 constexpr size_t kSocketReadReserve = 256 * 1024;
 
 // Reads until some body bytes are in the parser's body buffer or the message is complete,
-// re-arming the idle timeout before every socket read. It does not wait to fill the buffer: on a
-// slow stream that held the first bytes back for up to 256 KiB (1.1 s seen at a shared 50 Mbit
+// re-arming the idle timeout before every socket read; then goes on only while more bytes have
+// already arrived (a fast stream still fills the buffer). It does not wait to fill it: on a slow
+// stream that held the first bytes back for up to 256 KiB (1.1 s seen at a shared 50 Mbit
 // link), and a streaming reader should pass on bytes as they come.
 net::awaitable<beast::error_code> FillBodyOn(Connection& c, Parser& parser,
                                              std::chrono::milliseconds timeout) {
@@ -130,7 +131,11 @@ net::awaitable<beast::error_code> FillBodyOn(Connection& c, Parser& parser,
   // Beast sizes each socket read by the buffer's spare capacity (at least 512 bytes, at most
   // 64 KiB); after a header read the capacity is tiny, which made body reads 512-byte syscalls.
   if (c.buffer.capacity() < kSocketReadReserve) c.buffer.reserve(kSocketReadReserve);
-  while (body.size == empty && !parser.is_done()) {
+  auto more_arrived = [&c] {
+    beast::error_code unused;
+    return c.Lowest().socket().available(unused) > 0;
+  };
+  while (body.size > 0 && !parser.is_done() && (body.size == empty || more_arrived())) {
     c.Lowest().expires_after(timeout);
     if (c.secure) {
       co_await bhttp::async_read_some(*c.secure, c.buffer, parser,
