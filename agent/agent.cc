@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include <csignal>
+
 #include <fstream>
 #include <thread>
 
@@ -76,6 +78,10 @@ Result<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& listen
 }  // namespace
 
 int RunAgent(const AgentConfig& config) {
+  // No peer may end this process: a client that closes its connection during a sendfile(2)
+  // body would otherwise kill it with SIGPIPE (exit 141, no log line). Writes then fail with
+  // EPIPE, which the code handles.
+  std::signal(SIGPIPE, SIG_IGN);
   InitLogging(config.log_format, config.log_level, "shoal-agent");
   auto fail = [](const Error& e) {
     spdlog::critical("startup failed: {}", e.ToString());
@@ -88,9 +94,7 @@ int RunAgent(const AgentConfig& config) {
     spdlog::info("removed {} partial files left by an earlier run",
                  store.value()->cleaned_temp_files());
   }
-  auto budget = store::ParseBudget(config.cache_budget, config.cache_dir);
-  if (!budget) return fail(budget.error());
-  store.value()->SetBudget(budget.value());
+  if (auto st = store.value()->SetBudgetSpec(config.cache_budget); !st) return fail(st.error());
   {
     store::CacheStats cs = store.value()->Stats();
     spdlog::info("cache {}: {} blobs, {} bytes; budget {} bytes ({}); {} bytes pinned",

@@ -36,7 +36,7 @@ int BlobFetch::fd() const { return writer_ ? writer_->fd() : -1; }
 
 Status BlobFetch::Open(uint64_t size) {
   if (start_status_) return MakeError(ErrorCode::kInternal, "blob fetch opened twice");
-  auto writer = store_.Create(digest_);
+  auto writer = store_.Create(digest_, size);
   if (!writer) {
     Fail(writer.error());
     return writer.error();

@@ -53,9 +53,16 @@ ChunkFetchMetrics::ChunkFetchMetrics(prometheus::Registry& registry)
                      .Add({})),
       stalls(prometheus::BuildCounter()
                  .Name("shoal_swarm_peer_stalls_total")
-                 .Help("Chunk downloads from peers that made no progress for --peer-stall-ms")
+                 .Help("Chunk downloads from peers that made no progress for --peer-stall-ms, "
+                       "or had no peer connected for a sixth of it")
                  .Register(registry)
-                 .Add({})) {}
+                 .Add({})),
+      republished(prometheus::BuildCounter()
+                      .Name("shoal_swarm_chunks_republished_total")
+                      .Help("Chunks the tracker leased to this agent although it held them "
+                            "already; published again")
+                      .Register(registry)
+                      .Add({})) {}
 
 namespace {
 
@@ -91,6 +98,16 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
 
   awaitable<void> Worker();
   awaitable<void> Chunk(uint32_t k);
+  // Fetches chunk k straight from upstream (no lease), retrying within the blob's failure budget.
+  awaitable<void> Direct(uint32_t k);
+  // Counts a failed upstream fetch against the blob's budget (options.upstream_attempts, over
+  // all of its chunks). Returns whether to try again; false after failing the fetch.
+  bool UpstreamFailed(const Error& e);
+  // Puts chunk k (which we hold, metainfo_[k] set) into the swarm as a seed if it is not there.
+  awaitable<void> EnsureSeeding(uint32_t k);
+  // SeedChunk, retried for about a second while libtorrent still holds a removed copy.
+  awaitable<Status> AddChunkRetrying(uint32_t k, const swarm::ChunkTorrent& torrent,
+                                     swarm::ChunkSpec spec);
   // Asks the tracker for upstream work on this blob until the fetch ends or nothing is left:
   // fetches, seeds and publishes each chunk the tracker hands it.
   awaitable<void> UpstreamWorker();
@@ -120,14 +137,28 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   Notifier upstream_done_;         // woken when our upstream worker ends a chunk
   Notifier work_wanted_;           // woken when a chunk may need fetching again (reported bad)
   bool upstream_worker_ = false;
-  std::vector<std::string> metainfo_;  // per chunk, once known
-  std::vector<swarm::Sha1> added_;     // torrents this fetch put into the swarm
-  Clock::time_point tracker_ok_ = Clock::now();
+  std::vector<std::string> metainfo_;            // per chunk, once known
+  std::vector<swarm::Sha1> added_;               // torrents this fetch put into the swarm
+  Clock::time_point tracker_ok_ = Clock::now();  // this blob's last usable tracker answer
+  int upstream_failures_ = 0;                    // failed upstream chunk fetches of this blob
+  int republished_ = 0;         // chunks the tracker handed back although we hold them
+  bool swarm_cut_off_ = false;  // our announces fail: no peers either way
 };
+
+// Times a chunk may fail from peers before it is fetched from upstream directly.
+constexpr int kMaxPeerFailures = 4;
 
 awaitable<void> ChunkFetcher::Run() {
   auto self = shared_from_this();
   use_tracker_ = s_.tracker != nullptr && s_.tracker->enabled();
+  if (use_tracker_ && s_.tracker->Unreachable(s_.options.tracker_grace)) {
+    // Known for a while already: this blob does not wait the grace again (a background probe
+    // brings the swarm back for later blobs when a replica answers).
+    spdlog::warn("no tracker replica has answered for {} ms; fetching {} straight from upstream",
+                 s_.options.tracker_grace.count(), fetch_->digest().str());
+    s_.metrics.fallbacks.Add({{"reason", "tracker_unreachable"}}).Increment();
+    use_tracker_ = false;
+  }
   if (use_tracker_) {
     auto deadline = Clock::now() + s_.options.tracker_grace;
     for (;;) {
@@ -136,7 +167,8 @@ awaitable<void> ChunkFetcher::Run() {
         layout_ = table.value().layout;
         break;
       }
-      if (table.error().code != ErrorCode::kUnavailable || Clock::now() >= deadline) {
+      if (table.error().code != ErrorCode::kUnavailable || Clock::now() >= deadline ||
+          s_.tracker->Unreachable(s_.options.tracker_grace)) {
         spdlog::warn("no usable tracker for {} ({}); fetching it straight from upstream",
                      fetch_->digest().str(), table.error().message);
         s_.metrics.fallbacks
@@ -198,20 +230,38 @@ awaitable<void> ChunkFetcher::Worker() {
   }
 }
 
-awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
-  if (!use_tracker_) {
-    Status st = Ok();
-    const std::string no_lease;
-    for (int attempt = 0; attempt < s_.options.upstream_attempts && !fetch_->ended(); ++attempt) {
-      st = co_await Upstream(k, no_lease, std::chrono::milliseconds(0));
-      if (st || Fatal(st.error())) break;
-    }
-    if (!st) fetch_->Fail(st.error());
-    co_return;
+awaitable<void> ChunkFetcher::Direct(uint32_t k) {
+  const std::string no_lease;
+  while (!fetch_->ended()) {
+    Status st = co_await Upstream(k, no_lease, std::chrono::milliseconds(0));
+    if (st) co_return;
+    if (!UpstreamFailed(st.error())) co_return;
+    co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
   }
-  int upstream_failures = 0;
+}
+
+bool ChunkFetcher::UpstreamFailed(const Error& e) {
+  if (fetch_->ended()) return false;
+  // Counted per blob, not per chunk: four window workers each retrying their own chunk three
+  // times (each GET retried 6 times by the client) made 72 GETs and 45 s against a dead upstream
+  // before the client heard anything.
+  if (Fatal(e) || ++upstream_failures_ >= s_.options.upstream_attempts) {
+    fetch_->Fail(e);
+    return false;
+  }
+  return true;
+}
+
+awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
+  if (!use_tracker_) co_return co_await Direct(k);
+  int peer_failures = 0;
   while (!fetch_->ended()) {
     if (origin_[k] != Origin::kNone) co_return;  // our upstream worker fetched it
+    if (swarm_cut_off_) {
+      // Our announces fail: peers cannot be found (nor find us); never worse than no mirror.
+      s_.metrics.fallbacks.Add({{"reason", "announce_failed"}}).Increment();
+      co_return co_await Direct(k);
+    }
     if (in_upstream_[k]) {
       co_await upstream_done_.Wait(std::chrono::milliseconds(500));
       continue;
@@ -223,7 +273,9 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
     if (in_upstream_[k]) continue;
     if (!answer) {
       const Error& e = answer.error();
-      if (e.code == ErrorCode::kUnavailable &&
+      // Unreachable: no replica answered anyone for the grace (known before this blob, too);
+      // tracker_ok_: this blob got no usable answer for the grace (e.g. 503s from a full one).
+      if (e.code == ErrorCode::kUnavailable && !s_.tracker->Unreachable(s_.options.tracker_grace) &&
           Clock::now() - tracker_ok_ < s_.options.tracker_grace) {
         co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
         continue;
@@ -234,10 +286,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
           .Add({{"reason",
                  e.code == ErrorCode::kUnavailable ? "tracker_unreachable" : "tracker_error"}})
           .Increment();
-      const std::string no_lease;
-      Status st = co_await Upstream(k, no_lease, std::chrono::milliseconds(0));
-      if (!st) fetch_->Fail(st.error());
-      co_return;
+      co_return co_await Direct(k);
     }
     tracker_ok_ = Clock::now();
     LeaseAnswer& a = answer.value();
@@ -252,16 +301,20 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
         if (st) co_return;
         spdlog::warn("chunk {} of {} from peers: {}", k, fetch_->digest().str(),
                      st.error().message);
+        if (!swarm_cut_off_ && ++peer_failures >= kMaxPeerFailures && !fetch_->ended()) {
+          // The tracker keeps saying ready but no peer delivers: bounded, then upstream.
+          spdlog::warn("chunk {} of {}: peers failed {} times; fetching it straight from upstream",
+                       k, fetch_->digest().str(), peer_failures);
+          s_.metrics.fallbacks.Add({{"reason", "peers_failed"}}).Increment();
+          co_return co_await Direct(k);
+        }
         break;
       }
       case LeaseAnswer::Kind::kGranted: {
         s_.metrics.leases.Increment();
         Status st = co_await Upstream(k, a.lease_id, a.ttl);
         if (st) co_return;
-        if (Fatal(st.error()) || ++upstream_failures >= s_.options.upstream_attempts) {
-          fetch_->Fail(st.error());
-          co_return;
-        }
+        if (!UpstreamFailed(st.error())) co_return;
         break;
       }
       case LeaseAnswer::Kind::kDone:  // a work answer; not sent for a chunk
@@ -279,10 +332,12 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
 
 awaitable<void> ChunkFetcher::UpstreamWorker() {
   auto self = shared_from_this();
-  int failures = 0;
   while (!fetch_->ended()) {
     if (std::all_of(origin_.begin(), origin_.end(), [](Origin o) { return o != Origin::kNone; }))
       co_return;
+    // Peers cannot reach an agent whose announces fail: it stops taking leases (the window
+    // workers fetch straight from upstream).
+    if (swarm_cut_off_) co_return;
     auto started = Clock::now();
     auto answer = co_await s_.tracker->Work(fetch_->digest(), source_, s_.options.lease_wait);
     if (fetch_->ended()) co_return;
@@ -313,13 +368,27 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     const uint32_t k = a.chunk;
     s_.metrics.leases.Increment();
     if (origin_[k] != Origin::kNone && !metainfo_[k].empty()) {
-      // We hold the chunk already (the tracker lost or dropped its metainfo): publish ours.
+      // We hold the chunk already (the tracker lost or dropped its metainfo): make sure we seed
+      // it, publish ours, and back off if the tracker hands it back again and again, so that no
+      // grant-publish loop can spin (it once ran thousands of rounds a second).
+      co_await EnsureSeeding(k);
       Status published =
           co_await s_.tracker->Publish(fetch_->digest(), k, source_, a.lease_id, metainfo_[k]);
+      s_.metrics.republished.Increment();
       if (!published) {
         spdlog::warn("cannot re-publish chunk {} of {}: {}", k, fetch_->digest().str(),
                      published.error().message);
       }
+      const int n = ++republished_;
+      auto pause = std::min<std::chrono::milliseconds>(
+          std::chrono::milliseconds(100 << std::min(n, 6)), std::chrono::milliseconds(5000));
+      if (n > 1) {
+        spdlog::warn(
+            "chunk {} of {}: the tracker handed back a chunk this agent holds ({} times); "
+            "waiting {} ms",
+            k, fetch_->digest().str(), n, pause.count());
+      }
+      co_await Sleep(s_.ioc, pause);
       continue;
     }
     in_upstream_[k] = true;
@@ -328,11 +397,37 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     upstream_done_.NotifyAll();
     if (st) continue;
     spdlog::warn("chunk {} of {} from upstream: {}", k, fetch_->digest().str(), st.error().message);
-    if (Fatal(st.error()) || ++failures >= s_.options.upstream_attempts) {
-      fetch_->Fail(st.error());
-      co_return;
-    }
+    if (!UpstreamFailed(st.error())) co_return;
+    co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
   }
+}
+
+awaitable<void> ChunkFetcher::EnsureSeeding(uint32_t k) {
+  auto torrent =
+      swarm::ParseChunkTorrent(metainfo_[k], layout_.chunk_length(k), layout_.piece_size_of(k));
+  if (!torrent || s_.swarm == nullptr || !file_) co_return;
+  if (s_.swarm->HasChunk(torrent.value().info_hash)) co_return;
+  swarm::ChunkSpec spec;
+  spec.seed = true;
+  auto seeded = co_await AddChunkRetrying(k, torrent.value(), std::move(spec));
+  if (!seeded) {
+    spdlog::warn("cannot seed chunk {} of {}: {}", k, fetch_->digest().str(),
+                 seeded.error().message);
+  }
+}
+
+awaitable<Status> ChunkFetcher::AddChunkRetrying(uint32_t k, const swarm::ChunkTorrent& torrent,
+                                                 swarm::ChunkSpec spec) {
+  // libtorrent drops a removed torrent asynchronously: re-adding the same info-hash right after
+  // RemoveChunk can fail for a moment (a chunk that peers failed to deliver, then fetched from
+  // upstream). Bounded: 20 tries over about a second.
+  Status st = Ok();
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    st = SeedChunk(k, torrent, spec);
+    if (st || st.error().code != ErrorCode::kInternal) co_return st;
+    co_await Sleep(s_.ioc, std::chrono::milliseconds(50));
+  }
+  co_return st;
 }
 
 Status ChunkFetcher::SeedChunk(uint32_t k, const swarm::ChunkTorrent& torrent,
@@ -403,7 +498,7 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   metainfo_[k] = torrent.value().metainfo;
   swarm::ChunkSpec seed_spec;
   seed_spec.seed = true;
-  if (auto seeded = SeedChunk(k, torrent.value(), std::move(seed_spec)); !seeded) {
+  if (auto seeded = co_await AddChunkRetrying(k, torrent.value(), std::move(seed_spec)); !seeded) {
     spdlog::warn("cannot seed chunk {} of {}: {}", k, fetch_->digest().str(),
                  seeded.error().message);
   } else if (s_.seeds != nullptr && use_tracker_) {
@@ -480,11 +575,66 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
     state->error = e;
     state->notifier.NotifyAll();
   };
-  if (auto st = SeedChunk(k, torrent.value(), std::move(spec)); !st) co_return st;
+  if (auto st = co_await AddChunkRetrying(k, torrent.value(), std::move(spec)); !st) co_return st;
   const Clock::time_point added = state->progress;
   Clock::time_point reannounced = state->progress;
+  // Without a connected peer a chunk cannot progress: a seeder that died (kill -9 sends no stop
+  // announce, so the tracker still lists it) or announces that fail are seen within seconds,
+  // not after the whole --peer-stall-ms.
+  const auto no_peer_limit = std::max(std::chrono::milliseconds(2000), s_.options.peer_stall / 6);
+  Clock::time_point last_connected = added;
+  bool cut_off = false;
+  bool retried_announce = false;
+  bool peers_reasked = false;
+  Clock::time_point retried_at = added;
   while (!state->complete && !state->error && !fetch_->ended()) {
     co_await state->notifier.Wait(std::chrono::milliseconds(500));
+    if (state->complete || state->error || fetch_->ended()) break;
+    if (auto ann = s_.swarm->Announces(torrent.value().info_hash)) {
+      if (ann->connected > 0) last_connected = Clock::now();
+      // No announce answered because this host cannot route to the tracker: the announces
+      // failed with no route (after half the limit), or none was sent at all (libtorrent skips
+      // a tracker no listen socket can reach; after all of it). A tracker that refuses or
+      // times out is restarting or down for every agent: that is waited out as before.
+      const bool no_reply =
+          ann->replies == 0 &&
+          ((ann->errors > 0 && ann->unroutable && Clock::now() - added > no_peer_limit / 2) ||
+           (ann->errors == 0 && ann->connected == 0 && Clock::now() - added > no_peer_limit));
+      // Only ours to fix if the tracker's HTTP API answers us meanwhile: when it does not
+      // either, the tracker is restarting or down, which every agent sees at once, and going
+      // to upstream then would send the whole cluster there.
+      const bool tracker_answers = s_.tracker->healthy_replicas() > 0;
+      if (no_reply && !tracker_answers) {
+        retried_announce = false;
+      } else if (no_reply && !state->any_piece && !retried_announce) {
+        // Once more, with the tracker answering, before giving up.
+        retried_announce = true;
+        retried_at = Clock::now();
+        s_.swarm->Reannounce(torrent.value().info_hash);
+      } else if (no_reply && !state->any_piece && Clock::now() - retried_at > no_peer_limit / 2) {
+        cut_off = true;
+        state->error = MakeError(
+            ErrorCode::kUnavailable,
+            "no tracker answered the chunk's announces (" +
+                (ann->last_error.empty() ? std::string("none was sent") : ann->last_error) + ")");
+        break;
+      }
+      if (ann->connected == 0 && !state->any_piece && !peers_reasked && ann->replies > 0 &&
+          Clock::now() - last_connected > no_peer_limit / 2) {
+        // The seeder may have announced after our first announce: ask for peers once more.
+        peers_reasked = true;
+        s_.swarm->Reannounce(torrent.value().info_hash);
+      }
+      if (ann->connected == 0 && !state->any_piece &&
+          Clock::now() - last_connected > no_peer_limit && ann->replies > 0) {
+        s_.metrics.stalls.Increment();
+        state->error = MakeError(ErrorCode::kUnavailable,
+                                 "no peer connected for " + std::to_string(no_peer_limit.count()) +
+                                     " ms (the tracker " + "offered " +
+                                     std::to_string(ann->peers_offered) + ")");
+        break;
+      }
+    }
     // Halfway to a stall, ask the tracker for peers again: seeds that finished since we
     // joined are not connected to us yet (libtorrent would wait for the announce interval).
     if (!state->complete && Clock::now() - state->progress > s_.options.peer_stall / 2 &&
@@ -512,6 +662,17 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
   }
   s_.swarm->RemoveChunk(torrent.value().info_hash);
   if (fetch_->ended()) co_return MakeError(ErrorCode::kCancelled, "blob fetch ended");
+  if (cut_off) {
+    // Our own problem, not the chunk's: no bad report (it would make the cluster fetch it again).
+    if (!swarm_cut_off_) {
+      spdlog::error(
+          "blob {}: this agent's announces fail ({}); fetching its chunks straight from "
+          "upstream",
+          fetch_->digest().str(), state->error->message);
+    }
+    swarm_cut_off_ = true;
+    co_return *state->error;
+  }
   // Let the tracker re-lease the chunk: its seeders are gone or serve garbage.
   const std::string info_hash = swarm::Sha1Hex(torrent.value().info_hash);
   auto reported = co_await s_.tracker->ReportBad(fetch_->digest(), k, info_hash);

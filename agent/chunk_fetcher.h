@@ -35,7 +35,9 @@ struct ChunkFetchOptions {
   std::chrono::milliseconds lease_wait{5000};
   std::chrono::milliseconds tracker_grace{10000};  // tracker errors tolerated before going direct
   std::chrono::milliseconds peer_stall{30000};     // no verified piece for this long: re-lease
-  int upstream_attempts = 3;                       // per chunk, before the blob fails
+  // Failed upstream chunk fetches (each already retried by the client) before the blob fails,
+  // counted over all of the blob's chunks.
+  int upstream_attempts = 2;
 };
 
 // The agent's counters for where blob bytes came from and how chunk fetching went.
@@ -48,6 +50,7 @@ struct ChunkFetchMetrics {
   prometheus::Counter& leases;                         // shoal_swarm_leases_granted_total
   prometheus::Counter& lease_lost;                     // shoal_swarm_leases_lost_total
   prometheus::Counter& stalls;                         // shoal_swarm_peer_stalls_total
+  prometheus::Counter& republished;  // shoal_swarm_chunks_republished_total (handed back to us)
 };
 
 // What every blob fetch shares; owned by the agent. tracker/swarm/seeds may be null (no swarm).

@@ -24,21 +24,34 @@ using asio::awaitable;
 
 namespace {
 
-// A complete blob in the cache; in use (never evicted) while the reader lives.
+// A complete blob in the cache; in use (never evicted) while the reader lives. Unless this very
+// file was verified before, its last byte (and a Range answer's last byte) waits for `check`.
 class CachedReader : public shim::BlobReader {
  public:
-  CachedReader(int fd, uint64_t size, std::shared_ptr<void> in_use)
-      : fd_(fd), size_(size), in_use_(std::move(in_use)) {}
+  CachedReader(int fd, uint64_t size, std::shared_ptr<void> in_use,
+               std::shared_ptr<CacheCheck> check)
+      : fd_(fd), size_(size), in_use_(std::move(in_use)), check_(std::move(check)) {}
   ~CachedReader() override { ::close(fd_); }
   uint64_t size() const override { return size_; }
   int fd() const override { return fd_; }
-  awaitable<Result<uint64_t>> WaitReadable(uint64_t) override { co_return size_; }
+  awaitable<Result<uint64_t>> WaitReadable(uint64_t offset) override {
+    if (!check_) co_return size_;
+    if (!check_->result && offset + 1 < size_) co_return size_ - 1;
+    Status st = co_await check_->Wait();
+    if (!st) co_return st.error();
+    co_return size_;
+  }
+  awaitable<Status> WaitVerified() override {
+    if (!check_) co_return Ok();
+    co_return co_await check_->Wait();
+  }
   std::string_view source() const override { return "cache"; }
 
  private:
   int fd_;
   uint64_t size_;
   std::shared_ptr<void> in_use_;
+  std::shared_ptr<CacheCheck> check_;  // null: verified before
 };
 
 // A blob still arriving from upstream; in use (never evicted once committed) while it lives.
@@ -74,6 +87,7 @@ PullThrough::PullThrough(asio::io_context& ioc, asio::thread_pool& pool, store::
       client_(services.client),
       services_(services),
       options_(std::move(options)),
+      verifier_(ioc, pool, store, metrics),
       cache_hits_(prometheus::BuildCounter()
                       .Name("shoal_cache_blob_hits_total")
                       .Help("Blob requests served from a complete cached blob")
@@ -223,6 +237,12 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
   using Clock = std::chrono::steady_clock;
   if (services_.tracker == nullptr || !services_.tracker->enabled()) co_return std::nullopt;
   TrackerClient& tracker = *services_.tracker;
+  // No replica has answered for a while: do not make every manifest wait for its connect
+  // timeouts (a blackholed replica costs seconds); the probe brings the cache back.
+  if (tracker.Unreachable(services_.options.tracker_grace)) {
+    manifest_fallbacks_.Add({{"reason", "error"}}).Increment();
+    co_return std::nullopt;
+  }
   const ManifestRef mref{repo.registry, repo.repository, reference};
   const std::string name = repo.str() + (want ? "@" : ":") + reference;
   const Clock::time_point deadline = Clock::now() + options_.tracker_manifest_wait;
@@ -348,8 +368,9 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
     if (fd) {
       cache_hits_.Increment();
       store_.Touch(digest);  // for LRU eviction
+      std::shared_ptr<CacheCheck> check = verifier_.Check(digest, fd.value(), *size);
       co_return std::shared_ptr<shim::BlobReader>(
-          std::make_shared<CachedReader>(fd.value(), *size, std::move(in_use)));
+          std::make_shared<CachedReader>(fd.value(), *size, std::move(in_use), std::move(check)));
     }
   }
   cache_misses_.Increment();
@@ -375,7 +396,10 @@ awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(
     fetches_.Add({{"result", result}}).Increment();
     if (it != inflight_.end() && it->second->ended()) inflight_.erase(it);
     inflight_gauge_.Set(static_cast<double>(inflight_.size()));
-    if (ok) Evict();  // a new blob may have taken the cache over its budget
+    if (ok) {
+      verifier_.NoteVerified(digest);  // hashed on its way in: no second pass when served
+      Evict();                         // a new blob may have taken the cache over its budget
+    }
   };
   fetch = std::make_shared<BlobFetch>(ioc_, pool_, store_, digest, std::move(on_end));
   inflight_.emplace(digest, fetch);
@@ -427,6 +451,12 @@ void PullThrough::RegisterCacheMetrics(prometheus::Registry& metrics) {
                                      .Help("Bytes of cached blobs held by an unexpired pin")
                                      .Register(metrics)
                                      .Add({});
+  cache_metrics_.inflight_bytes = &prometheus::BuildGauge()
+                                       .Name("shoal_cache_inflight_bytes")
+                                       .Help("Bytes reserved in the cache for blobs being "
+                                             "downloaded (counted against the budget)")
+                                       .Register(metrics)
+                                       .Add({});
   cache_metrics_.evictions = &prometheus::BuildCounter()
                                   .Name("shoal_cache_evictions_total")
                                   .Help("Blobs evicted from the cache to keep it within budget")
@@ -438,8 +468,6 @@ void PullThrough::RegisterCacheMetrics(prometheus::Registry& metrics) {
 store::EvictReport PullThrough::Evict(std::optional<uint64_t> to) {
   store::EvictReport r = to ? store_.EvictTo(*to) : store_.Evict();
   if (!r.evicted.empty()) {
-    if (cache_metrics_.evictions)
-      cache_metrics_.evictions->Increment(static_cast<double>(r.evicted.size()));
     spdlog::info("cache: evicted {} blobs ({} bytes) to fit the budget", r.evicted.size(),
                  r.freed_bytes);
   }
@@ -453,6 +481,14 @@ store::EvictReport PullThrough::Evict(std::optional<uint64_t> to) {
 void PullThrough::UpdateCacheMetrics() {
   if (!cache_metrics_.bytes) return;
   store::CacheStats s = store_.Stats();
+  // Evictions happen in the store (to fit the budget after a commit, and to make room before a
+  // blob is written); its count since Open feeds the counter.
+  if (s.evictions > cache_metrics_.evictions_seen) {
+    cache_metrics_.evictions->Increment(
+        static_cast<double>(s.evictions - cache_metrics_.evictions_seen));
+    cache_metrics_.evictions_seen = s.evictions;
+  }
+  cache_metrics_.inflight_bytes->Set(static_cast<double>(s.inflight_bytes));
   cache_metrics_.bytes->Set(static_cast<double>(s.bytes));
   cache_metrics_.budget_bytes->Set(static_cast<double>(s.budget));
   cache_metrics_.pinned_bytes->Set(static_cast<double>(s.pinned_bytes));
@@ -519,15 +555,26 @@ awaitable<Result<std::vector<Digest>>> PullThrough::PinImage(
 
 awaitable<Status> PullThrough::FetchToCache(const shim::RepoRef& repo, const Digest& digest,
                                             const std::function<void(uint64_t)>& progress) {
-  auto reader = co_await OpenBlob(repo, digest);
-  if (!reader) co_return reader.error();
-  const uint64_t size = reader.value()->size();
-  uint64_t done = 0;
-  while (done < size) {
-    auto readable = co_await reader.value()->WaitReadable(done);
-    if (!readable) co_return readable.error();
-    done = readable.value();
-    if (progress) progress(done);
+  // Twice at most: a cached copy found corrupt on disk is dropped, and the second open fetches
+  // the blob again.
+  for (int attempt = 0;; ++attempt) {
+    auto reader = co_await OpenBlob(repo, digest);
+    if (!reader) co_return reader.error();
+    const uint64_t size = reader.value()->size();
+    const bool cached = reader.value()->source() == "cache";
+    uint64_t done = 0;
+    std::optional<Error> failed;
+    while (done < size) {
+      auto readable = co_await reader.value()->WaitReadable(done);
+      if (!readable) {
+        failed = readable.error();
+        break;
+      }
+      done = readable.value();
+      if (progress) progress(done);
+    }
+    if (!failed) break;
+    if (!cached || attempt > 0 || failed->code != ErrorCode::kDigestMismatch) co_return *failed;
   }
   // Verified; the commit (fsync + rename) may still be running on the pool.
   while (!store_.Stat(digest)) {

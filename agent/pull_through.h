@@ -20,6 +20,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "agent/blob_fetch.h"
+#include "agent/cache_check.h"
 #include "agent/chunk_fetcher.h"
 #include "lib/oci/manifest.h"
 #include "lib/store/blob_store.h"
@@ -111,7 +112,9 @@ class PullThrough : public shim::Backend {
     prometheus::Gauge* bytes = nullptr;
     prometheus::Gauge* budget_bytes = nullptr;
     prometheus::Gauge* pinned_bytes = nullptr;
+    prometheus::Gauge* inflight_bytes = nullptr;
     prometheus::Counter* evictions = nullptr;
+    uint64_t evictions_seen = 0;  // the store's eviction count already added to `evictions`
   };
   CacheMetrics cache_metrics_;
 
@@ -149,6 +152,7 @@ class PullThrough : public shim::Backend {
   std::unordered_map<Digest, uint64_t> sizes_;  // from manifests; bounded (cleared when full)
   std::unordered_map<Digest, std::shared_ptr<BlobFetch>> inflight_;
   std::map<std::string, TagEntry> tags_;  // "registry/repo:tag"
+  CacheVerifier verifier_;                  // cached blobs are hashed again before served
 
   prometheus::Counter& cache_hits_;
   prometheus::Counter& cache_misses_;

@@ -25,6 +25,12 @@ SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
                                  "Pieces from peers that failed their hash check")),
       banned_(MakeCounter(registry, "shoal_swarm_peers_banned_total",
                           "Peers banned for sending corrupt data")),
+      announces_(prometheus::BuildCounter()
+                     .Name("shoal_swarm_announces_total")
+                     .Help("Tracker announces of chunk torrents, by result (ok, error)")
+                     .Register(registry)),
+      announces_ok_(announces_.Add({{"result", "ok"}})),
+      announces_error_(announces_.Add({{"result", "error"}})),
       torrents_(prometheus::BuildGauge()
                     .Name("shoal_swarm_torrents")
                     .Help("Chunk torrents in the session (seeding or downloading)")
@@ -47,6 +53,8 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   AddDelta(uploaded_, s.uploaded, last_.uploaded);
   AddDelta(hash_failures_, s.hash_failures, last_.hash_failures);
   AddDelta(banned_, s.peers_banned, last_.peers_banned);
+  AddDelta(announces_ok_, s.announce_replies, last_.announce_replies);
+  AddDelta(announces_error_, s.announce_errors, last_.announce_errors);
   torrents_.Set(static_cast<double>(s.torrents));
   for (size_t i = 0; i < wasted_.size(); ++i) AddDelta(*wasted_[i], s.wasted[i], last_.wasted[i]);
   last_.wasted = s.wasted;
@@ -55,6 +63,8 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   last_.uploaded = s.uploaded;
   last_.hash_failures = s.hash_failures;
   last_.peers_banned = s.peers_banned;
+  last_.announce_replies = s.announce_replies;
+  last_.announce_errors = s.announce_errors;
 }
 
 }  // namespace shoal::agent

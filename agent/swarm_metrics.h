@@ -24,6 +24,9 @@ class SwarmMetrics {
   prometheus::Counter& uploaded_;
   prometheus::Counter& hash_failures_;
   prometheus::Counter& banned_;
+  prometheus::Family<prometheus::Counter>& announces_;  // shoal_swarm_announces_total{result}
+  prometheus::Counter& announces_ok_;
+  prometheus::Counter& announces_error_;
   prometheus::Gauge& torrents_;
   std::vector<prometheus::Counter*> wasted_;  // by swarm::kWasteReasons
   swarm::SwarmStats last_;

@@ -3,6 +3,11 @@
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <nlohmann/json.hpp>
 
 #include "lib/core/base64.h"
@@ -94,7 +99,10 @@ Result<ChunkTable> ParseTable(const std::string& body) {
 }  // namespace
 
 TrackerClient::TrackerClient(asio::any_io_executor executor, TrackerClientOptions options)
-    : options_(std::move(options)), tracker_ids_(options_.trackers.size()) {
+    : executor_(executor),
+      options_(std::move(options)),
+      tracker_ids_(options_.trackers.size()),
+      failing_since_(options_.trackers.size()) {
   http::ClientConfig config;
   config.connect_timeout = options_.connect_timeout;
   // Longer than the longest long-poll the tracker will hold (10 s).
@@ -154,15 +162,21 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::CallReplica(size_t replic
   auto opened = co_await http_->Open(req);
   if (!opened) {
     spdlog::debug("tracker {} did not answer: {}", req.url.str(), opened.error().message);
+    NoteHealth(replica, false);
     co_return opened.error();
   }
   auto& resp = *opened.value();
   auto read = co_await resp.ReadAll(kMaxReply);
-  if (!read) co_return read.error();
+  if (!read) {
+    NoteHealth(replica, false);
+    co_return read.error();
+  }
   if (resp.status() >= 502 && resp.status() <= 504) {  // a proxy in front of a dead replica
+    NoteHealth(replica, false);
     co_return MakeError(ErrorCode::kUnavailable,
                         "tracker " + req.url.str() + " answered " + std::to_string(resp.status()));
   }
+  NoteHealth(replica, true);
   NoteTrackerId(replica, read.value());
   co_return Reply{resp.status(), std::move(read.value()), replica};
 }
@@ -172,13 +186,67 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::Call(const Digest& digest
                                                             std::string body) {
   if (options_.trackers.empty()) co_return MakeError(ErrorCode::kUnavailable, "no tracker");
   std::optional<Error> last;
-  for (size_t replica : Order(digest)) {
+  // Replicas that answer come first, in rendezvous order: a dead owner (a blackholed address
+  // costs the whole connect timeout) is asked only after the live ones.
+  std::vector<size_t> order = Order(digest);
+  std::stable_partition(order.begin(), order.end(),
+                        [this](size_t r) { return !failing_since_[r].has_value(); });
+  for (size_t replica : order) {
     auto reply = co_await CallReplica(replica, method, target, body);
     if (reply) co_return std::move(reply.value());
     last = reply.error();
   }
   co_return MakeError(ErrorCode::kUnavailable,
                       "no tracker answered (" + (last ? last->message : std::string("?")) + ")");
+}
+
+bool TrackerClient::Unreachable(std::chrono::milliseconds grace) const {
+  return all_failing_since_ && Clock::now() - *all_failing_since_ >= grace;
+}
+
+size_t TrackerClient::healthy_replicas() const {
+  return static_cast<size_t>(std::count_if(failing_since_.begin(), failing_since_.end(),
+                                           [](const auto& f) { return !f.has_value(); }));
+}
+
+void TrackerClient::NoteHealth(size_t replica, bool ok) {
+  if (ok) {
+    failing_since_[replica].reset();
+    if (all_failing_since_) {
+      spdlog::info(
+          "tracker {} answers again after {} ms without any replica",
+          options_.trackers[replica].str(),
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - *all_failing_since_)
+              .count());
+      all_failing_since_.reset();
+    }
+    return;
+  }
+  if (!failing_since_[replica]) failing_since_[replica] = Clock::now();
+  if (healthy_replicas() == 0 && !all_failing_since_) {
+    all_failing_since_ = Clock::now();
+    spdlog::warn("no tracker replica answers; probing their /healthz until one does");
+  }
+  if (!probing_ && all_failing_since_) {
+    probing_ = true;
+    asio::co_spawn(executor_, Probe(), asio::detached);
+  }
+}
+
+awaitable<void> TrackerClient::Probe() {
+  auto pause = std::chrono::milliseconds(500);
+  while (all_failing_since_) {
+    asio::steady_timer timer(executor_);
+    timer.expires_after(pause);
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    pause = std::min(pause * 2, std::chrono::milliseconds(5000));
+    for (size_t r = 0; r < options_.trackers.size() && all_failing_since_; ++r) {
+      auto reply = co_await CallReplica(r, http_::verb::get, "/healthz", "");
+      (void)reply;
+    }
+  }
+  probing_ = false;
 }
 
 awaitable<Result<ChunkTable>> TrackerClient::Table(const Digest& digest, const BlobSource& source) {

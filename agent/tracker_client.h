@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -177,6 +178,14 @@ class TrackerClient {
                                                 const std::string& node,
                                                 const TrackerPrefetchProgress& progress);
 
+  // Whether no replica has answered any call for at least `grace`: callers then stop waiting
+  // for the tracker and fall back at once (each blob no longer pays the grace on its own). A
+  // background probe of every replica's /healthz, started by the first failure, ends this as
+  // soon as one answers.
+  bool Unreachable(std::chrono::milliseconds grace) const;
+  // Replicas answering now (those that failed their last call are not counted).
+  size_t healthy_replicas() const;
+
   // Called (on the network thread) when a replica answers with a tracker_id different from the
   // one it gave before: it restarted and lost its tables.
   void OnRestart(std::function<void(size_t replica)> callback) {
@@ -198,9 +207,20 @@ class TrackerClient {
                                                     const std::string& target,
                                                     const std::string& body);
   void NoteTrackerId(size_t replica, const std::string& body);
+  // Records a replica's answer (ok) or silence, and starts the probe when none answers.
+  void NoteHealth(size_t replica, bool ok);
+  // Asks every replica's /healthz with a growing pause (0.5 s up to 5 s) until one answers.
+  boost::asio::awaitable<void> Probe();
 
+  using Clock = std::chrono::steady_clock;
+  boost::asio::any_io_executor executor_;
   TrackerClientOptions options_;
   std::vector<std::string> tracker_ids_;  // per replica, last seen
+  // Per replica: since when its calls fail (nullopt: its last call was answered).
+  std::vector<std::optional<Clock::time_point>> failing_since_;
+  // Since when every replica fails (nullopt: one answers).
+  std::optional<Clock::time_point> all_failing_since_;
+  bool probing_ = false;
   std::unique_ptr<http::Client> http_;
   std::function<void(size_t)> on_restart_;
 };

@@ -46,6 +46,10 @@ class BlobReader {
   // end > offset (or end == size() once complete). Errors: the fetch failed (kDigestMismatch,
   // kUnavailable, kIo, ...); the caller must then abort the response.
   virtual boost::asio::awaitable<Result<uint64_t>> WaitReadable(uint64_t offset) = 0;
+  // Waits until the whole blob is known to match its digest. A reader that serves a Range
+  // ending before the blob's last byte calls it before that range's last byte. Default: nothing
+  // to wait for (an in-flight blob is checked piece by piece and as a whole before its end).
+  virtual boost::asio::awaitable<Status> WaitVerified() { co_return Ok(); }
   // Where the bytes come from, for metrics: "cache" or "upstream".
   virtual std::string_view source() const = 0;
 };

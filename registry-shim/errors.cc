@@ -19,6 +19,9 @@ unsigned HttpStatusFor(ErrorCode code) {
     case ErrorCode::kUnavailable: return 503;
     case ErrorCode::kCancelled: return 503;
     case ErrorCode::kIo: return 500;
+    // RFC 4918's 507: the node's cache cannot hold the blob (budget, pins, disk); runtimes print
+    // the status and the message.
+    case ErrorCode::kInsufficientStorage: return 507;
     case ErrorCode::kInternal: return 500;
   }
   return 500;
@@ -33,6 +36,7 @@ ErrorReply MakeErrorReply(const Error& err, std::string_view oci_code) {
     case ErrorCode::kUnsupported: code = "UNSUPPORTED"; break;
     case ErrorCode::kRangeNotSatisfiable: code = "RANGE_INVALID"; break;
     case ErrorCode::kIo:
+    case ErrorCode::kInsufficientStorage:
     case ErrorCode::kInternal:
     case ErrorCode::kUnavailable:
     case ErrorCode::kCancelled:

@@ -15,8 +15,13 @@ Metrics Metrics::Create(prometheus::Registry& registry) {
                     .Register(registry);
   auto& aborted = prometheus::BuildCounter()
                       .Name("shoal_shim_aborted_responses_total")
-                      .Help("Blob responses cut short because the fetch failed or the client left")
+                      .Help(
+                          "Blob responses cut short, by reason: client_gone (the client closed "
+                          "or stopped reading), fetch_failed (the blob could not be completed "
+                          "or verified), file_error")
                       .Register(registry);
+  for (const char* reason : {"client_gone", "fetch_failed", "file_error"})
+    aborted.Add({{"reason", reason}});
   auto& connects = prometheus::BuildCounter()
                        .Name("shoal_proxy_connects_total")
                        .Help(
@@ -31,9 +36,13 @@ Metrics Metrics::Create(prometheus::Registry& registry) {
   return Metrics{requests,
                  bytes.Add({{"source", "cache"}}),
                  bytes.Add({{"source", "upstream"}}),
-                 aborted.Add({}),
+                 aborted,
                  connects,
                  handshakes.Add({})};
+}
+
+void Metrics::CountAborted(std::string_view reason) {
+  aborted_responses.Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void Metrics::CountRequest(std::string_view route, unsigned status) {
@@ -45,7 +54,8 @@ void Metrics::CountConnect(std::string_view mode) {
 }
 
 void Metrics::CountBlobBytes(std::string_view source, uint64_t bytes) {
-  (source == "cache" ? blob_bytes_cache : blob_bytes_upstream).Increment(static_cast<double>(bytes));
+  (source == "cache" ? blob_bytes_cache : blob_bytes_upstream)
+      .Increment(static_cast<double>(bytes));
 }
 
 }  // namespace shoal::shim

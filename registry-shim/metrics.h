@@ -11,10 +11,11 @@ namespace shoal::shim {
 
 // References into a prometheus::Registry that outlives this struct. Thread-safe (atomics).
 struct Metrics {
-  prometheus::Family<prometheus::Counter>& requests;    // shoal_shim_requests_total{route,code}
-  prometheus::Counter& blob_bytes_cache;                // shoal_shim_blob_bytes_total{source=cache}
-  prometheus::Counter& blob_bytes_upstream;             // ...{source=upstream}
-  prometheus::Counter& aborted_responses;               // shoal_shim_aborted_responses_total
+  prometheus::Family<prometheus::Counter>& requests;  // shoal_shim_requests_total{route,code}
+  prometheus::Counter& blob_bytes_cache;              // shoal_shim_blob_bytes_total{source=cache}
+  prometheus::Counter& blob_bytes_upstream;           // ...{source=upstream}
+  // shoal_shim_aborted_responses_total{reason}: client_gone, fetch_failed, file_error.
+  prometheus::Family<prometheus::Counter>& aborted_responses;
   prometheus::Family<prometheus::Counter>& proxy_connects;  // shoal_proxy_connects_total{mode}
   prometheus::Counter& proxy_handshake_failures;  // shoal_proxy_tls_handshake_failures_total
 
@@ -24,6 +25,8 @@ struct Metrics {
   void CountRequest(std::string_view route, unsigned status);
   // Counts body bytes sent for a blob read from source ("cache" or "upstream").
   void CountBlobBytes(std::string_view source, uint64_t bytes);
+  // Counts one blob response cut short, by reason (see aborted_responses).
+  void CountAborted(std::string_view reason);
   // Counts one CONNECT by what the proxy did: "terminate", "tunnel" or "denied".
   void CountConnect(std::string_view mode);
 };

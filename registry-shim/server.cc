@@ -389,6 +389,16 @@ class Connection {
       }
     }
     uint64_t length = size == 0 ? 0 : last - first + 1;
+    if (req.method() != http::verb::head && length > 0) {
+      // A fetch that fails before the first byte of the answer is answered with its status
+      // (503 with Retry-After for a dead upstream, 502 for bad bytes, 507 when it cannot fit),
+      // not with a 200 cut short: the runtime then reports why.
+      auto ready = co_await reader->WaitReadable(first);
+      if (!ready) {
+        StringResponse res = MakeError(req, ready.error(), "BLOB_UNKNOWN");
+        co_return co_await Reply(r.kind, std::move(res));
+      }
+    }
 
     http::response<http::empty_body> res{partial ? http::status::partial_content : http::status::ok,
                                          req.version()};
@@ -434,13 +444,23 @@ class Connection {
   // truncated response and never a complete one with wrong bytes.
   awaitable<bool> SendBody(BlobReader& reader, uint64_t begin, uint64_t end, const Digest& digest) {
     uint64_t offset = begin;
+    // A Range answer that ends before the blob's last byte holds its own last byte until the
+    // blob is known to be intact (a cached blob is hashed again the first time it is served).
+    const uint64_t hold = end < reader.size() ? end - 1 : end;
     while (offset < end) {
+      if (offset == hold) {
+        Status verified = co_await reader.WaitVerified();
+        if (!verified) {
+          spdlog::error("aborting response for {}: {}", digest.str(), verified.error().ToString());
+          co_return Abort("fetch_failed");
+        }
+      }
       auto readable = co_await reader.WaitReadable(offset);
       if (!readable) {
         spdlog::error("aborting response for {}: {}", digest.str(), readable.error().ToString());
-        co_return Abort();
+        co_return Abort("fetch_failed");
       }
-      uint64_t avail = std::min<uint64_t>(readable.value(), end);
+      uint64_t avail = std::min<uint64_t>(readable.value(), offset < hold ? hold : end);
       bool sent = co_await SendRange(reader, offset, avail, digest);
       if (!sent) co_return false;
     }
@@ -461,7 +481,7 @@ class Connection {
         if (n <= 0) {
           spdlog::error("reading the blob file for {} at {} failed: {}", digest.str(), offset,
                         n == 0 ? "ended before its size" : std::strerror(errno));
-          co_return Abort();
+          co_return Abort("file_error");
         }
         beast::error_code ec;
         Lowest().expires_after(options_.stall_timeout);
@@ -469,9 +489,9 @@ class Connection {
                                    asio::redirect_error(use_awaitable, ec));
         Lowest().expires_never();
         if (ec) {
-          spdlog::warn("client stopped reading {} at offset {}: {}", digest.str(), offset,
+          spdlog::info("client stopped reading {} at offset {}: {}", digest.str(), offset,
                        ec.message());
-          co_return Abort();
+          co_return Abort("client_gone");
         }
         offset += static_cast<uint64_t>(n);
         metrics_.CountBlobBytes(reader.source(), static_cast<uint64_t>(n));
@@ -517,17 +537,22 @@ class Connection {
         *done = true;
         watchdog.cancel();
         if (ec || *stalled) {
-          spdlog::warn("client stopped reading {} at offset {}", digest.str(), offset);
-          co_return Abort();
+          spdlog::info("client stopped reading {} at offset {}{}", digest.str(), offset,
+                       *stalled ? " (stalled)" : "");
+          co_return Abort("client_gone");
         }
         continue;
       }
       if (n == 0) {
         spdlog::error("blob file for {} ended at {} before its size", digest.str(), offset);
-      } else if (errno != EPIPE && errno != ECONNRESET) {
-        spdlog::warn("sendfile for {} failed: {}", digest.str(), std::strerror(errno));
+        co_return Abort("file_error");
       }
-      co_return Abort();
+      if (errno == EPIPE || errno == ECONNRESET) {
+        spdlog::info("client closed the connection during {} at offset {}", digest.str(), offset);
+        co_return Abort("client_gone");
+      }
+      spdlog::warn("sendfile for {} failed: {}", digest.str(), std::strerror(errno));
+      co_return Abort("file_error");
     }
     co_return true;
   }
@@ -634,8 +659,9 @@ class Connection {
     co_await inner.Run();
   }
 
-  bool Abort() {
-    metrics_.aborted_responses.Increment();
+  // Ends the connection mid-response; reason labels shoal_shim_aborted_responses_total.
+  bool Abort(std::string_view reason) {
+    metrics_.CountAborted(reason);
     beast::error_code ec;
     Lowest().socket().shutdown(tcp::socket::shutdown_both, ec);
     Lowest().socket().close(ec);

@@ -308,6 +308,7 @@ BlobResult<PublishAnswer> BlobTable::Publish(const Digest& digest, uint32_t k,
   published->metainfo = std::move(parsed.value().metainfo);
   published->info_hash = parsed.value().info_hash;
   published->agent = std::string(agent);
+  published->published_at = now;
   chunk.published = published;
   ++blob.ready;
   ++totals_.ready;
@@ -362,7 +363,9 @@ BlobResult<bool> BlobTable::ReportBad(const Digest& digest, uint32_t k,
 
 bool BlobTable::KeepReady(const Digest& digest, Blob& blob, Chunk& chunk) {
   if (!chunk.published) return false;
-  if (!seeders_lost_ || !seeders_lost_(chunk.published->info_hash)) return true;
+  if (!seeders_lost_) return true;
+  std::optional<TimePoint> lost = seeders_lost_(chunk.published->info_hash);
+  if (!lost || *lost < chunk.published->published_at) return true;
   Unpublish(digest, blob, chunk);
   return false;
 }

@@ -80,7 +80,8 @@ std::string_view ChunkStateName(ChunkState state);
 struct PublishedChunk {
   std::string metainfo;  // the bencoded torrent as published
   swarm::Sha1 info_hash{};
-  std::string agent;  // who published it
+  std::string agent;         // who published it
+  TimePoint published_at{};  // when this publication was accepted
 };
 
 struct ChunkView {
@@ -136,9 +137,9 @@ enum class BlobEvent {
   kEvicted,    // the whole table was dropped to make room
 };
 using BlobListener = std::function<void(BlobEvent event, const Digest& digest)>;
-// Whether a ready chunk's torrent has lost every seeder (SwarmTable::LostSeeders): the agents
-// that held it evicted it or died, so nobody can serve it any more.
-using SeedersLostProbe = std::function<bool(const swarm::Sha1& info_hash)>;
+// When a ready chunk's torrent lost every seeder (SwarmTable::SeedersLostAt: the agents that held
+// it evicted it or died, so nobody can serve it any more); nullopt while someone seeds it.
+using SeedersLostProbe = std::function<std::optional<TimePoint>(const swarm::Sha1& info_hash)>;
 
 struct BlobTotals {
   size_t blobs = 0;
@@ -169,8 +170,10 @@ class BlobTable {
   // Called synchronously from inside the calls below, once per event. It must not call back
   // into the table.
   void SetListener(BlobListener listener) { listener_ = std::move(listener); }
-  // With a probe, Lease and Work drop a ready chunk whose seeders are all gone (kDropped), so
-  // it is leased and fetched upstream again at once instead of after a peer stall.
+  // With a probe, Lease and Work drop a ready chunk whose seeders all left after it was
+  // published (kDropped), so it is leased and fetched upstream again at once instead of after a
+  // peer stall. A chunk published after its seeders left is kept: its publisher has just claimed
+  // to seed it (dropping it at once made a publish-lease-publish loop with no bound).
   void SetSeedersLostProbe(SeedersLostProbe probe) { seeders_lost_ = std::move(probe); }
 
   // The table of digest, created from source if absent (first non-empty registry and
@@ -278,8 +281,8 @@ class BlobTable {
   // A new lease on chunk k of blob for agent (the caps were checked).
   LeaseRecord& Grant(const Digest& digest, Blob& blob, uint32_t k, std::string_view agent,
                      TimePoint now);
-  // Drops chunk's metainfo (kDropped) if it is ready and the probe says its seeders are gone;
-  // returns whether the chunk is ready afterwards.
+  // Drops chunk's metainfo (kDropped) if it is ready and the probe says its seeders left after
+  // it was published; returns whether the chunk is ready afterwards.
   bool KeepReady(const Digest& digest, Blob& blob, Chunk& chunk);
   // Drops chunk's metainfo (it must be ready) and emits kDropped.
   void Unpublish(const Digest& digest, Blob& blob, Chunk& chunk);

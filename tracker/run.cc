@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include <csignal>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -64,6 +66,10 @@ Status WritePortFile(const std::string& path, uint16_t port) {
 }  // namespace
 
 int RunTracker(const TrackerConfig& config) {
+  // No peer may end this process: a client that closes its connection during a sendfile(2)
+  // body would otherwise kill it with SIGPIPE (exit 141, no log line). Writes then fail with
+  // EPIPE, which the code handles.
+  std::signal(SIGPIPE, SIG_IGN);
   InitLogging(config.log_format, config.log_level, "shoal-tracker");
   auto fail = [](const Error& e) {
     spdlog::critical("startup failed: {}", e.ToString());
@@ -131,7 +137,7 @@ int RunTracker(const TrackerConfig& config) {
   blobs.SetSeedersLostProbe([&service](const swarm::Sha1& hash) {
     auto id = InfoHash::FromBytes(
         std::string_view(reinterpret_cast<const char*>(hash.data()), hash.size()));
-    return id && service.table().LostSeeders(*id);
+    return id ? service.table().SeedersLostAt(*id) : std::nullopt;
   });
   ServerOptions server_options;
   server_options.max_connections = config.max_connections;

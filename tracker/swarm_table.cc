@@ -32,7 +32,7 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
       if (!idx->second.seeder && request.left == 0) ++swarm.downloaded;
       bool had_seeders = !swarm.seeders.empty();
       Remove(swarm, idx->second);
-      NoteSeeders(request.info_hash, swarm, had_seeders);
+      NoteSeeders(request.info_hash, swarm, had_seeders, now);
     }
     reply.counts = CountsOf(swarm);
     if (swarm.size() == 0) {
@@ -95,7 +95,7 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
   // `completed` or just reports left=0; a `completed` from a peer not seen before counts too.
   if (known ? (!was_seeder && seeder) : request.event == AnnounceEvent::kCompleted)
     ++swarm.downloaded;
-  NoteSeeders(request.info_hash, swarm, had_seeders);
+  NoteSeeders(request.info_hash, swarm, had_seeders, now);
 
   if (swarm.size() == 0) {
     // Only possible when the peer could not be stored; keep no empty swarm around.
@@ -218,7 +218,7 @@ size_t SwarmTable::Sweep(TimePoint now) {
   for (auto it = swarms_.begin(); it != swarms_.end();) {
     bool had_seeders = !it->second.seeders.empty();
     dropped += SweepSwarm(it->second, now);
-    NoteSeeders(it->first, it->second, had_seeders);
+    NoteSeeders(it->first, it->second, had_seeders, now);
     if (it->second.size() == 0) {
       it = swarms_.erase(it);
       --totals_.swarms;
@@ -229,16 +229,19 @@ size_t SwarmTable::Sweep(TimePoint now) {
   return dropped;
 }
 
-void SwarmTable::NoteSeeders(const InfoHash& info_hash, const Swarm& swarm, bool had_seeders) {
+void SwarmTable::NoteSeeders(const InfoHash& info_hash, const Swarm& swarm, bool had_seeders,
+                             TimePoint now) {
   if (!swarm.seeders.empty()) {
     if (!had_seeders) seeders_lost_.erase(info_hash);
   } else if (had_seeders && seeders_lost_.size() < options_.limits.max_swarms) {
-    seeders_lost_.insert(info_hash);
+    seeders_lost_.insert_or_assign(info_hash, now);
   }
 }
 
-bool SwarmTable::LostSeeders(const InfoHash& info_hash) const {
-  return seeders_lost_.count(info_hash) != 0;
+std::optional<TimePoint> SwarmTable::SeedersLostAt(const InfoHash& info_hash) const {
+  auto it = seeders_lost_.find(info_hash);
+  if (it == seeders_lost_.end()) return std::nullopt;
+  return it->second;
 }
 
 SwarmCounts SwarmTable::CountsOf(const Swarm& swarm) {

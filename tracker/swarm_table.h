@@ -89,7 +89,9 @@ class SwarmTable {
   // seeds it now). False for an info-hash never seeded since this table started, so a restarted
   // tracker never declares a chunk lost before its seeders re-announce. At most max_swarms
   // info-hashes are remembered.
-  bool LostSeeders(const InfoHash& info_hash) const;
+  bool LostSeeders(const InfoHash& info_hash) const { return SeedersLostAt(info_hash).has_value(); }
+  // When info_hash lost its last seeder (see LostSeeders); nullopt while it has one or never had.
+  std::optional<TimePoint> SeedersLostAt(const InfoHash& info_hash) const;
   // Drops every peer silent for longer than peer_ttl, and swarms left empty. Returns how many
   // peers were dropped. O(peers); the server runs it periodically.
   size_t Sweep(TimePoint now);
@@ -123,8 +125,9 @@ class SwarmTable {
   // Removes the peer at slot by swapping the last one into its place; returns the removed peer.
   Peer Remove(Swarm& swarm, Slot slot);
   size_t SweepSwarm(Swarm& swarm, TimePoint now);
-  // Records whether info_hash lost its last seeder (had_seeders: it had one before the change).
-  void NoteSeeders(const InfoHash& info_hash, const Swarm& swarm, bool had_seeders);
+  // Records whether info_hash lost its last seeder, and when (had_seeders: it had one before the
+  // change).
+  void NoteSeeders(const InfoHash& info_hash, const Swarm& swarm, bool had_seeders, TimePoint now);
   // Appends up to k distinct random peers of `from` to out, skipping index `skip` (or none if
   // skip >= from.size()). O(k) expected.
   void Sample(const std::vector<Peer>& from, size_t k, size_t skip, std::vector<PeerEndpoint>& out);
@@ -136,7 +139,7 @@ class SwarmTable {
   SwarmTableOptions options_;
   std::mt19937_64 rng_;
   std::unordered_map<InfoHash, Swarm> swarms_;
-  std::unordered_set<InfoHash> seeders_lost_;  // had a seeder, have none now
+  std::unordered_map<InfoHash, TimePoint> seeders_lost_;  // had a seeder, have none since then
   SwarmTotals totals_;
 };
 

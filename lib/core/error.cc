@@ -13,6 +13,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kTooManyRequests: return "too_many_requests";
     case ErrorCode::kUnavailable: return "unavailable";
     case ErrorCode::kIo: return "io";
+    case ErrorCode::kInsufficientStorage: return "insufficient_storage";
     case ErrorCode::kProtocol: return "protocol";
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kCancelled: return "cancelled";

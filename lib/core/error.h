@@ -22,6 +22,7 @@ enum class ErrorCode {
   kTooManyRequests,   // upstream quota (429)
   kUnavailable,       // upstream or peer unreachable, 5xx, timed out after retries
   kIo,                // local disk or file system failure
+  kInsufficientStorage,  // does not fit in the cache's budget or on its disk
   kProtocol,          // a peer or upstream spoke HTTP/JSON we cannot accept
   kUnsupported,       // valid but not something shoal does (e.g. sha512 digests)
   kCancelled,         // the operation was abandoned (shutdown, client gone)

@@ -23,6 +23,8 @@ namespace shoal::store {
 namespace fs = std::filesystem;
 namespace {
 
+using TimePoint = std::chrono::system_clock::time_point;
+
 Error IoError(std::string_view what, const std::string& path, int err) {
   return MakeError(ErrorCode::kIo, std::string(what) + " " + path + ": " + std::strerror(err));
 }
@@ -93,6 +95,7 @@ BlobWriter::BlobWriter(BlobStore* store, Digest digest, int fd, std::string temp
 BlobWriter::~BlobWriter() {
   if (!done_) ::unlink(temp_path_.c_str());
   ::close(fd_);
+  store_->Unreserve(reserved_);
 }
 
 Status BlobWriter::PWrite(const char* data, size_t size, uint64_t offset) {
@@ -130,6 +133,8 @@ Status BlobWriter::Commit() {
   done_ = true;
   struct stat st;
   if (::fstat(fd_, &st) == 0) store_->Added(digest_, static_cast<uint64_t>(st.st_size));
+  store_->Unreserve(reserved_);  // now counted as a cached blob
+  reserved_ = 0;
   // From here on the blob is a cache entry like any other: whoever still reads it through fd()
   // (a reader of the fetch) holds its own MarkInUse handle. The writer itself may live on for
   // as long as its chunk torrents seed from fd(), which must not pin the blob forever.
@@ -140,6 +145,10 @@ Status BlobWriter::Commit() {
 void BlobWriter::Abort() {
   if (!done_) ::unlink(temp_path_.c_str());
   done_ = true;
+  // The inode lives on while readers hold fd(), but it no longer counts against the budget;
+  // truncating it would give those readers short reads, so its blocks go with the last fd.
+  store_->Unreserve(reserved_);
+  reserved_ = 0;
 }
 
 Result<std::unique_ptr<BlobStore>> BlobStore::Open(std::string root) {
@@ -180,11 +189,156 @@ Result<int> BlobStore::OpenBlob(const Digest& digest) const {
   return fd;
 }
 
-Result<std::unique_ptr<BlobWriter>> BlobStore::Create(const Digest& digest) {
+Result<std::unique_ptr<BlobWriter>> BlobStore::Create(const Digest& digest, uint64_t size) {
+  if (size > 0) {
+    if (std::string why = MakeRoomInBudget(digest, size); !why.empty()) {
+      return MakeError(ErrorCode::kInsufficientStorage,
+                       "blob " + digest.str() + " (" + std::to_string(size) +
+                           " bytes) cannot fit in this node's cache: " + why);
+    }
+  }
   std::string tmp = root_ + "/tmp/" + digest.hex() + "." + UniqueSuffix() + ".partial";
   int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("create", tmp, errno);
-  return std::unique_ptr<BlobWriter>(new BlobWriter(this, digest, fd, tmp, BlobPath(digest)));
+  if (fd < 0) {
+    Unreserve(size);
+    if (errno == ENOSPC || errno == EDQUOT) {
+      return MakeError(ErrorCode::kInsufficientStorage,
+                       "blob " + digest.str() + " cannot fit in this node's cache: create " + tmp +
+                           ": " + std::strerror(errno));
+    }
+    return IoError("create", tmp, errno);
+  }
+  std::unique_ptr<BlobWriter> writer(new BlobWriter(this, digest, fd, tmp, BlobPath(digest)));
+  writer->reserved_ = size;  // from here on the writer gives it back
+  if (size > 0) {
+    if (std::string why = AllocateEvicting(digest, fd, size); !why.empty()) {
+      return MakeError(ErrorCode::kInsufficientStorage,
+                       "blob " + digest.str() + " (" + std::to_string(size) +
+                           " bytes) cannot fit in this node's cache: " + why);
+    }
+  }
+  return writer;
+}
+
+void BlobStore::Unreserve(uint64_t size) {
+  if (size == 0) return;
+  std::lock_guard lk(mu_);
+  reserved_ -= std::min(reserved_, size);
+}
+
+uint64_t BlobStore::BudgetLocked() const {
+  if (!budget_percent_) return budget_;
+  struct statvfs vfs;
+  if (::statvfs(root_.c_str(), &vfs) != 0) return budget_;  // the last measure
+  double fs_bytes = static_cast<double>(vfs.f_blocks) * static_cast<double>(vfs.f_frsize);
+  return static_cast<uint64_t>(fs_bytes * *budget_percent_ / 100.0);
+}
+
+std::string BlobStore::SpaceReport() const {
+  TimePoint now = Now();
+  std::lock_guard lk(mu_);
+  uint64_t pinned = 0, in_use = 0;
+  for (const auto& [digest, e] : index_) {
+    if (PinnedLocked(digest, now)) {
+      pinned += e.size;
+    } else if (users_.count(digest) > 0) {
+      in_use += e.size;
+    }
+  }
+  std::string out = "budget " + std::to_string(BudgetLocked()) + " bytes; cached " +
+                    std::to_string(total_bytes_) + " (pinned " + std::to_string(pinned) +
+                    ", in use " + std::to_string(in_use) + "); in flight " +
+                    std::to_string(reserved_);
+  struct statvfs vfs;
+  if (::statvfs(root_.c_str(), &vfs) == 0) {
+    out += "; free on disk " + std::to_string(static_cast<uint64_t>(vfs.f_bavail) *
+                                              static_cast<uint64_t>(vfs.f_frsize));
+  }
+  return out;
+}
+
+uint64_t BlobStore::EvictableBytesLocked(TimePoint now) const {
+  uint64_t out = 0;
+  for (const auto& [digest, e] : index_) {
+    if (users_.count(digest) == 0 && !PinnedLocked(digest, now)) out += e.size;
+  }
+  return out;
+}
+
+std::string BlobStore::MakeRoomInBudget(const Digest& digest, uint64_t size) {
+  for (;;) {
+    {
+      TimePoint now = Now();
+      std::lock_guard lk(mu_);
+      uint64_t budget = BudgetLocked();
+      // A pinned blob (a prefetch, an operator's pin) is wanted whatever the budget, which is
+      // for what LRU eviction manages; only the disk itself (AllocateEvicting) limits it.
+      if (budget == 0 || total_bytes_ + reserved_ + size <= budget || PinnedLocked(digest, now)) {
+        reserved_ += size;
+        return "";
+      }
+      // Not even evicting everything evictable would do: say so and keep the cache.
+      if (total_bytes_ - EvictableBytesLocked(now) + reserved_ + size > budget) break;
+    }
+    if (!EvictOne(digest)) break;
+  }
+  return SpaceReport();
+}
+
+std::string BlobStore::AllocateEvicting(const Digest& digest, int fd, uint64_t size) {
+  for (;;) {
+    int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+    if (rc == 0) return "";
+    if (rc == EOPNOTSUPP || rc == EINVAL) return "";  // no fallocate here: writes will tell
+    if (rc != ENOSPC && rc != EDQUOT) return std::string("fallocate: ") + std::strerror(rc);
+    struct statvfs vfs;
+    uint64_t avail = ::statvfs(root_.c_str(), &vfs) == 0
+                         ? static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize)
+                         : 0;
+    uint64_t evictable = 0;
+    {
+      TimePoint now = Now();
+      std::lock_guard lk(mu_);
+      evictable = EvictableBytesLocked(now);
+    }
+    if (avail + evictable < size || !EvictOne(digest)) {
+      return std::string("the disk is full; ") + SpaceReport();
+    }
+  }
+}
+
+bool BlobStore::EvictOne(const Digest& keep) {
+  TimePoint now = Now();
+  std::function<void(const Digest&)> hook;
+  std::optional<Digest> victim;
+  {
+    std::lock_guard lk(mu_);
+    DropExpiredLocked(now);
+    hook = evict_hook_;
+    std::pair<TimePoint, uint64_t> oldest{TimePoint::max(), 0};
+    for (const auto& [digest, e] : index_) {
+      if (digest == keep || users_.count(digest) > 0 || PinnedLocked(digest, now)) continue;
+      std::pair<TimePoint, uint64_t> when{e.last_use, e.seq};
+      if (!victim || when < oldest) {
+        oldest = when;
+        victim = digest;
+      }
+    }
+  }
+  if (!victim) return false;
+  if (hook) hook(*victim);
+  std::lock_guard lk(mu_);
+  auto it = index_.find(*victim);
+  // The hook ran unlocked: if the blob became used or pinned meanwhile, report progress anyway
+  // (the caller measures again) but keep it.
+  if (it == index_.end() || users_.count(*victim) > 0 || PinnedLocked(*victim, now)) return true;
+  std::string path = BlobPath(*victim);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return false;
+  ::unlink((root_ + "/meta/" + victim->hex() + ".json").c_str());
+  total_bytes_ -= it->second.size;
+  index_.erase(it);
+  ++evictions_;
+  return true;
 }
 
 Status BlobStore::PutManifest(const Digest& digest, std::string_view body,
@@ -221,8 +375,6 @@ std::optional<StoredManifest> BlobStore::GetManifest(const Digest& digest) const
 // --- Budget, last use and pins ---
 
 namespace {
-
-using TimePoint = std::chrono::system_clock::time_point;
 
 int64_t ToMs(TimePoint t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
@@ -298,6 +450,18 @@ void BlobStore::SetClock(Clock clock) {
 void BlobStore::SetBudget(uint64_t bytes) {
   std::lock_guard lk(mu_);
   budget_ = bytes;
+  budget_percent_.reset();
+}
+
+Status BlobStore::SetBudgetSpec(std::string_view spec) {
+  auto bytes = ParseBudget(spec, root_);
+  if (!bytes) return bytes.error();
+  std::string text(spec);
+  std::lock_guard lk(mu_);
+  budget_ = bytes.value();
+  budget_percent_.reset();
+  if (!text.empty() && text.back() == '%') budget_percent_ = std::stod(text);
+  return Ok();
 }
 
 void BlobStore::SetEvictHook(std::function<void(const Digest&)> hook) {
@@ -454,7 +618,8 @@ CacheStats BlobStore::Stats() const {
   std::lock_guard lk(mu_);
   CacheStats s;
   s.bytes = total_bytes_;
-  s.budget = budget_;
+  s.budget = BudgetLocked();
+  s.inflight_bytes = reserved_;
   s.blobs = index_.size();
   s.evictions = evictions_;
   for (const auto& [digest, e] : index_) {
@@ -467,7 +632,7 @@ EvictReport BlobStore::Evict() {
   uint64_t budget;
   {
     std::lock_guard lk(mu_);
-    budget = budget_;
+    budget = BudgetLocked();
   }
   if (budget == 0) {
     EvictReport none;
@@ -520,6 +685,26 @@ EvictReport BlobStore::EvictTo(uint64_t budget) {
     (void)WriteFileAtomic(root_ + "/tmp", root_ + "/meta/access.json", IndexJsonLocked());
   }
   return report;
+}
+
+bool BlobStore::DropCorrupt(const Digest& digest, uint64_t inode) {
+  const std::string path = BlobPath(digest);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_ino) != inode) return false;
+  std::function<void(const Digest&)> hook;
+  {
+    std::lock_guard lk(mu_);
+    hook = evict_hook_;
+  }
+  if (hook) hook(digest);
+  std::lock_guard lk(mu_);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return false;
+  ::unlink((root_ + "/meta/" + digest.hex() + ".json").c_str());
+  if (auto it = index_.find(digest); it != index_.end()) {
+    total_bytes_ -= it->second.size;
+    index_.erase(it);
+  }
+  return true;
 }
 
 std::string BlobStore::IndexJsonLocked() const {

@@ -70,6 +70,7 @@ class BlobWriter {
   BlobStore* store_;
   Digest digest_;
   std::shared_ptr<void> in_use_;  // the digest is in use until Commit
+  uint64_t reserved_ = 0;         // bytes counted in the store's in-flight total until Commit
   int fd_;
   std::string temp_path_;
   std::string final_path_;
@@ -103,7 +104,8 @@ struct CacheStats {
   uint64_t budget = 0;        // 0: unlimited
   uint64_t pinned_bytes = 0;  // complete blobs with an unexpired pin
   uint64_t blobs = 0;
-  uint64_t evictions = 0;  // blobs evicted since Open
+  uint64_t evictions = 0;       // blobs evicted since Open
+  uint64_t inflight_bytes = 0;  // reserved by blobs being written (Create until Commit or Abort)
 };
 
 // What one Evict call did.
@@ -129,8 +131,16 @@ class BlobStore {
   std::optional<uint64_t> Stat(const Digest& digest) const;
   // Opens a complete blob for reading; the caller owns the fd. Errors: kNotFound, kIo.
   Result<int> OpenBlob(const Digest& digest) const;
-  // Starts writing a blob into a new temp file. Errors: kIo.
-  Result<std::unique_ptr<BlobWriter>> Create(const Digest& digest);
+  // Starts writing a blob of `size` bytes into a new temp file whose disk space is allocated
+  // at once (fallocate), after making room: the size counts against the budget from now on
+  // (in-flight bytes, see CacheStats), and least recently used blobs that are neither pinned nor
+  // in use are evicted until the blob fits the budget (a pinned blob is exempt from the budget,
+  // as pinned blobs always were) and the disk. Errors: kInsufficientStorage
+  // with what holds the space (budget, pinned, in use, in flight, free on disk) when it cannot
+  // fit; kIo.
+  Result<std::unique_ptr<BlobWriter>> Create(const Digest& digest, uint64_t size);
+  // Create for a blob of unknown size (nothing reserved; tests).
+  Result<std::unique_ptr<BlobWriter>> Create(const Digest& digest) { return Create(digest, 0); }
 
   // Stores a small blob (a manifest) after checking that it hashes to digest, with its media
   // type. Errors: kDigestMismatch, kIo.
@@ -148,6 +158,9 @@ class BlobStore {
   void SetClock(Clock clock);
   // The budget in bytes; 0 (the default) means unlimited. Takes effect at the next Evict.
   void SetBudget(uint64_t bytes);
+  // The budget as ParseBudget's text. A percentage is of the file system's size as it is at each
+  // use, so a grown disk is used. Errors: as ParseBudget.
+  Status SetBudgetSpec(std::string_view spec);
   // Records a use of the blob now (for LRU). No-op for blobs not cached.
   void Touch(const Digest& digest);
   // Marks the blob in use until the returned handle is destroyed (handles nest): an open reader
@@ -178,6 +191,10 @@ class BlobStore {
   // Deletes least recently used unpinned blobs that are not in use until the cache fits the
   // budget (nothing with no budget), drops expired pins, and saves the last-use index.
   EvictReport Evict();
+  // Drops a blob found corrupt on disk, if its file is still the inode `inode`: the evict hook
+  // runs (the swarm stops seeding it), then it leaves the index and its file is deleted (open
+  // readers keep their descriptors). Returns whether it was dropped.
+  bool DropCorrupt(const Digest& digest, uint64_t inode);
   // Like Evict but with this budget instead of the configured one (gc --to).
   EvictReport EvictTo(uint64_t budget);
   // Saves the last-use index (meta/access.json). Errors: kIo.
@@ -190,6 +207,19 @@ class BlobStore {
     uint64_t seq = 0;  // order of uses within this process (ties of last_use)
   };
   explicit BlobStore(std::string root) : root_(std::move(root)) {}
+  // The budget now (a percentage is measured again). Requires mu_.
+  uint64_t BudgetLocked() const;
+  // Makes room for `size` more bytes in the budget (evicting); "" or why it cannot fit.
+  std::string MakeRoomInBudget(const Digest& digest, uint64_t size);
+  // Allocates fd's disk space, evicting while the disk is full; "" or why it cannot fit.
+  std::string AllocateEvicting(const Digest& digest, int fd, uint64_t size);
+  // Evicts the least recently used evictable blob; false when none is left.
+  bool EvictOne(const Digest& keep);
+  // Bytes of cached blobs that are neither pinned nor in use. Requires mu_.
+  uint64_t EvictableBytesLocked(std::chrono::system_clock::time_point now) const;
+  // What holds the cache's space, for "cannot fit" messages.
+  std::string SpaceReport() const;
+  void Unreserve(uint64_t size);
   // Registers a complete blob in the index (after a commit or a manifest write).
   void Added(const Digest& digest, uint64_t size);
   void Release(const Digest& digest);
@@ -206,6 +236,8 @@ class BlobStore {
   mutable std::mutex mu_;
   Clock clock_;                                   // GUARDED_BY(mu_)
   uint64_t budget_ = 0;                           // GUARDED_BY(mu_)
+  std::optional<double> budget_percent_;          // GUARDED_BY(mu_): "N%" budgets
+  uint64_t reserved_ = 0;                         // GUARDED_BY(mu_): in-flight bytes
   uint64_t total_bytes_ = 0;                      // GUARDED_BY(mu_)
   uint64_t seq_ = 0;                              // GUARDED_BY(mu_)
   uint64_t evictions_ = 0;                        // GUARDED_BY(mu_)

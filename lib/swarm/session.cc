@@ -112,9 +112,9 @@ Status ApplyOverrides(const std::vector<std::string>& overrides, lt::settings_pa
     std::string name = entry.substr(0, eq);
     int key = eq == std::string::npos ? -1 : lt::setting_by_name(name);
     if (key < 0) {
-      return MakeError(ErrorCode::kInvalidArgument,
-                       "libtorrent setting '" + entry + "': expected NAME=VALUE with a "
-                       "settings_pack name");
+      return MakeError(ErrorCode::kInvalidArgument, "libtorrent setting '" + entry +
+                                                        "': expected NAME=VALUE with a "
+                                                        "settings_pack name");
     }
     std::string value = entry.substr(eq + 1);
     switch (key & lt::settings_pack::type_mask) {
@@ -172,6 +172,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     uint32_t reported_count = 0;
     bool complete = false;
     bool errored = false;
+    ChunkAnnounces announces;
     std::function<void(uint32_t, uint64_t, uint64_t)> on_piece;
     std::function<void()> on_complete;
     std::function<void(const Error&)> on_error;
@@ -192,6 +193,9 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   uint64_t removed_redundant = 0;
   uint64_t hash_failures = 0;
   uint64_t peers_banned = 0;
+  uint64_t announce_replies = 0;
+  uint64_t announce_errors = 0;
+  bool announces_failing = false;  // the last announce of this session failed
   std::vector<lt::alert*> alerts;
   // Session counters sampled every second (post_session_stats): ses.waste_piece_* by reason.
   boost::asio::steady_timer stats_timer{ioc};
@@ -251,6 +255,27 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       Chunk* c = Find(tr->handle);
       std::string reason = tr->failure_reason();
       std::string msg = reason.empty() ? tr->error.message() : reason;
+      ++announce_errors;
+      if (c) {
+        ++c->announces.errors;
+        c->announces.last_error = msg;
+        // Our side cannot route to the tracker (as opposed to a tracker that refuses or is
+        // restarting, which every agent sees at once).
+        const auto& e = tr->error;
+        c->announces.unroutable = e == boost::system::errc::host_unreachable ||
+                                  e == boost::system::errc::network_unreachable ||
+                                  e == boost::system::errc::address_not_available;
+      }
+      if (!announces_failing) {
+        // Said once at error level until an announce works again: without announces no peer
+        // can find this agent and it finds none (e.g. --swarm-listen on an address from which
+        // the tracker cannot be reached).
+        announces_failing = true;
+        spdlog::error(
+            "swarm: announces fail (tracker {}: {}); peers cannot find this agent, "
+            "chunks will come from upstream until announces work",
+            tr->tracker_url(), msg);
+      }
       if (tr->times_in_row <= 1) {
         spdlog::warn("swarm: tracker {} failed for chunk {}: {}", tr->tracker_url(),
                      c ? c->name : tr->torrent_name(), msg);
@@ -262,6 +287,15 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       spdlog::warn("swarm: tracker {} warns about chunk {}: {}", tw->tracker_url(),
                    tw->torrent_name(), tw->warning_message());
     } else if (auto* rep = lt::alert_cast<lt::tracker_reply_alert>(a)) {
+      ++announce_replies;
+      if (announces_failing) {
+        announces_failing = false;
+        spdlog::info("swarm: announces work again (tracker {})", rep->tracker_url());
+      }
+      if (Chunk* c = Find(rep->handle)) {
+        ++c->announces.replies;
+        c->announces.peers_offered = rep->num_peers;
+      }
       spdlog::debug("swarm: tracker {} returned {} peers for chunk {}", rep->tracker_url(),
                     rep->num_peers, rep->torrent_name());
     } else if (auto* ls = lt::alert_cast<lt::listen_succeeded_alert>(a)) {
@@ -536,6 +570,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     out.redundant = removed_redundant;
     out.hash_failures = hash_failures;
     out.peers_banned = peers_banned;
+    out.announce_replies = announce_replies;
+    out.announce_errors = announce_errors;
     out.wasted = wasted;
     out.torrents = chunks.size();
     if (!session) return out;
@@ -576,6 +612,17 @@ Result<ChunkHandle> Swarm::AddChunk(ChunkSpec spec) { return impl_->AddChunk(std
 void Swarm::RemoveChunk(const Sha1& info_hash) { impl_->RemoveChunk(info_hash); }
 bool Swarm::HasChunk(const Sha1& info_hash) const { return impl_->chunks.count(info_hash) > 0; }
 SwarmStats Swarm::Stats() { return impl_->Stats(); }
+std::optional<ChunkAnnounces> Swarm::Announces(const Sha1& info_hash) const {
+  auto it = impl_->chunks.find(info_hash);
+  if (it == impl_->chunks.end()) return std::nullopt;
+  ChunkAnnounces out = it->second.announces;
+  if (it->second.handle.is_valid()) {
+    lt::torrent_status st = it->second.handle.status({});
+    out.connected = st.num_peers;
+  }
+  return out;
+}
+
 void Swarm::Reannounce(const Sha1& info_hash) {
   auto it = impl_->chunks.find(info_hash);
   if (it == impl_->chunks.end()) return;

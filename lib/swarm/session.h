@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,18 @@ struct ChunkHandle {
   Sha1 info_hash{};
 };
 
+// What the trackers said about one chunk since it was added, and its peer connections now.
+struct ChunkAnnounces {
+  int replies = 0;        // announces answered
+  int errors = 0;         // announces that failed (unreachable tracker, refused, timed out)
+  int peers_offered = 0;  // peers in the latest answer
+  int connected = 0;      // peer connections now
+  std::string last_error;
+  // The latest error says this host cannot route to the tracker (no route, unreachable
+  // network, address not available), not that the tracker refused or timed out.
+  bool unroutable = false;
+};
+
 struct ChunkStats {
   Sha1 info_hash{};
   std::string name;
@@ -104,20 +117,22 @@ struct ChunkStats {
 };
 
 // The reasons of SwarmStats::wasted, in order, as metric labels.
-inline constexpr std::array<const char*, 6> kWasteReasons = {
-    "timed_out", "cancelled", "unknown", "seed", "end_game", "closing"};
+inline constexpr std::array<const char*, 6> kWasteReasons = {"timed_out", "cancelled", "unknown",
+                                                             "seed",      "end_game",  "closing"};
 
 struct SwarmStats {
   // Payload bytes from/to peers since Start(), including chunks removed since.
   uint64_t downloaded = 0;
   uint64_t uploaded = 0;
-  uint64_t redundant = 0;      // of downloaded: bytes received that we already had
+  uint64_t redundant = 0;  // of downloaded: bytes received that we already had
   // libtorrent's wasted piece bytes by reason (kWasteReasons), from its session counters
   // (ses.waste_piece_*), sampled every second.
   std::array<uint64_t, kWasteReasons.size()> wasted{};
-  uint64_t hash_failures = 0;  // pieces that failed their hash check
-  uint64_t peers_banned = 0;   // peers banned for sending bad data
-  size_t torrents = 0;         // chunks currently added
+  uint64_t hash_failures = 0;     // pieces that failed their hash check
+  uint64_t peers_banned = 0;      // peers banned for sending bad data
+  uint64_t announce_replies = 0;  // tracker announces answered
+  uint64_t announce_errors = 0;   // tracker announces that failed
+  size_t torrents = 0;            // chunks currently added
   std::vector<ChunkStats> chunks;
 };
 
@@ -157,6 +172,9 @@ class Swarm {
   void ReannounceAll();
   // Announces one chunk now, to learn peers that joined since (no-op when absent).
   void Reannounce(const Sha1& info_hash);
+  // The chunk's announce results and connected peers; nullopt when it is not added. A
+  // synchronous call into libtorrent (about a millisecond).
+  std::optional<ChunkAnnounces> Announces(const Sha1& info_hash) const;
 
  private:
   struct Impl;

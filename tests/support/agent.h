@@ -31,6 +31,9 @@ class Agent {
   std::string Metrics() const;
   // MetricSum over the current /metrics.
   double Metric(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+  // The agent's pid (0 when not running) and whether it still runs.
+  pid_t pid() const { return process_ ? process_->pid() : 0; }
+  bool Running() { return process_ && process_->Running(); }
   // SIGTERM and wait; returns the exit status.
   int Stop();
   // SIGKILL (a crash).

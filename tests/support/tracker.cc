@@ -14,6 +14,16 @@ Result<std::unique_ptr<TrackerProcess>> TrackerProcess::Start(std::vector<std::s
   return t;
 }
 
+Result<std::unique_ptr<TrackerProcess>> TrackerProcess::StartAt(
+    std::vector<std::string> prefix, std::string host, std::vector<std::string> extra_args) {
+  std::unique_ptr<TrackerProcess> t(new TrackerProcess(std::move(extra_args), 0));
+  t->prefix_ = std::move(prefix);
+  t->host_ = std::move(host);
+  t->dir_ = std::make_unique<TempDir>("shoal-tracker");
+  if (auto st = t->Launch(); !st) return st.error();
+  return t;
+}
+
 TrackerProcess::~TrackerProcess() {
   if (process_) process_->Stop();
 }
@@ -21,11 +31,17 @@ TrackerProcess::~TrackerProcess() {
 Status TrackerProcess::Launch() {
   std::string port_file = dir_->Sub("port");
   std::filesystem::remove(port_file);
-  std::vector<std::string> argv = {SHOAL_TRACKER_BIN, "--listen",
-                                   "127.0.0.1:" + std::to_string(port_), "--port-file",
-                                   port_file,         "--log-format",
-                                   "text",            "--log-level",
-                                   "debug"};
+  std::vector<std::string> argv = prefix_;
+  std::vector<std::string> own = {SHOAL_TRACKER_BIN,
+                                  "--listen",
+                                  host_ + ":" + std::to_string(port_),
+                                  "--port-file",
+                                  port_file,
+                                  "--log-format",
+                                  "text",
+                                  "--log-level",
+                                  "debug"};
+  argv.insert(argv.end(), own.begin(), own.end());
   argv.insert(argv.end(), args_.begin(), args_.end());
   auto proc = Process::Start(argv, dir_->Sub("tracker." + std::to_string(launches_++) + ".log"));
   if (!proc) return proc.error();
@@ -34,7 +50,8 @@ Status TrackerProcess::Launch() {
                       std::chrono::seconds(20));
   std::string port = ReadFile(port_file);
   if (!up || port.empty() || !process_->Running()) {
-    return MakeError(ErrorCode::kUnavailable, "shoal-tracker did not start: " + process_->LogTail());
+    return MakeError(ErrorCode::kUnavailable,
+                     "shoal-tracker did not start: " + process_->LogTail());
   }
   port_ = static_cast<uint16_t>(std::stoi(port));
   if (!WaitForHttp(Url() + "/healthz", std::chrono::seconds(20))) {
@@ -44,7 +61,7 @@ Status TrackerProcess::Launch() {
   return Ok();
 }
 
-std::string TrackerProcess::Url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+std::string TrackerProcess::Url() const { return "http://" + host_ + ":" + std::to_string(port_); }
 
 double TrackerProcess::Metric(const std::string& name,
                               const std::map<std::string, std::string>& labels) const {

@@ -18,6 +18,11 @@ class TrackerProcess {
   // Errors: kUnavailable with the tracker's log tail.
   static Result<std::unique_ptr<TrackerProcess>> Start(std::vector<std::string> extra_args = {},
                                                        uint16_t port = 0);
+  // Like Start, but listening on `host` and run through `prefix` (e.g. {"ip", "netns", "exec",
+  // "NS"} for a tracker inside a network namespace the test made).
+  static Result<std::unique_ptr<TrackerProcess>> StartAt(std::vector<std::string> prefix,
+                                                         std::string host,
+                                                         std::vector<std::string> extra_args = {});
   ~TrackerProcess();
 
   // "http://127.0.0.1:PORT" and its announce URL.
@@ -25,7 +30,8 @@ class TrackerProcess {
   std::string AnnounceUrl() const { return Url() + "/announce"; }
   uint16_t port() const { return port_; }
   // MetricSum over the current /metrics (0 if unreachable).
-  double Metric(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
+  double Metric(const std::string& name,
+                const std::map<std::string, std::string>& labels = {}) const;
   // True while the process has not exited.
   bool Running() { return process_ && process_->Running(); }
   // SIGTERM and wait; returns the exit status.
@@ -42,6 +48,8 @@ class TrackerProcess {
 
   std::vector<std::string> args_;
   uint16_t port_;
+  std::vector<std::string> prefix_;
+  std::string host_ = "127.0.0.1";
   std::unique_ptr<TempDir> dir_;
   std::unique_ptr<Process> process_;
   int launches_ = 0;

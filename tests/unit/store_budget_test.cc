@@ -2,6 +2,7 @@
 // owners and expiry, and what survives a reopen.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -212,6 +213,83 @@ TEST_CASE("store budget: a cached manifest counts toward the cache and can be ev
   CHECK(store->Stats().bytes == body.size());
   CHECK(store->EvictTo(0).evicted == std::vector<Digest>{d});
   CHECK_FALSE(store->GetManifest(d).has_value());
+}
+
+}  // namespace shoal::store
+
+namespace shoal::store {
+
+// Issue 13, defect 3: eviction ran only after a commit, so a blob that needed the room of an
+// old one failed with ENOSPC, and the temp files of fetches in flight were not counted.
+TEST_CASE("store budget: Create makes room for the incoming blob and counts it while in flight") {
+  TempRoot root;
+  FakeClock clock;
+  auto store = OpenWithClock(root.path, clock);
+  store->SetBudget(100);
+  Digest old = PutBlob(*store, 'a', 60);
+  clock.Advance(std::chrono::seconds(1));
+  Digest pinned = PutBlob(*store, 'b', 30);
+  REQUIRE(store->Pin(pinned, std::nullopt).has_value());
+
+  // 60 + 30 + 50 > 100: the least recently used unpinned blob goes before the write starts.
+  std::string data(50, 'c');
+  Digest incoming = Sha256::Of(data);
+  auto w = store->Create(incoming, data.size());
+  REQUIRE_MESSAGE(w.has_value(), w.error().ToString());
+  CHECK_FALSE(store->Stat(old).has_value());
+  CHECK(store->Stat(pinned).has_value());
+  CHECK(store->Stats().evictions == 1);
+  CHECK(store->Stats().inflight_bytes == 50);
+
+  // In flight, the 50 bytes count: a second 50-byte blob cannot fit beside them and the pin.
+  std::string other(50, 'd');
+  auto refused = store->Create(Sha256::Of(other), other.size());
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == ErrorCode::kInsufficientStorage);
+  CHECK(refused.error().message.find("in flight 50") != std::string::npos);
+  CHECK(refused.error().message.find("pinned 30") != std::string::npos);
+
+  // Committed, the bytes move from in flight to cached; an aborted writer gives its share back.
+  REQUIRE(w.value()->PWrite(data.data(), data.size(), 0).has_value());
+  REQUIRE(w.value()->Commit().has_value());
+  CHECK(store->Stats().inflight_bytes == 0);
+  CHECK(store->Stats().bytes == 80);
+  {
+    std::string tiny(10, 'e');
+    auto t = store->Create(Sha256::Of(tiny), tiny.size());
+    REQUIRE(t.has_value());
+    CHECK(store->Stats().inflight_bytes == 10);
+  }
+  CHECK(store->Stats().inflight_bytes == 0);
+  // Larger than the whole budget: refused at once, whatever is evictable.
+  auto huge = store->Create(Sha256::Of(std::string("x")), 101);
+  REQUIRE_FALSE(huge.has_value());
+  CHECK(huge.error().code == ErrorCode::kInsufficientStorage);
+  CHECK(fs::is_empty(root.path + "/tmp"));
+}
+
+TEST_CASE("store budget: a percentage budget is measured again at each use") {
+  TempRoot root;
+  auto store = BlobStore::Open(root.path).value();
+  REQUIRE(store->SetBudgetSpec("50%").has_value());
+  uint64_t half = ParseBudget("50%", root.path).value();
+  CHECK(store->Stats().budget == half);
+  REQUIRE(store->SetBudgetSpec("10MiB").has_value());
+  CHECK(store->Stats().budget == 10ull << 20);
+  CHECK_FALSE(store->SetBudgetSpec("ten").has_value());
+}
+
+TEST_CASE("store: DropCorrupt removes the blob it was asked about, not a newer copy") {
+  TempRoot root;
+  auto store = BlobStore::Open(root.path).value();
+  Digest d = PutBlob(*store, 'z', 4096);
+  struct stat st;
+  REQUIRE(::stat(store->BlobPath(d).c_str(), &st) == 0);
+  CHECK_FALSE(store->DropCorrupt(d, static_cast<uint64_t>(st.st_ino) + 1));
+  CHECK(store->Stat(d).has_value());
+  CHECK(store->DropCorrupt(d, static_cast<uint64_t>(st.st_ino)));
+  CHECK_FALSE(store->Stat(d).has_value());
+  CHECK(store->Stats().bytes == 0);
 }
 
 }  // namespace shoal::store

@@ -586,7 +586,10 @@ TEST_CASE("tracker blobs: a ready chunk whose seeders all left is leased again a
   Events events;
   events.Attach(t);
   std::set<swarm::Sha1> lost;
-  t.SetSeedersLostProbe([&lost](const swarm::Sha1& h) { return lost.count(h) != 0; });
+  t.SetSeedersLostProbe([&lost](const swarm::Sha1& h) -> std::optional<TimePoint> {
+    if (lost.count(h) == 0) return std::nullopt;
+    return kT0;
+  });
   std::vector<swarm::Sha1> hashes;
   for (uint32_t k = 0; k < 4; ++k) {
     uint64_t length = k < 3 ? kChunk : kSize - 3 * kChunk;
@@ -614,6 +617,46 @@ TEST_CASE("tracker blobs: a ready chunk whose seeders all left is leased again a
   CHECK(t.totals().ready == 2);
   CHECK(StateOf(t, D('a'), 3, kT0) == ChunkState::kNone);
   CHECK(StateOf(t, D('a'), 0, kT0) == ChunkState::kReady);
+}
+
+}  // namespace shoal::tracker
+
+namespace shoal::tracker {
+
+// The livelock of issue 13: a restarted agent's leecher announce from the dead seeder's
+// address ended the chunk's last seeder; every Work then dropped the chunk at once, leased it
+// to the agent that holds it, which re-published it, and round again, thousands of times a
+// second. A publication after the loss is a new claim to seed and is kept.
+TEST_CASE("tracker blobs: a chunk re-published after its seeders left is kept, not re-leased") {
+  BlobTable t(Options(), 1);
+  Events events;
+  events.Attach(t);
+  std::optional<TimePoint> lost_at;
+  t.SetSeedersLostProbe([&lost_at](const swarm::Sha1&) { return lost_at; });
+  auto first = t.Publish(D('a'), 0, "n1", "", Source(), Metainfo(kChunk, 0), kT0);
+  REQUIRE(first.has_value());
+  lost_at = kT0 + std::chrono::seconds(1);  // n1 died; the swarm has no seeder since
+  auto work = t.Work(D('a'), "n2", Source(), kT0 + std::chrono::seconds(2));
+  REQUIRE(work.has_value());
+  REQUIRE(work.value().kind == LeaseAnswer::Kind::kGranted);
+  CHECK(work.value().chunk == 0);
+  CHECK(events.Count(BlobEvent::kDropped) == 1);
+  // n2 holds chunk 0 already and re-publishes it under the lease.
+  auto again = t.Publish(D('a'), 0, "n2", work.value().lease_id, Source(), Metainfo(kChunk, 0),
+                         kT0 + std::chrono::seconds(2));
+  REQUIRE(again.has_value());
+  CHECK(again.value().newly_ready);
+  // A thousand more asks: chunk 0 stays ready, the work is chunk 1, no new drop or publish.
+  for (int i = 0; i < 1000; ++i) {
+    auto w = t.Work(D('a'), "n2", Source(), kT0 + std::chrono::seconds(3));
+    REQUIRE(w.has_value());
+    REQUIRE(w.value().kind == LeaseAnswer::Kind::kGranted);
+    CHECK(w.value().chunk == 1);
+  }
+  CHECK(events.Count(BlobEvent::kDropped) == 1);
+  CHECK(events.Count(BlobEvent::kPublished) == 2);
+  CHECK(events.Count(BlobEvent::kGranted) == 2);
+  CHECK(StateOf(t, D('a'), 0, kT0 + std::chrono::seconds(3)) == ChunkState::kReady);
 }
 
 }  // namespace shoal::tracker
