@@ -272,8 +272,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
         // the tracker cannot be reached).
         announces_failing = true;
         spdlog::error(
-            "swarm: announces fail (tracker {}: {}); peers cannot find this agent, "
-            "chunks will come from upstream until announces work",
+            "swarm: announces fail (tracker {}: {}); peers cannot find this agent while "
+            "this lasts",
             tr->tracker_url(), msg);
       }
       if (tr->times_in_row <= 1) {
