@@ -23,7 +23,7 @@ enum class ErrorCode {
   kUnavailable,       // upstream or peer unreachable, 5xx, timed out after retries
   kIo,                // local disk or file system failure
   kProtocol,          // a peer or upstream spoke HTTP/JSON we cannot accept
-  kUnsupported,       // valid but not something shoal does (e.g. sha512 digests)
+  kUnsupported,       // valid but not something shoal does (e.g. md5 digests, pushes)
   kCancelled,         // the operation was abandoned (shutdown, client gone)
   kInternal,          // a bug: an invariant did not hold
 };
