@@ -30,7 +30,8 @@ BlobFetch::BlobFetch(asio::io_context& ioc, asio::thread_pool& pool, store::Blob
       store_(store),
       digest_(std::move(digest)),
       on_end_(std::move(on_end)),
-      notifier_(ioc.get_executor()) {}
+      notifier_(ioc.get_executor()),
+      sha_(digest_.algorithm()) {}
 
 int BlobFetch::fd() const { return writer_ ? writer_->fd() : -1; }
 
@@ -155,7 +156,7 @@ void BlobFetch::Verify() {
   }
   hashing_ = true;  // no further hashing; keeps MaybeHash idle while committing
   verified_at_ = std::chrono::steady_clock::now();
-  spdlog::debug("blob {}: sha256 matched {} ms after its last byte arrived", digest_.str(),
+  spdlog::debug("blob {}: digest matched {} ms after its last byte arrived", digest_.str(),
                 MillisSince(filled_at_));
   // The bytes are proven: release the last byte now rather than after fsync + rename (measured:
   // the fsync alone held clients 0.6-2 s per GiB). The fetch stays in the in-flight map until

@@ -24,8 +24,8 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "agent/notifier.h"
+#include "lib/core/content_hash.h"
 #include "lib/core/digest.h"
-#include "lib/core/sha256.h"
 #include "lib/store/blob_store.h"
 
 namespace shoal::agent {
@@ -97,7 +97,7 @@ class BlobFetch : public std::enable_shared_from_this<BlobFetch> {
   bool verified_ = false;  // the digest matched; all bytes may be sent (commit may be pending)
   bool complete_ = false;
   std::optional<Error> error_;
-  Sha256 sha_;
+  ContentHash sha_;  // in digest_'s algorithm (sha256 or sha512)
   std::vector<char> hash_buffer_;
 };
 

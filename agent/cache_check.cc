@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/post.hpp>
 
-#include "lib/core/sha256.h"
+#include "lib/core/content_hash.h"
 
 namespace shoal::agent {
 namespace asio = boost::asio;
@@ -84,7 +84,7 @@ std::shared_ptr<CacheCheck> CacheVerifier::Check(const Digest& digest, int fd, u
   }
   running_.emplace(digest, check);
   asio::post(pool_, [this, digest, check, own, size, file = *id] {
-    Sha256 sha;
+    ContentHash sha(digest.algorithm());
     std::vector<char> buf(kHashChunk);
     std::optional<Error> err;
     uint64_t off = 0;

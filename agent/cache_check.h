@@ -4,7 +4,7 @@
 // operator's mistake): peers catch that by piece hash and ban the node, while the node itself
 // would keep serving the bad bytes to its own runtime. So the first time a cached file is
 // served by this process (and again whenever its inode, size, mtime or ctime changed) its
-// sha256 is computed on the thread pool while the body streams out; the blob's last byte (and
+// digest (sha256 or sha512) is computed on the thread pool while the body streams out; the blob's last byte (and
 // the last byte of a Range answer) waits for the match. A mismatch drops the blob from the
 // cache and the swarm (the next request fetches it again), counts it and logs it.
 
@@ -28,7 +28,7 @@
 
 namespace shoal::agent {
 
-// One sha256 pass over a cached file, shared by every reader waiting for it.
+// One hash pass over a cached file, shared by every reader waiting for it.
 struct CacheCheck {
   explicit CacheCheck(boost::asio::any_io_executor ex) : changed(std::move(ex)) {}
   Notifier changed;              // woken when result is set

@@ -360,9 +360,12 @@ awaitable<shim::AdminReply> Prefetcher::HandleAdmin(const std::string& method,
     if (!job) co_return JsonReply(404, {{"error", "no prefetch job " + id}});
     co_return JsonReply(200, job->ToJson());
   }
-  co_return JsonReply(405, {{"error", method + " " + t.path + " is not a prefetch endpoint (POST " +
-                                          std::string(kPrefix) + "?ref=IMAGE, GET " +
-                                          std::string(kPrefix) + "[/ID])"}});
+  shim::AdminReply refused = JsonReply(
+      405,
+      {{"error", method + " " + t.path + " is not a prefetch endpoint (POST " +
+                     std::string(kPrefix) + "?ref=IMAGE, GET " + std::string(kPrefix) + "[/ID])"}});
+  refused.allow = t.path == kPrefix ? "GET, POST" : "GET";
+  co_return refused;
 }
 
 }  // namespace shoal::agent

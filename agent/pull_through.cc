@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/admin.h"
-#include "lib/core/sha256.h"
+#include "lib/core/content_hash.h"
 
 #include "lib/oci/manifest.h"
 #include "lib/oci/media_types.h"
@@ -270,8 +270,8 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
         // A lying tracker must not poison this node: the bytes must hash to the digest (and to
         // the reference, for a digest). A tag -> digest answer itself can only be trusted.
         auto digest = Digest::Parse(m.digest);
-        bool verified =
-            digest && Sha256::Of(m.body) == digest.value() && (!want || *want == digest.value());
+        bool verified = digest && ContentHash::Matches(digest.value(), m.body) &&
+                        (!want || *want == digest.value());
         auto parsed = oci::ParseManifest(
             m.body, oci::IsManifestType(m.media_type) ? m.media_type : std::string());
         if (!verified || !parsed) {
@@ -355,6 +355,24 @@ awaitable<Result<uint64_t>> PullThrough::SizeOf(const shim::RepoRef& repo,
     if (table) co_return table.value().layout.blob_size;
   }
   co_return co_await client_.StatBlob(ep, repo.repository, digest);
+}
+
+awaitable<Result<shim::ListingResult>> PullThrough::GetListing(const shim::RepoRef& repo,
+                                                               const std::string& endpoint,
+                                                               const std::string& query) {
+  auto ep = EndpointFor(repo.registry);
+  if (!ep) co_return ep.error();
+  const std::string accept = endpoint.starts_with("referrers/") ? std::string(oci::kOciIndex)
+                                                                : std::string("application/json");
+  auto got = co_await client_.GetListing(ep.value(), repo.repository, endpoint, query, accept);
+  if (!got) co_return got.error();
+  upstream::ListingResponse& r = got.value();
+  co_return shim::ListingResult{r.status,
+                                std::move(r.body),
+                                std::move(r.content_type),
+                                std::move(r.link),
+                                std::move(r.filters_applied),
+                                std::move(r.error_code)};
 }
 
 awaitable<Result<std::shared_ptr<shim::BlobReader>>> PullThrough::OpenBlob(

@@ -67,6 +67,10 @@ class PullThrough : public shim::Backend {
   boost::asio::awaitable<Result<std::shared_ptr<shim::BlobReader>>> OpenBlob(
       const shim::RepoRef& repo, const Digest& digest) override;
 
+  // tags/list and referrers/<digest>, straight from upstream (not cached, no tracker).
+  boost::asio::awaitable<Result<shim::ListingResult>> GetListing(
+      const shim::RepoRef& repo, const std::string& endpoint, const std::string& query) override;
+
   // Refuses registries the upstream map does not serve (kNotFound), before any other work.
   Status CheckRegistry(const shim::RepoRef& repo) const override;
 

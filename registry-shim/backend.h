@@ -31,6 +31,16 @@ struct ManifestResult {
   Digest digest;
 };
 
+// An upstream listing passed through (tags/list, referrers/<digest>): not cached.
+struct ListingResult {
+  unsigned status = 200;        // 200, or 404 (the upstream does not have it, or no such API)
+  std::string body;             // the upstream's JSON body (200 only)
+  std::string content_type;     // the upstream's Content-Type (200 only)
+  std::string link;             // the upstream's Link header as sent, "" if none
+  std::string filters_applied;  // OCI-Filters-Applied (referrers), "" if none
+  std::string error_code;       // for a 404: the upstream's OCI error code, "" if it sent none
+};
+
 // A blob being served, complete in the cache or still arriving. Readers only see bytes that are
 // safe to send: an in-flight blob withholds its last byte until the whole blob has been hashed
 // and matched its digest, so a client never receives a complete body with wrong content.
@@ -67,11 +77,21 @@ class Backend {
   // Resolves a tag or digest to a manifest. accept is the client's list of media types (empty
   // means any). Errors: kNotFound, kInvalidArgument, kUnavailable, kUnauthorized, ...
   virtual boost::asio::awaitable<Result<ManifestResult>> GetManifest(
-      const RepoRef& repo, const std::string& reference, const std::vector<std::string>& accept) = 0;
+      const RepoRef& repo, const std::string& reference,
+      const std::vector<std::string>& accept) = 0;
   // Opens a blob for reading, starting a fetch if it is not cached. Errors: kNotFound when the
   // upstream does not have it, kUnavailable, kIo.
   virtual boost::asio::awaitable<Result<std::shared_ptr<BlobReader>>> OpenBlob(
       const RepoRef& repo, const Digest& digest) = 0;
+  // Passes GET /v2/<repository>/<endpoint>?<query> to the upstream: endpoint is "tags/list" or
+  // "referrers/<digest>", query the parameters to forward (already checked, may be empty).
+  // Errors: as GetManifest (an upstream 404 is a result, not an error).
+  virtual boost::asio::awaitable<Result<ListingResult>> GetListing(const RepoRef& repo,
+                                                                   const std::string& endpoint,
+                                                                   const std::string& query) {
+    (void)repo, (void)endpoint, (void)query;
+    co_return MakeError(ErrorCode::kUnsupported, "this backend serves no listings");
+  }
 };
 
 }  // namespace shoal::shim

@@ -1,5 +1,6 @@
 #include "registry-shim/route.h"
 
+#include <algorithm>
 
 #include "lib/oci/reference.h"
 
@@ -55,6 +56,8 @@ Result<Route> ParseRoute(std::string_view target) {
     path = target.substr(0, q);
     query = target.substr(q + 1);
   }
+  route.path = std::string(path);
+  route.query = std::string(query);
   while (!query.empty()) {
     auto amp = query.find('&');
     std::string_view pair = query.substr(0, amp);
@@ -84,23 +87,79 @@ Result<Route> ParseRoute(std::string_view target) {
                      "percent-encoded characters are not allowed in repository names");
   }
   std::string_view rest = path.substr(4);
-  auto m = rest.rfind("/manifests/");
-  auto b = rest.rfind("/blobs/");
   if (auto u = rest.find("/blobs/uploads"); u != std::string_view::npos) {
     route.kind = Route::Kind::kPush;
     route.name = std::string(rest.substr(0, u));
     return route;
   }
-  if (m != std::string_view::npos && (b == std::string_view::npos || m > b)) {
-    route.kind = Route::Kind::kManifest;
-    route.name = std::string(rest.substr(0, m));
-    route.reference = std::string(rest.substr(m + 11));
-  } else if (b != std::string_view::npos) {
-    route.kind = Route::Kind::kBlob;
-    route.name = std::string(rest.substr(0, b));
-    route.reference = std::string(rest.substr(b + 7));
+  constexpr std::string_view kTagsList = "/tags/list";
+  if (rest.size() > kTagsList.size() && rest.ends_with(kTagsList)) {
+    route.kind = Route::Kind::kTags;
+    route.name = std::string(rest.substr(0, rest.size() - kTagsList.size()));
+    return route;
+  }
+  // References and digests hold no "/", so the last marker names the endpoint (a repository
+  // may well have a path component called "blobs" or "manifests").
+  struct Marker {
+    std::string_view text;
+    Route::Kind kind;
+  };
+  const Marker markers[] = {{"/manifests/", Route::Kind::kManifest},
+                            {"/blobs/", Route::Kind::kBlob},
+                            {"/referrers/", Route::Kind::kReferrers}};
+  size_t best = std::string_view::npos;
+  const Marker* found = nullptr;
+  for (const Marker& marker : markers) {
+    size_t at = rest.rfind(marker.text);
+    if (at != std::string_view::npos && (best == std::string_view::npos || at > best)) {
+      best = at;
+      found = &marker;
+    }
+  }
+  // ".../blobs/" with nothing after it is no endpoint at all (as for docker-registry).
+  if (found != nullptr && best + found->text.size() < rest.size()) {
+    route.kind = found->kind;
+    route.name = std::string(rest.substr(0, best));
+    route.reference = std::string(rest.substr(best + found->text.size()));
   }
   return route;
+}
+
+std::string_view AllowedMethods(Route::Kind kind) {
+  return kind == Route::Kind::kPush ? "" : "GET, HEAD";
+}
+
+Result<std::string> ForwardedQuery(std::string_view query,
+                                   std::initializer_list<std::string_view> keys) {
+  std::string out;
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    auto eq = pair.find('=');
+    std::string_view key = pair.substr(0, eq);
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) continue;
+    std::string_view value = eq == std::string_view::npos ? "" : pair.substr(eq + 1);
+    for (size_t i = 0; i < value.size(); ++i) {
+      char c = value[i];
+      bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                c == '-' || c == '.' || c == '_' || c == '~' || c == '+' || c == '/' || c == ':';
+      if (c == '%' && i + 2 < value.size() && HexValue(value[i + 1]) >= 0 &&
+          HexValue(value[i + 2]) >= 0) {
+        ok = true;
+        i += 2;
+      }
+      if (!ok) {
+        return MakeError(ErrorCode::kInvalidArgument,
+                         "query parameter " + std::string(key) +
+                             " has a character that cannot "
+                             "be forwarded (want letters, digits, \"-._~+/:\" or %XX)");
+      }
+    }
+    if (!out.empty()) out += '&';
+    out += std::string(key) + "=" + std::string(value);
+  }
+  return out;
 }
 
 Result<RepoRef> ResolveRepo(std::string_view name, const std::optional<std::string>& ns,

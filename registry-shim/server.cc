@@ -25,6 +25,7 @@
 #include "lib/oci/manifest.h"
 #include "lib/oci/reference.h"
 #include "registry-shim/errors.h"
+#include "registry-shim/link.h"
 #include "registry-shim/route.h"
 
 namespace shoal::shim {
@@ -65,6 +66,11 @@ StringResponse MakeResponse(const Request& req, http::status status, std::string
 
 StringResponse MakeError(const Request& req, const Error& err, std::string_view oci_code) {
   ErrorReply reply = MakeErrorReply(err, oci_code);
+  if (reply.redacted) {
+    // The client's message has the addresses cut out; the operator gets them here.
+    spdlog::info("shim: {} {} answered {}: {}", std::string(req.method_string()),
+                 std::string(req.target().substr(0, 300)), reply.status, err.ToString());
+  }
   StringResponse res =
       MakeResponse(req, static_cast<http::status>(reply.status),
                    req.method() == http::verb::head ? "" : reply.body, "application/json");
@@ -88,6 +94,10 @@ std::string_view RouteName(Route::Kind kind) {
       return "health";
     case Route::Kind::kPush:
       return "push";
+    case Route::Kind::kTags:
+      return "tags";
+    case Route::Kind::kReferrers:
+      return "referrers";
     case Route::Kind::kNotFound:
       return "other";
   }
@@ -190,6 +200,11 @@ class Connection {
   }
 
   awaitable<bool> Reply(Route::Kind kind, StringResponse res) {
+    // RFC 9110 15.5.6: a 405 says which methods the resource has.
+    if (res.result() == http::status::method_not_allowed &&
+        res.find(http::field::allow) == res.end()) {
+      res.set(http::field::allow, AllowedMethods(kind));
+    }
     metrics_.CountRequest(RouteName(kind), res.result_int());
     co_return co_await Write(std::move(res));
   }
@@ -208,6 +223,7 @@ class Connection {
       } else if (req.method() != http::verb::get) {
         res = MakeResponse(req, http::status::method_not_allowed,
                            R"({"error":"GET /shoal/v1/proxy/ca.crt"})", "application/json");
+        res.set(http::field::allow, "GET");
       } else {
         res =
             MakeResponse(req, http::status::ok, env_.proxy->ca_cert_pem, "application/x-pem-file");
@@ -225,6 +241,7 @@ class Connection {
       AdminReply reply = co_await env_.admin(method, target);
       res = MakeResponse(req, static_cast<http::status>(reply.status), std::move(reply.body),
                          "application/json");
+      if (reply.status == 405) res.set(http::field::allow, reply.allow);
     }
     metrics_.CountRequest("admin", res.result_int());
     co_return co_await Write(std::move(res));
@@ -245,6 +262,12 @@ class Connection {
       r.kind = Route::Kind::kNotFound;
     }
     bool read_only = req.method() == http::verb::get || req.method() == http::verb::head;
+    if (req.method() == http::verb::options && r.kind != Route::Kind::kNotFound) {
+      // What the resource allows, as docker-registry answers OPTIONS (200 with Allow).
+      StringResponse reply_ = MakeResponse(req, http::status::ok, "", "");
+      reply_.set(http::field::allow, AllowedMethods(r.kind));
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
     if (r.kind == Route::Kind::kPush || (!read_only && r.kind != Route::Kind::kNotFound)) {
       {
         StringResponse reply_ =
@@ -275,12 +298,17 @@ class Connection {
         co_return co_await HandleManifest(req, r);
       case Route::Kind::kBlob:
         co_return co_await HandleBlob(req, r);
+      case Route::Kind::kTags:
+      case Route::Kind::kReferrers:
+        co_return co_await HandleListing(req, r);
       default: {
-        StringResponse reply_ = MakeError(
-            req,
-            shoal::MakeError(ErrorCode::kNotFound,
-                             "no such endpoint: " + std::string(req.target().substr(0, 200))),
-            "NAME_UNKNOWN");
+        // Not NAME_UNKNOWN: the repository may well exist (docker-registry answers a plain 404).
+        StringResponse reply_ =
+            MakeError(req,
+                      shoal::MakeError(ErrorCode::kNotFound,
+                                       "no such endpoint in the pull API this mirror serves: " +
+                                           std::string(req.target().substr(0, 200))),
+                      "UNSUPPORTED");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
     }
@@ -298,13 +326,19 @@ class Connection {
     }
     auto ref = oci::ParseManifestRef(r.reference);
     if (!ref) {
-      ref.error().code = ErrorCode::kInvalidArgument;
       bool looks_digest = r.reference.find(':') != std::string::npos;
-      {
-        StringResponse reply_ =
-            MakeError(req, ref.error(), looks_digest ? "DIGEST_INVALID" : "TAG_INVALID");
+      if (looks_digest) {
+        ref.error().code = ErrorCode::kInvalidArgument;
+        StringResponse reply_ = MakeError(req, ref.error(), "DIGEST_INVALID");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
+      // No manifest can have an invalid tag: the distribution spec's answer for a manifest that
+      // does not exist (404 MANIFEST_UNKNOWN), without asking upstream.
+      Error unknown = ref.error();
+      unknown.code = ErrorCode::kNotFound;
+      unknown.message = "manifest unknown: " + unknown.message;
+      StringResponse reply_ = MakeError(req, unknown, "MANIFEST_UNKNOWN");
+      co_return co_await Reply(r.kind, std::move(reply_));
     }
     std::string accept_header;
     for (const auto& field : req) {
@@ -322,16 +356,32 @@ class Connection {
       }
     }
     ManifestResult& m = manifest.value();
-    if (!oci::Accepts(accept, m.media_type)) {
-      {
-        StringResponse reply_ = MakeError(
-            req,
-            shoal::MakeError(ErrorCode::kNotFound, "manifest " + repo.value().str() + ":" +
-                                                       r.reference + " is " + m.media_type +
-                                                       ", which the client does not accept"),
-            "MANIFEST_UNKNOWN");
+    oci::Negotiation chosen =
+        oci::NegotiateManifest(accept, m.media_type, m.body, !ref.value().IsDigest());
+    if (chosen.kind == oci::Negotiation::Kind::kChild) {
+      // A schema2-only client asking for a list by tag gets its linux/amd64 image.
+      const std::string child_ref = chosen.child->str();
+      auto child = co_await backend_.GetManifest(repo.value(), child_ref, accept);
+      if (!child) {
+        StringResponse reply_ = MakeError(req, child.error(), "MANIFEST_UNKNOWN");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
+      if (!oci::Accepts(accept, child.value().media_type)) {
+        chosen.kind = oci::Negotiation::Kind::kRefuse;
+        chosen.reason = "its linux/amd64 manifest is " + child.value().media_type +
+                        ", which the client does not accept";
+      } else {
+        m = std::move(child.value());
+      }
+    }
+    if (chosen.kind == oci::Negotiation::Kind::kRefuse) {
+      StringResponse reply_ =
+          MakeError(req,
+                    shoal::MakeError(ErrorCode::kNotFound, "manifest " + repo.value().str() + ":" +
+                                                               r.reference +
+                                                               " is not served: " + chosen.reason),
+                    "MANIFEST_UNKNOWN");
+      co_return co_await Reply(r.kind, std::move(reply_));
     }
     bool head = req.method() == http::verb::head;
     size_t size = m.body.size();
@@ -375,7 +425,8 @@ class Connection {
     if (auto range_it = req.find(http::field::range); range_it != req.end()) {
       auto range = ::shoal::http::ParseRange(range_it->value(), size);
       if (!range && range.error().code == ErrorCode::kUnsupported) {
-        // Several ranges: RFC 9110 lets a server ignore Range, so send the whole blob.
+        // Several ranges (RFC 9110 lets a server ignore Range) or a unit other than bytes (it
+        // must ignore the header): send the whole blob.
       } else if (!range) {
         StringResponse res = MakeError(req, range.error(), "RANGE_INVALID");
         if (range.error().code == ErrorCode::kRangeNotSatisfiable) {
@@ -422,6 +473,69 @@ class Connection {
     if (ec) co_return false;
     if (req.method() == http::verb::head || length == 0) co_return true;
     co_return co_await SendBody(*reader, first, first + length, digest.value());
+  }
+
+  // tags/list and referrers/<digest>: passed to the upstream (a pull-only mirror still lists),
+  // with n/last (tags) or artifactType (referrers) and the Link of the next page, rewritten to
+  // point at this shim. Nothing is cached.
+  awaitable<bool> HandleListing(const Request& req, const Route& r) {
+    auto repo = Resolve(r);
+    if (!repo) {
+      StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
+    if (auto served = backend_.CheckRegistry(repo.value()); !served) {
+      StringResponse reply_ = MakeError(req, served.error(), "NAME_UNKNOWN");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
+    const bool tags = r.kind == Route::Kind::kTags;
+    std::string endpoint = "tags/list";
+    if (!tags) {
+      auto digest = Digest::Parse(r.reference);
+      if (!digest) {
+        Error e = digest.error();
+        e.code = ErrorCode::kInvalidArgument;
+        StringResponse reply_ = MakeError(req, e, "DIGEST_INVALID");
+        co_return co_await Reply(r.kind, std::move(reply_));
+      }
+      endpoint = "referrers/" + digest.value().str();
+    }
+    auto query =
+        tags ? ForwardedQuery(r.query, {"n", "last"}) : ForwardedQuery(r.query, {"artifactType"});
+    if (!query) {
+      StringResponse reply_ = MakeError(req, query.error(), "UNSUPPORTED");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
+    auto listed = co_await backend_.GetListing(repo.value(), endpoint, query.value());
+    if (!listed) {
+      StringResponse reply_ = MakeError(req, listed.error(), tags ? "NAME_UNKNOWN" : "UNSUPPORTED");
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
+    ListingResult& l = listed.value();
+    if (l.status == 404) {
+      // The upstream's own code when it sent one; a registry without the referrers API sends a
+      // plain 404, which clients take as "use the tag schema".
+      std::string code = !l.error_code.empty() ? l.error_code
+                         : tags                ? "NAME_UNKNOWN"
+                                               : "UNSUPPORTED";
+      const Error missing = shoal::MakeError(
+          ErrorCode::kNotFound,
+          std::string(tags ? "tags of " : "referrers in ") + repo.value().str() +
+              (l.error_code.empty() ? ": the upstream answered 404"
+                                    : ": the upstream answered 404 " + l.error_code));
+      StringResponse reply_ = MakeError(req, missing, code);
+      co_return co_await Reply(r.kind, std::move(reply_));
+    }
+    const bool head = req.method() == http::verb::head;
+    const size_t size = l.body.size();
+    StringResponse res = MakeResponse(req, http::status::ok, head ? "" : std::move(l.body),
+                                      l.content_type.empty() ? "application/json" : l.content_type);
+    if (head) res.content_length(size);
+    if (!l.link.empty()) {
+      if (auto link = RewriteLink(l.link, r.path, r.ns)) res.set(http::field::link, *link);
+    }
+    if (!l.filters_applied.empty()) res.set("OCI-Filters-Applied", l.filters_applied);
+    co_return co_await Reply(r.kind, std::move(res));
   }
 
   // The repository a request is for: the tunnel's registry inside a terminated CONNECT, else
@@ -573,6 +687,7 @@ class Connection {
   awaitable<void> RefuseConnect(const Request& req, const Error& err) {
     StringResponse res = MakeError(req, err, "");
     res.keep_alive(false);
+    if (res.result() == http::status::method_not_allowed) res.set(http::field::allow, "GET, HEAD");
     metrics_.CountRequest("connect", res.result_int());
     co_await Write(std::move(res));
   }

@@ -42,6 +42,7 @@ struct ServerOptions {
 struct AdminReply {
   unsigned status = 200;
   std::string body;
+  std::string allow;  // the Allow header of a 405: the methods the endpoint has
 };
 // Handles an admin request: (method, origin-form target with its query); both stay alive until
 // the returned awaitable completes. Runs on the server's io_context.
@@ -63,7 +64,9 @@ class Server {
   // Connections currently open.
   int active_connections() const { return active_; }
   // Provides the /metrics body (Prometheus text format).
-  void SetMetricsHandler(std::function<std::string()> handler) { metrics_text_ = std::move(handler); }
+  void SetMetricsHandler(std::function<std::string()> handler) {
+    metrics_text_ = std::move(handler);
+  }
   // Serves requests under /shoal/v1/ (any method) through handler; without one they get 404.
   // Only loopback peers are answered unless ServerOptions::admin_any_address (others get 403).
   void SetAdminHandler(AdminHandler handler) { admin_ = std::move(handler); }

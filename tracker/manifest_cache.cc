@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "lib/core/sha256.h"
+#include "lib/core/content_hash.h"
 
 namespace shoal::tracker {
 namespace {
@@ -85,7 +85,7 @@ PublishErrc ManifestCache::Publish(const Digest& digest, std::string media_type,
   if (body.empty() || media_type.empty() || media_type.size() > 256) return PublishErrc::kInvalid;
   // Agents verify what they get, but a cache that stores wrong bytes would make every node
   // fall back to upstream: check before storing.
-  if (Sha256::Of(body) != digest) return PublishErrc::kDigestMismatch;
+  if (!ContentHash::Matches(digest, body)) return PublishErrc::kDigestMismatch;
   auto manifest = std::make_shared<CachedManifest>();
   manifest->digest = digest;
   manifest->media_type = std::move(media_type);

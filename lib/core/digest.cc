@@ -27,12 +27,16 @@ bool IsAlgorithm(std::string_view s) {
 
 bool IsEncoded(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '=' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '=' ||
+           c == '_' || c == '-';
   });
 }
 
 }  // namespace
+
+std::string_view DigestAlgorithmName(DigestAlgorithm algorithm) {
+  return algorithm == DigestAlgorithm::kSha512 ? "sha512" : "sha256";
+}
 
 Result<Digest> Digest::Parse(std::string_view text) {
   auto quoted = [&] { return "\"" + std::string(text.substr(0, 100)) + "\""; };
@@ -46,18 +50,33 @@ Result<Digest> Digest::Parse(std::string_view text) {
   if (!IsAlgorithm(algo) || !IsEncoded(enc)) {
     return MakeError(ErrorCode::kInvalidArgument, "digest " + quoted() + " is malformed");
   }
-  if (algo != "sha256") {
-    return MakeError(ErrorCode::kUnsupported,
-                     "digest algorithm \"" + std::string(algo.substr(0, 20)) +
-                         "\" is not supported (only sha256)");
+  DigestAlgorithm algorithm;
+  size_t hex_length;
+  if (algo == "sha256") {
+    algorithm = DigestAlgorithm::kSha256;
+    hex_length = 64;
+  } else if (algo == "sha512") {
+    algorithm = DigestAlgorithm::kSha512;
+    hex_length = 128;
+  } else {
+    return MakeError(ErrorCode::kUnsupported, "digest algorithm \"" +
+                                                  std::string(algo.substr(0, 20)) +
+                                                  "\" is not supported (only sha256 and sha512)");
   }
-  if (enc.size() != 64 || !IsLowerHex(enc)) {
+  if (enc.size() != hex_length || !IsLowerHex(enc)) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     "digest " + quoted() + " must have 64 lowercase hex characters after sha256:");
+                     "digest " + quoted() + " must have " + std::to_string(hex_length) +
+                         " lowercase hex characters after " + std::string(algo) + ":");
   }
-  return Digest(std::string(enc));
+  return Digest(algorithm, std::string(enc));
 }
 
-Digest Digest::FromSha256Hex(std::string hex) { return Digest(std::move(hex)); }
+Digest Digest::FromSha256Hex(std::string hex) {
+  return Digest(DigestAlgorithm::kSha256, std::move(hex));
+}
+
+Digest Digest::FromHex(DigestAlgorithm algorithm, std::string hex) {
+  return Digest(algorithm, std::move(hex));
+}
 
 }  // namespace shoal

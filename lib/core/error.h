@@ -24,7 +24,7 @@ enum class ErrorCode {
   kIo,                // local disk or file system failure
   kInsufficientStorage,  // does not fit in the cache's budget or on its disk
   kProtocol,          // a peer or upstream spoke HTTP/JSON we cannot accept
-  kUnsupported,       // valid but not something shoal does (e.g. sha512 digests)
+  kUnsupported,       // valid but not something shoal does (e.g. md5 digests, pushes)
   kCancelled,         // the operation was abandoned (shutdown, client gone)
   kInternal,          // a bug: an invariant did not hold
 };

@@ -376,8 +376,9 @@ net::awaitable<std::optional<Result<std::unique_ptr<Connection>>>> Client::Impl:
   auto endpoints = co_await resolver.async_resolve(url.host, std::to_string(url.port), flags,
                                                    net::redirect_error(net::use_awaitable, ec));
   if (ec) {
-    co_return MakeError(ErrorCode::kUnavailable, "cannot resolve " + url.host + " for " +
-                                                     url.Redacted() + ": " + ec.message());
+    // The host only inside the URL, which the shim redacts from what clients see.
+    co_return MakeError(ErrorCode::kUnavailable,
+                        "cannot resolve the host of " + url.Redacted() + ": " + ec.message());
   }
   auto conn = std::make_unique<Connection>();
   conn->strand = strand;
@@ -394,7 +395,7 @@ net::awaitable<std::optional<Result<std::unique_ptr<Connection>>>> Client::Impl:
     SSL* ssl = conn->secure->native_handle();
     if (!IsIpLiteral(url.host) &&
         !SSL_set_tlsext_host_name(ssl, const_cast<char*>(url.host.c_str()))) {
-      co_return MakeError(ErrorCode::kInternal, "cannot set TLS SNI for " + url.host);
+      co_return MakeError(ErrorCode::kInternal, "cannot set TLS SNI for " + url.Redacted());
     }
     conn->secure->set_verify_mode(net::ssl::verify_peer);
     conn->secure->set_verify_callback(net::ssl::host_name_verification(url.host));

@@ -51,6 +51,12 @@ bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
   return true;
 }
 
+// RFC 9110 5.6.2 token characters.
+bool IsTchar(char c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
 struct Spec {
   std::optional<uint64_t> first;  // empty for a suffix range
   std::optional<uint64_t> last;   // empty for "a-"; the suffix length for "-n"
@@ -66,7 +72,15 @@ Result<ByteRange> ParseRange(std::string_view header, uint64_t size) {
   std::string_view s = TrimOws(header);
   size_t eq = s.find('=');
   if (eq == std::string_view::npos) return malformed("no '='");
-  if (!EqualsIgnoreCase(TrimOws(s.substr(0, eq)), "bytes")) return malformed("unit is not bytes");
+  std::string_view unit = TrimOws(s.substr(0, eq));
+  if (unit.empty() || !std::all_of(unit.begin(), unit.end(), IsTchar)) {
+    return malformed("the range unit is not a token");
+  }
+  if (!EqualsIgnoreCase(unit, "bytes")) {
+    // RFC 9110 14.2: a server MUST ignore a Range with a unit it does not understand.
+    return MakeError(ErrorCode::kUnsupported, "Range header " + Quote(header) +
+                                                  " has the unknown range unit " + Quote(unit));
+  }
   std::string_view set = s.substr(eq + 1);
 
   std::vector<Spec> specs;
@@ -98,16 +112,16 @@ Result<ByteRange> ParseRange(std::string_view header, uint64_t size) {
   }
   if (specs.empty()) return malformed("no range");
   if (specs.size() > 1) {
-    return MakeError(ErrorCode::kUnsupported,
-                     "Range header " + Quote(header) + " asks for several ranges; only one is "
-                     "supported");
+    return MakeError(ErrorCode::kUnsupported, "Range header " + Quote(header) +
+                                                  " asks for several ranges; only one is "
+                                                  "supported");
   }
 
   const Spec& spec = specs[0];
   auto unsatisfiable = [&] {
-    return MakeError(ErrorCode::kRangeNotSatisfiable,
-                     "Range header " + Quote(header) + " is outside a representation of " +
-                         std::to_string(size) + " bytes");
+    return MakeError(ErrorCode::kRangeNotSatisfiable, "Range header " + Quote(header) +
+                                                          " is outside a representation of " +
+                                                          std::to_string(size) + " bytes");
   };
   if (!spec.first) {  // suffix: the last n bytes
     uint64_t n = *spec.last;

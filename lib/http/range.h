@@ -21,8 +21,9 @@ struct ByteRange {
 // Parses a Range header holding one range of a representation of `size` bytes: "bytes=a-b",
 // "bytes=a-" or "bytes=-n" (the last n bytes). `last` is clamped to size-1; numbers of any length
 // are accepted (they saturate). Errors: kInvalidArgument for malformed syntax (answer 400),
-// kUnsupported for several ranges, kRangeNotSatisfiable when first >= size or for a suffix of 0
-// (answer 416 with ContentRangeUnsatisfied).
+// kUnsupported for several ranges or a unit other than bytes (RFC 9110 14.2: ignore the header
+// and send the whole representation), kRangeNotSatisfiable when first >= size or for a suffix
+// of 0 (answer 416 with ContentRangeUnsatisfied).
 Result<ByteRange> ParseRange(std::string_view header, uint64_t size);
 
 // The Content-Range value of a 206 answer: "bytes a-b/size".

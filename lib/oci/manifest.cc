@@ -1,5 +1,6 @@
 #include "lib/oci/manifest.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -271,6 +272,36 @@ bool Accepts(const std::vector<std::string>& accept, std::string_view media_type
     if (entry == "application/*" && type.starts_with("application/")) return true;
   }
   return false;
+}
+
+Negotiation NegotiateManifest(const std::vector<std::string>& accept, std::string_view media_type,
+                              std::string_view body, bool by_tag) {
+  Negotiation out;
+  if (Accepts(accept, media_type)) return out;
+  const std::string type = NormalizeMediaType(media_type);
+  const bool names_schema2 =
+      std::find(accept.begin(), accept.end(), kDockerManifestV2) != accept.end();
+  if (by_tag && type == kDockerManifestList && names_schema2) {
+    auto list = ParseManifest(body, type);
+    if (list) {
+      for (const auto& d : list.value().manifests) {
+        if (d.platform && d.platform->os == "linux" && d.platform->architecture == "amd64") {
+          out.kind = Negotiation::Kind::kChild;
+          out.child = d.digest;
+          return out;
+        }
+      }
+    }
+    out.kind = Negotiation::Kind::kRefuse;
+    out.reason =
+        "the manifest list has no linux/amd64 manifest for a client that accepts only "
+        "single-platform manifests";
+    return out;
+  }
+  if (!by_tag && (type == kDockerManifestList || type == kDockerManifestV2)) return out;
+  out.kind = Negotiation::Kind::kRefuse;
+  out.reason = "it is " + type + ", which the client does not accept";
+  return out;
 }
 
 std::string UpstreamManifestAccept() {

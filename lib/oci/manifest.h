@@ -53,7 +53,8 @@ struct Manifest {
 // if absent, from content_type when that names a manifest type; else inferred ("manifests" ->
 // OCI index, "config"+"layers" -> OCI manifest). A content_type naming a manifest type must
 // agree with the body. Errors are kInvalidArgument with the reason (kUnsupported for a
-// descriptor digest of another algorithm than sha256); work is bounded by the limits above.
+// descriptor digest of another algorithm than sha256 or sha512); work is bounded by the limits
+// above.
 Result<Manifest> ParseManifest(std::string_view body, std::string_view content_type);
 
 // Splits Accept header values (several headers may be joined with ",") into bare lowercase
@@ -64,6 +65,28 @@ std::vector<std::string> ParseAccept(std::string_view header);
 // True if a client whose ParseAccept list is accept takes media_type: the list is empty, or
 // holds "*/*", "application/*" (for application/ types) or the type itself.
 bool Accepts(const std::vector<std::string>& accept, std::string_view media_type);
+
+// What a client gets for a stored manifest, decided as docker-registry (distribution 2.8) does.
+struct Negotiation {
+  enum class Kind {
+    kServe,   // the manifest as it is
+    kChild,   // the manifest `child` instead (a list's linux/amd64 image, by tag only)
+    kRefuse,  // 404 MANIFEST_UNKNOWN, `reason` saying why
+  };
+  Kind kind = Kind::kServe;
+  std::optional<Digest> child;
+  std::string reason;
+};
+
+// Negotiates a manifest of media_type (body: its bytes) for a client whose ParseAccept list is
+// accept; by_tag: the reference was a tag. In order: a type the client accepts is served; a
+// Docker manifest list asked for by tag by a client that names the Docker schema2 type (but not
+// the list) gets the list's first linux/amd64 manifest (refused when there is none); a Docker
+// type (schema2, list) asked for by digest is served whatever the Accept, since nothing else
+// has that digest; anything else (OCI manifests and indexes, schema2 by tag) is refused. OCI
+// indexes are never rewritten to a child.
+Negotiation NegotiateManifest(const std::vector<std::string>& accept, std::string_view media_type,
+                              std::string_view body, bool by_tag);
 
 // The Accept value sent upstream for manifests: Docker v2, Docker list, OCI manifest and OCI
 // index, comma separated.

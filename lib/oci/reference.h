@@ -66,7 +66,8 @@ struct ImageRef {
 // Parses an image reference with docker's normalisation: "busybox" becomes
 // docker.io/library/busybox:latest; "127.0.0.1:5000/a/b@sha256:..." keeps its host. The first
 // component is a host iff LooksLikeRegistryHost. Errors (kInvalidArgument, or kUnsupported for
-// a non-sha256 digest) name the part that is wrong; uppercase in the repository is an error.
+// a digest of an algorithm other than sha256/sha512) name the part that is wrong; uppercase in
+// the repository is an error.
 Result<ImageRef> ParseImageRef(std::string_view text);
 
 // A repository name split into the registry it names and the repository within it.

@@ -17,7 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "lib/core/sha256.h"
+#include "lib/core/content_hash.h"
 
 namespace shoal::store {
 namespace fs = std::filesystem;
@@ -153,7 +153,7 @@ void BlobWriter::Abort() {
 
 Result<std::unique_ptr<BlobStore>> BlobStore::Open(std::string root) {
   std::error_code ec;
-  for (const char* sub : {"blobs/sha256", "tmp", "meta"}) {
+  for (const char* sub : {"blobs/sha256", "blobs/sha512", "tmp", "meta"}) {
     fs::create_directories(fs::path(root) / sub, ec);
     if (ec) return MakeError(ErrorCode::kIo, "create " + root + "/" + sub + ": " + ec.message());
   }
@@ -170,7 +170,8 @@ Result<std::unique_ptr<BlobStore>> BlobStore::Open(std::string root) {
 
 std::string BlobStore::BlobPath(const Digest& digest) const {
   const std::string& hex = digest.hex();
-  return root_ + "/blobs/sha256/" + hex.substr(0, 2) + "/" + hex;
+  return root_ + "/blobs/" + std::string(DigestAlgorithmName(digest.algorithm())) + "/" +
+         hex.substr(0, 2) + "/" + hex;
 }
 
 std::optional<uint64_t> BlobStore::Stat(const Digest& digest) const {
@@ -343,7 +344,7 @@ bool BlobStore::EvictOne(const Digest& keep) {
 
 Status BlobStore::PutManifest(const Digest& digest, std::string_view body,
                               std::string_view media_type) {
-  Digest actual = Sha256::Of(body.data(), body.size());
+  Digest actual = ContentHash::Of(digest.algorithm(), body);
   if (actual != digest) {
     return MakeError(ErrorCode::kDigestMismatch,
                      "manifest bytes hash to " + actual.str() + ", not " + digest.str());
@@ -367,7 +368,7 @@ std::optional<StoredManifest> BlobStore::GetManifest(const Digest& digest) const
   std::ostringstream body;
   body << body_in.rdbuf();
   StoredManifest m{body.str(), meta["mediaType"].get<std::string>()};
-  if (Sha256::Of(m.body) != digest) return std::nullopt;
+  if (!ContentHash::Matches(digest, m.body)) return std::nullopt;
   const_cast<BlobStore*>(this)->Touch(digest);
   return m;
 }
@@ -375,6 +376,18 @@ std::optional<StoredManifest> BlobStore::GetManifest(const Digest& digest) const
 // --- Budget, last use and pins ---
 
 namespace {
+
+// The shard directories blobs/<algorithm>/<xx> of both digest algorithms.
+std::vector<fs::directory_entry> ShardDirs(const std::string& root) {
+  std::vector<fs::directory_entry> out;
+  for (const char* algo : {"sha256", "sha512"}) {
+    std::error_code ec;
+    for (const auto& shard : fs::directory_iterator(fs::path(root) / "blobs" / algo, ec)) {
+      out.push_back(shard);
+    }
+  }
+  return out;
+}
 
 int64_t ToMs(TimePoint t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
@@ -730,10 +743,11 @@ void BlobStore::LoadIndex() {
     }
   }
   std::error_code ec;
-  for (const auto& shard : fs::directory_iterator(fs::path(root_) / "blobs/sha256", ec)) {
+  for (const auto& shard : ShardDirs(root_)) {
     std::error_code ec2;
     for (const auto& f : fs::directory_iterator(shard.path(), ec2)) {
-      auto digest = Digest::Parse("sha256:" + f.path().filename().string());
+      auto digest = Digest::Parse(shard.path().parent_path().filename().string() + ":" +
+                                  f.path().filename().string());
       if (!digest) continue;
       struct stat st;
       if (::stat(f.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;

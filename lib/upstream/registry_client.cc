@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "lib/core/sha256.h"
+#include "lib/core/content_hash.h"
 #include "lib/http/client.h"
 #include "lib/http/range.h"
 #include "lib/upstream/www_authenticate.h"
@@ -79,6 +79,42 @@ bool IsSafeReference(std::string_view ref) {
     if (!ok) return false;
   }
   return true;
+}
+
+// A listing endpoint and its query: "tags/list" or "referrers/<reference>", and query text of
+// unreserved characters, "%", "+", "/", ":", "=" and "&".
+bool IsSafeListing(std::string_view endpoint, std::string_view query) {
+  constexpr std::string_view kReferrers = "referrers/";
+  bool endpoint_ok =
+      endpoint == "tags/list" ||
+      (endpoint.starts_with(kReferrers) && IsSafeReference(endpoint.substr(kReferrers.size())));
+  if (!endpoint_ok || query.size() > 2048) return false;
+  for (char c : query) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '.' || c == '_' || c == '~' || c == '%' || c == '+' || c == '/' ||
+              c == ':' || c == '=' || c == '&';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// The first OCI error code of an error body ("NAME_UNKNOWN"), or "" when it has none usable.
+std::string UpstreamCode(const std::string& body) {
+  auto doc = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return "";
+  auto errors = doc.find("errors");
+  if (errors == doc.end() || !errors->is_array() || errors->empty()) return "";
+  const auto& first = (*errors)[0];
+  if (!first.is_object()) return "";
+  auto c = first.find("code");
+  if (c == first.end() || !c->is_string()) return "";
+  std::string code = c->get<std::string>();
+  if (code.empty() || code.size() > 64 || !std::all_of(code.begin(), code.end(), [](char ch) {
+        return (ch >= 'A' && ch <= 'Z') || ch == '_';
+      })) {
+    return "";
+  }
+  return code;
 }
 
 // Tokens go into an Authorization header: visible ASCII only.
@@ -573,13 +609,14 @@ net::awaitable<Result<ManifestResponse>> RegistryClient::Impl::Manifest(
         if (d) claimed = d.value();
       }
       if (method == bhttp::verb::head) {
-        std::optional<Digest> digest = claimed ? claimed : ref_digest;
+        std::optional<Digest> digest = ref_digest ? ref_digest : claimed;
         if (!digest) {
           err = MakeError(ErrorCode::kProtocol, call.what + ": " + url_text +
                                                     " sent no usable Docker-Content-Digest");
-        } else if (ref_digest && *digest != *ref_digest) {
+        } else if (ref_digest && claimed && claimed->algorithm() == ref_digest->algorithm() &&
+                   *claimed != *ref_digest) {
           err = MakeError(ErrorCode::kDigestMismatch,
-                          call.what + ": " + url_text + " claims digest " + digest->str());
+                          call.what + ": " + url_text + " claims digest " + claimed->str());
         } else {
           co_return ManifestResponse{"", std::move(media_type), *digest};
         }
@@ -589,11 +626,13 @@ net::awaitable<Result<ManifestResponse>> RegistryClient::Impl::Manifest(
           err = body.error();
           err.message = call.what + ": " + err.message;
         } else {
-          Digest digest = Sha256::Of(body.value());
+          // Hashed in the algorithm of the digest asked for (sha256 for a tag).
+          Digest digest = ContentHash::Of(
+              ref_digest ? ref_digest->algorithm() : DigestAlgorithm::kSha256, body.value());
           if (ref_digest && digest != *ref_digest) {
             err = MakeError(ErrorCode::kDigestMismatch, call.what + ": body from " + url_text +
                                                             " hashes to " + digest.str());
-          } else if (claimed && *claimed != digest) {
+          } else if (claimed && !ContentHash::Matches(*claimed, body.value())) {
             err = MakeError(ErrorCode::kDigestMismatch,
                             call.what + ": Docker-Content-Digest " + claimed->str() + " from " +
                                 url_text + " but the body hashes to " + digest.str());
@@ -718,11 +757,17 @@ net::awaitable<Result<uint64_t>> RegistryClient::StatBlob(const RegistryEndpoint
     } else {
       http::Response& resp = *r.value();
       auto size = resp.content_length();
+      // A registry may name the blob by another algorithm's digest (docker-registry answers a
+      // sha512 request with the content's sha256): only a digest of the same algorithm can
+      // contradict the one asked for. The bytes are verified by the fetch in any case.
       std::string_view claimed = resp.header("Docker-Content-Digest");
+      auto claimed_digest = Digest::Parse(claimed);
       if (!size) {
         err = MakeError(ErrorCode::kProtocol,
                         call.what + ": " + resp.url().Redacted() + " sent no Content-Length");
-      } else if (!claimed.empty() && claimed != digest.str()) {
+      } else if (!claimed.empty() &&
+                 (!claimed_digest || claimed_digest.value().algorithm() == digest.algorithm()) &&
+                 claimed != digest.str()) {
         err = MakeError(ErrorCode::kDigestMismatch, call.what + ": " + resp.url().Redacted() +
                                                         " claims digest " +
                                                         Printable(claimed, 100));
@@ -777,6 +822,63 @@ net::awaitable<Status> RegistryClient::FetchBlob(const RegistryEndpoint& registr
       if (st) co_return Ok();
       if (sink_failed) co_return st;
       err = st.error();
+    }
+    bool again = co_await impl->BackoffBeforeRetry(failures, err, url_text);
+    if (again) continue;
+    impl->LogFailure(err);
+    co_return err;
+  }
+}
+
+net::awaitable<Result<ListingResponse>> RegistryClient::GetListing(const RegistryEndpoint& registry,
+                                                                   const std::string& repo,
+                                                                   const std::string& endpoint,
+                                                                   const std::string& query,
+                                                                   const std::string& accept) {
+  std::shared_ptr<Impl> impl = impl_;
+  if (!IsSafeRepo(repo) || !IsSafeListing(endpoint, query)) {
+    co_return MakeError(ErrorCode::kInvalidArgument,
+                        "invalid repository, endpoint or query \"" + Printable(repo, 256) + "/" +
+                            Printable(endpoint, 200) + "?" + Printable(query, 200) + "\"");
+  }
+  Call call;
+  call.method = bhttp::verb::get;
+  call.target = "/v2/" + repo + "/" + endpoint + (query.empty() ? "" : "?" + query);
+  call.accept = accept;
+  call.scope = Scope(repo);
+  call.what = endpoint.substr(0, endpoint.find('/')) + " of " + repo;
+  http::Url url = registry.base;
+  url.target = call.target;
+  const std::string url_text = url.Redacted();
+  for (int failures = 1;; ++failures) {
+    Error err;
+    auto r = co_await impl->Send(registry, call);
+    if (!r) {
+      err = r.error();
+    } else if (r.value()->status() == 404) {
+      ListingResponse out;
+      out.status = 404;
+      auto body = co_await r.value()->ReadAll(kMaxErrorBody);
+      if (body) out.error_code = UpstreamCode(body.value());
+      spdlog::info("upstream: {} not found at {} ({})", call.what, url_text,
+                   out.error_code.empty() ? "no OCI error code" : out.error_code);
+      co_return out;
+    } else if (r.value()->status() != 200) {
+      err = co_await impl->ErrorFromResponse(*r.value(), call.what);
+    } else {
+      http::Response& resp = *r.value();
+      auto body = co_await resp.ReadAll(kMaxManifestBytes);
+      if (!body) {
+        err = body.error();
+        err.message = call.what + ": " + err.message;
+      } else {
+        ListingResponse out;
+        out.body = std::move(body).value();
+        out.content_type = std::string(resp.header(bhttp::field::content_type));
+        out.link = std::string(resp.header(bhttp::field::link));
+        out.filters_applied = std::string(resp.header("OCI-Filters-Applied"));
+        co_return out;
+      }
     }
     bool again = co_await impl->BackoffBeforeRetry(failures, err, url_text);
     if (again) continue;

@@ -28,7 +28,7 @@ struct RegistryEndpoint {
 
 // Settings of a RegistryClient.
 struct ClientOptions {
-  std::string ca_file;  // extra PEM CA file trusted besides the system's; empty for none
+  std::string ca_file;   // extra PEM CA file trusted besides the system's; empty for none
   int max_attempts = 6;  // attempts per call, the first included
   std::chrono::milliseconds initial_backoff{200};
   std::chrono::milliseconds max_backoff{10000};  // also caps an upstream's Retry-After
@@ -42,6 +42,16 @@ struct ManifestResponse {
   std::string body;        // empty for HeadManifest
   std::string media_type;  // Content-Type without parameters, lowercased
   Digest digest;           // sha256 of body (GetManifest) or Docker-Content-Digest (HeadManifest)
+};
+
+// A listing (tags/list, referrers/<digest>) as the upstream served it.
+struct ListingResponse {
+  unsigned status = 200;        // 200, or 404
+  std::string body;             // 200: the JSON body; 404: empty
+  std::string content_type;     // as sent (200)
+  std::string link;             // the Link header as sent, "" if none
+  std::string filters_applied;  // OCI-Filters-Applied as sent, "" if none
+  std::string error_code;       // 404: the first OCI error code of the body, "" if none
 };
 
 // Receives blob bytes in order. An error aborts the fetch and is returned by FetchBlob as is.
@@ -92,8 +102,7 @@ class RegistryClient {
   // HEAD /v2/<repo>/blobs/<digest>, following redirects; returns the blob's size
   // (Content-Length; kProtocol when absent).
   boost::asio::awaitable<Result<uint64_t>> StatBlob(const RegistryEndpoint& registry,
-                                                    const std::string& repo,
-                                                    const Digest& digest);
+                                                    const std::string& repo, const Digest& digest);
 
   // Delivers exactly bytes [offset, offset+length) of the blob to `sink`, in order, using
   // GET with a Range header. A 200 answer is accepted only when offset is 0 and the body is
@@ -102,6 +111,17 @@ class RegistryClient {
   boost::asio::awaitable<Status> FetchBlob(const RegistryEndpoint& registry,
                                            const std::string& repo, const Digest& digest,
                                            uint64_t offset, uint64_t length, BodySink sink);
+
+  // GET /v2/<repo>/<endpoint>?<query> for endpoint "tags/list" or "referrers/<digest>", query
+  // already percent-encoded ("" for none). The body is capped at 4 MiB (kProtocol beyond). A 404
+  // is an answer here, not an error (a registry without the referrers API sends it): status 404
+  // with the upstream's OCI code. Errors: as GetManifest; kInvalidArgument for a repository,
+  // endpoint or query that cannot go into a request target.
+  boost::asio::awaitable<Result<ListingResponse>> GetListing(const RegistryEndpoint& registry,
+                                                             const std::string& repo,
+                                                             const std::string& endpoint,
+                                                             const std::string& query,
+                                                             const std::string& accept);
 
   // A snapshot of the counters.
   Stats stats() const;

@@ -183,6 +183,8 @@ TEST_CASE("manifest cache: 5 agents asking for a tag that does not exist cost on
                     (results[i].error().ToString() + "\n" + w.agents[i]->LogTail()));
     CHECK_MESSAGE(results[i].value().status == 404, results[i].value().body);
     CHECK(results[i].value().body.find("MANIFEST_UNKNOWN") != std::string::npos);
+    // The tracker passes the fetching agent's upstream message on: its URL stays out.
+    CHECK(results[i].value().body.find(w.proxy->HostPort()) == std::string::npos);
   }
   // One agent asked upstream; the tracker told the others (and a second round) "missing".
   MESSAGE("upstream requests for the missing tag from 5 agents: " << missing_requests());

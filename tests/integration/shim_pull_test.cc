@@ -236,7 +236,7 @@ TEST_CASE("shim: malformed requests get precise 4xx answers, never 5xx") {
   std::vector<Case> cases = {
       {"GET", "/v2/Demo/App/manifests/1", {}, 400, "NAME_INVALID"},
       {"GET", "/v2/demo//app/manifests/1", {}, 400, "NAME_INVALID"},
-      {"GET", "/v2/demo/app/manifests/bad!tag", {}, 400, "TAG_INVALID"},
+      {"GET", "/v2/demo/app/manifests/bad!tag", {}, 404, "MANIFEST_UNKNOWN"},
       {"GET", "/v2/demo/app/manifests/sha256:1234", {}, 400, "DIGEST_INVALID"},
       {"GET", "/v2/demo/app/blobs/sha256:xyz", {}, 400, "DIGEST_INVALID"},
       {"GET", "/v2/demo/app/blobs/md5:abcd", {}, 400, "DIGEST_INVALID"},

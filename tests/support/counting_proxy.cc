@@ -111,6 +111,12 @@ void CountingProxy::SetDelayPerMiB(std::chrono::milliseconds delay) {
   delay_per_mib_ = delay;
 }
 
+void CountingProxy::AddResponseHeader(std::string target_part, std::string name,
+                                      std::string value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  extra_headers_.push_back({std::move(target_part), std::move(name), std::move(value)});
+}
+
 void CountingProxy::SetUpstream(std::string upstream_host_port) {
   std::lock_guard<std::mutex> lock(mu_);
   upstream_ = std::move(upstream_host_port);
@@ -311,6 +317,14 @@ void CountingProxy::Serve(tcp::socket& client) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       delay_per_mib = delay_per_mib_;
+      for (const auto& extra : extra_headers_) {
+        if (target.find(extra.target_part) == std::string::npos) continue;
+        std::string value = extra.value;
+        if (auto at = value.find("{upstream}"); at != std::string::npos) {
+          value.replace(at, std::string("{upstream}").size(), upstream_);
+        }
+        res.set(extra.name, value);
+      }
     }
     http::response_serializer<http::buffer_body> res_sr{res};
     http::write_header(client, res_sr, ec);

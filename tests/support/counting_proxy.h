@@ -52,6 +52,10 @@ class CountingProxy {
   void FailNext(int n, int status = 503);
   // Sleeps this long per MiB of response body relayed (0 = no throttle).
   void SetDelayPerMiB(std::chrono::milliseconds delay);
+  // Adds header `name: value` to every later upstream response to a request whose target
+  // contains `target_part`: what a registry that paginates would send (docker-registry 2.8 sends
+  // no Link on tags/list). `value` may hold "{upstream}", replaced by the upstream's host:port.
+  void AddResponseHeader(std::string target_part, std::string name, std::string value);
   // Points later connections at another upstream (e.g. a restarted registry).
   void SetUpstream(std::string upstream_host_port);
 
@@ -77,6 +81,10 @@ class CountingProxy {
   int fail_next_ = 0;                           // GUARDED_BY(mu_)
   int fail_status_ = 503;                       // GUARDED_BY(mu_)
   std::chrono::milliseconds delay_per_mib_{0};  // GUARDED_BY(mu_)
+  struct ExtraHeader {
+    std::string target_part, name, value;
+  };
+  std::vector<ExtraHeader> extra_headers_;  // GUARDED_BY(mu_)
   // Open upstream sockets, shut down by Stop() so that no handler stays blocked on a hung
   // upstream. GUARDED_BY(mu_).
   std::set<int> upstream_fds_;

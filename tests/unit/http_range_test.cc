@@ -54,15 +54,26 @@ TEST_CASE("range: accepts case-insensitive unit and optional whitespace") {
 }
 
 TEST_CASE("range: rejects malformed syntax with invalid_argument") {
-  for (const char* bad : {"", "bytes", "bytes=", "bytes=-", "bytes=a-b", "bytes=1-x",
-                          "bytes=x-1", "bytes=5-1", "items=0-1", "bytes=1", "bytes=+1-2",
-                          "bytes=1--2", "bytes=0x1-2", "bytes=,", "bytes=1 -2"}) {
+  for (const char* bad : {"", "bytes", "bytes=", "bytes=-", "bytes=a-b", "bytes=1-x", "bytes=x-1",
+                          "bytes=5-1", "bytes=1", "bytes=+1-2", "bytes=1--2", "bytes=0x1-2",
+                          "bytes=,", "bytes=1 -2", "=0-1", "by tes=0-1", "(bytes)=0-1"}) {
     std::string shown(bad);
     CAPTURE(shown);
     CHECK(Code(bad, 100) == ErrorCode::kInvalidArgument);
   }
   auto r = ParseRange("bytes=5-1", 100);
   CHECK(r.error().message.find("bytes=5-1") != std::string::npos);
+}
+
+TEST_CASE("range: a unit other than bytes is unsupported (RFC 9110 14.2: ignore it)") {
+  for (const char* other : {"items=0-5", "items=0-1", "pages=1", "x=", "rows=a-b"}) {
+    std::string shown(other);
+    CAPTURE(shown);
+    auto r = ParseRange(other, 100);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == ErrorCode::kUnsupported);
+    CHECK(r.error().message.find("unknown range unit") != std::string::npos);
+  }
 }
 
 TEST_CASE("range: refuses several ranges as unsupported") {
@@ -97,8 +108,7 @@ TEST_CASE("range: numbers beyond 64 bits saturate instead of overflowing") {
   r = Ok("bytes=18446744073709551613-", max);
   CHECK(r.first == max - 2);
   CHECK(r.last == max - 1);
-  CHECK(Code("bytes=" + std::string(100000, '9') + "-", 100) ==
-        ErrorCode::kRangeNotSatisfiable);
+  CHECK(Code("bytes=" + std::string(100000, '9') + "-", 100) == ErrorCode::kRangeNotSatisfiable);
 }
 
 TEST_CASE("range: formats Content-Range values") {

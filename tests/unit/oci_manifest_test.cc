@@ -283,12 +283,17 @@ TEST_CASE("oci manifest: rejects descriptors with a bad digest, size or mediaTyp
   CHECK(Has(ErrorOf(WithLayer(Layer(R"("mediaType":"m","size":1,)" + digest) + ",[]")),
             "layers[1] is a JSON array, not an object"));
 
-  // Another algorithm is well-formed but not supported.
+  // An unregistered algorithm is well-formed but not supported; sha512 is.
+  auto sha384 = ParseManifest(WithLayer(Layer(R"("mediaType":"m","size":1,"digest":"sha384:)" +
+                                              std::string(96, 'a') + "\"")),
+                              "");
+  REQUIRE_FALSE(sha384.has_value());
+  CHECK(sha384.error().code == ErrorCode::kUnsupported);
   auto sha512 = ParseManifest(WithLayer(Layer(R"("mediaType":"m","size":1,"digest":"sha512:)" +
                                               std::string(128, 'a') + "\"")),
                               "");
-  REQUIRE_FALSE(sha512.has_value());
-  CHECK(sha512.error().code == ErrorCode::kUnsupported);
+  REQUIRE_MESSAGE(sha512.has_value(), sha512.error().message);
+  CHECK(sha512.value().layers[0].digest.str() == "sha512:" + std::string(128, 'a'));
 
   // The config descriptor is checked the same way.
   std::string bad_config =
@@ -390,6 +395,61 @@ TEST_CASE("oci accept: the upstream Accept names the four modern manifest types"
   CHECK(list[2] == kOciManifest);
   CHECK(list[3] == kOciIndex);
   CHECK_FALSE(Has(upstream, "v1+prettyjws"));
+}
+
+TEST_CASE("oci negotiate: a schema2-only client gets a Docker list's linux/amd64 child by tag") {
+  const std::string arm = "sha256:" + std::string(64, 'a');
+  const std::string amd = "sha256:" + std::string(64, 'b');
+  auto entry = [](const std::string& digest, const std::string& arch) {
+    return std::string(R"({"mediaType":"application/vnd.docker.distribution.manifest.v2+json",)") +
+           R"("size":10,"digest":")" + digest + R"(","platform":{"os":"linux","architecture":")" +
+           arch + R"("}})";
+  };
+  const std::string list = std::string(R"({"schemaVersion":2,"mediaType":")") +
+                           std::string(kDockerManifestList) + R"(","manifests":[)" +
+                           entry(arm, "arm64") + "," + entry(amd, "amd64") + "]}";
+  const std::vector<std::string> schema2 = {std::string(kDockerManifestV2)};
+
+  Negotiation child = NegotiateManifest(schema2, kDockerManifestList, list, true);
+  CHECK(child.kind == Negotiation::Kind::kChild);
+  REQUIRE(child.child.has_value());
+  CHECK(child.child->str() == amd);
+  // A client that accepts the list gets the list; so does one that accepts anything.
+  CHECK(
+      NegotiateManifest({std::string(kDockerManifestList)}, kDockerManifestList, list, true).kind ==
+      Negotiation::Kind::kServe);
+  CHECK(NegotiateManifest({}, kDockerManifestList, list, true).kind == Negotiation::Kind::kServe);
+  // By digest the list itself is served: nothing else has that digest.
+  CHECK(NegotiateManifest(schema2, kDockerManifestList, list, false).kind ==
+        Negotiation::Kind::kServe);
+  CHECK(NegotiateManifest({std::string(kOciManifest)}, kDockerManifestV2, "{}", false).kind ==
+        Negotiation::Kind::kServe);
+  // No linux/amd64 entry: refused.
+  const std::string arm_only = std::string(R"({"schemaVersion":2,"mediaType":")") +
+                               std::string(kDockerManifestList) + R"(","manifests":[)" +
+                               entry(arm, "arm64") + "]}";
+  Negotiation none = NegotiateManifest(schema2, kDockerManifestList, arm_only, true);
+  CHECK(none.kind == Negotiation::Kind::kRefuse);
+  CHECK(none.reason.find("linux/amd64") != std::string::npos);
+  // A client that names neither (OCI manifest only) is refused the list by tag.
+  CHECK(NegotiateManifest({std::string(kOciManifest)}, kDockerManifestList, list, true).kind ==
+        Negotiation::Kind::kRefuse);
+}
+
+TEST_CASE("oci negotiate: OCI indexes and manifests are never rewritten, by tag or digest") {
+  const std::vector<std::string> schema2 = {std::string(kDockerManifestV2)};
+  for (bool by_tag : {true, false}) {
+    Negotiation index = NegotiateManifest(schema2, kOciIndex, "{}", by_tag);
+    CHECK(index.kind == Negotiation::Kind::kRefuse);
+    CHECK(index.reason.find(std::string(kOciIndex)) != std::string::npos);
+    CHECK(NegotiateManifest(schema2, kOciManifest, "{}", by_tag).kind ==
+          Negotiation::Kind::kRefuse);
+  }
+  CHECK(NegotiateManifest({std::string(kOciIndex)}, kOciIndex, "{}", true).kind ==
+        Negotiation::Kind::kServe);
+  // Schema2 by tag to a client that does not take it: refused (docker-registry tries schema1).
+  CHECK(NegotiateManifest({std::string(kOciManifest)}, kDockerManifestV2, "{}", true).kind ==
+        Negotiation::Kind::kRefuse);
 }
 
 }  // namespace shoal::oci

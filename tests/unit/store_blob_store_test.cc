@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "lib/core/content_hash.h"
 #include "lib/core/sha256.h"
 #include "lib/store/blob_store.h"
 
@@ -38,6 +39,35 @@ TEST_CASE("store: a committed blob is visible at its digest with its size") {
   REQUIRE(store.value()->Stat(d).has_value());
   CHECK(*store.value()->Stat(d) == data.size());
   CHECK(Sha256File(store.value()->BlobPath(d)).value() == d);
+}
+
+TEST_CASE("store: a sha512 blob and manifest live under blobs/sha512 and survive a reopen") {
+  TempRoot root;
+  std::string data = "hello sha512 blob";
+  Digest d = ContentHash::Of(DigestAlgorithm::kSha512, data);
+  std::string manifest = R"({"schemaVersion":2})";
+  Digest m = ContentHash::Of(DigestAlgorithm::kSha512, manifest);
+  {
+    auto store = BlobStore::Open(root.path).value();
+    auto w = store->Create(d).value();
+    REQUIRE(w->PWrite(data.data(), data.size(), 0).has_value());
+    REQUIRE(w->Commit().has_value());
+    CHECK(store->BlobPath(d) ==
+          root.path + "/blobs/sha512/" + d.hex().substr(0, 2) + "/" + d.hex());
+    CHECK(*store->Stat(d) == data.size());
+    // The same bytes by sha256 are another blob.
+    CHECK_FALSE(store->Stat(Sha256::Of(data)).has_value());
+    REQUIRE(
+        store->PutManifest(m, manifest, "application/vnd.oci.image.manifest.v1+json").has_value());
+    // Bytes that do not hash to a sha512 digest are refused.
+    CHECK(store->PutManifest(m, manifest + " ", "x").error().code == ErrorCode::kDigestMismatch);
+  }
+  auto reopened = BlobStore::Open(root.path).value();
+  CHECK(*reopened->Stat(d) == data.size());
+  CHECK(reopened->Stats().bytes == data.size() + manifest.size());
+  auto got = reopened->GetManifest(m);
+  REQUIRE(got.has_value());
+  CHECK(got->body == manifest);
 }
 
 TEST_CASE("store: an aborted or dropped writer leaves nothing behind") {

@@ -1,5 +1,6 @@
 #include "tools/shoalctl/agent_client.h"
 
+#include "lib/core/content_hash.h"
 #include "lib/core/sha256.h"
 #include "lib/oci/media_types.h"
 
@@ -65,7 +66,7 @@ awaitable<Result<uint64_t>> AgentClient::StreamBlob(const oci::ImageRef& image,
     co_return HttpFailure(res.value()->status(), "blob " + blob.digest.str(),
                           body ? body.value() : "");
   }
-  Sha256 sha;
+  ContentHash sha(blob.digest.algorithm());
   uint64_t total = 0;
   for (;;) {
     auto piece = co_await res.value()->ReadSome();
