@@ -8,5 +8,6 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 cmake --preset release
-cmake --build --preset release --target shoal-demo shoal-agent
+# shoal-demo depends on the two binaries it starts (tests/demo/CMakeLists.txt).
+cmake --build --preset release --target shoal-demo shoal-agent shoal-tracker
 exec build/release/tests/demo/shoal-demo "$@"

@@ -101,6 +101,7 @@ namespace {
 struct Rejection {
   unsigned status = 400;
   std::string message;
+  std::string_view allow;  // for 405: the methods the path takes
 };
 
 std::optional<Rejection> StringField(const json& j, const char* name, bool required, size_t max,
@@ -156,8 +157,8 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
   std::string_view name = rest.substr(1);
   if (name == "resolve" || name == "release") {
     if (req.method != http::verb::post) {
-      return Rejection{405,
-                       std::string(http::to_string(req.method)) + " is not supported; use POST"};
+      return Rejection{
+          405, std::string(http::to_string(req.method)) + " is not supported; use POST", "POST"};
     }
     call.route = name == "resolve" ? Route::kResolve : Route::kRelease;
   } else {
@@ -171,8 +172,9 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
       return std::nullopt;
     }
     if (req.method != http::verb::put) {
-      return Rejection{405, std::string(http::to_string(req.method)) +
-                                " is not supported; use GET, HEAD or PUT"};
+      return Rejection{
+          405, std::string(http::to_string(req.method)) + " is not supported; use GET, HEAD or PUT",
+          "GET, HEAD, PUT"};
     }
     call.route = Route::kPublish;
   }
@@ -285,6 +287,7 @@ boost::asio::awaitable<BlobResponse> ManifestApi::Handle(BlobRequest req) {
   Call call;
   if (auto rejected = ParseRequest(req, options_.max_wait, call)) {
     BlobResponse response = Error(rejected->status, std::move(rejected->message));
+    response.allow = rejected->allow;
     Count(response, RouteName(call.route));
     co_return response;
   }
@@ -320,6 +323,7 @@ BlobResponse ManifestApi::HandleNow(const BlobRequest& req, TimePoint now) {
   BlobResponse response;
   if (auto rejected = ParseRequest(req, options_.max_wait, call)) {
     response = Error(rejected->status, std::move(rejected->message));
+    response.allow = rejected->allow;
   } else {
     response = Execute(call, now);
   }

@@ -177,6 +177,7 @@ class Connection {
       BlobResponse answer = co_await manifests_.Handle(manifest_req);
       res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
                          std::move(answer.body), "application/json");
+      if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
       route_name = "manifests";
     } else if (PrefetchApi::Owns(path)) {
       BlobRequest prefetch_req{req.method(), path, query, req.body()};

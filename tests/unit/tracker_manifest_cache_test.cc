@@ -238,6 +238,14 @@ TEST_CASE("tracker manifest api: bad requests get 4xx with a message") {
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1"), kT0, "wait_ms=x").first ==
         400);
   CHECK(a.Call(http::verb::get, "/v1/manifests/resolve", "").first == 405);
+  // A 405 names the methods the path takes (the server sends them as Allow).
+  CHECK(a.api.HandleNow(BlobRequest{http::verb::get, "/v1/manifests/release", "", ""}, kT0).allow ==
+        "POST");
+  CHECK(a.api
+            .HandleNow(
+                BlobRequest{http::verb::post, "/v1/manifests/" + Sha256::Of("x").str(), "", "{}"},
+                kT0)
+            .allow == "GET, HEAD, PUT");
   CHECK(a.Call(http::verb::get, "/v1/manifests/sha256:zz", "").first == 400);
   CHECK(a.Call(http::verb::get, "/v1/manifests/" + Sha256::Of("x").str(), "").first == 404);
   CHECK(a.Call(http::verb::get, "/v1/manifests/a/b", "").first == 404);
@@ -245,7 +253,6 @@ TEST_CASE("tracker manifest api: bad requests get 4xx with a message") {
   CHECK(s == 200);
   CHECK(j["released"] == false);
 }
-
 
 TEST_CASE("tracker manifest cache: an upstream 404 is answered to everyone for the missing TTL") {
   ManifestCacheOptions o = Options();
