@@ -44,6 +44,7 @@ events_logger = "file"
 CONF
 export CONTAINERS_CONF="$OUT/containers.conf"
 podman_() {
+  nice -n 10 \
   podman --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay "$@"
 }
 
@@ -62,7 +63,7 @@ podman_ import --change 'CMD ["/bin/bash"]' "$BASE_TAR" "$BASE_IMAGE" >/dev/null
 t1=$(date +%s)
 echo "build-image: base $BASE_IMAGE ready ($((t1 - t0)) s)"
 
-nice -n 10 podman_ build --pull=never --layers \
+podman_ build --pull=never --layers \
   --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "JOBS=$JOBS" \
   --build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" --build-arg "SOURCE=$SOURCE" \
   --build-arg "CREATED=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
