@@ -31,6 +31,23 @@ function render(args = [], extra = []) {
   return yaml.loadAll(out).filter((d) => d);
 }
 
+// NOTES.txt as `helm install` would print it. helm 3.17 renders NOTES only at install, which
+// needs a cluster even with --dry-run, so a copy of the chart renders it as a ConfigMap's data
+// with the same values (tpl of the file), through helm template.
+function renderNotes(args = []) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "shoal-notes-"));
+  fs.cpSync(chart, path.join(dir, "shoal"), { recursive: true });
+  fs.copyFileSync(path.join(chart, "templates/NOTES.txt"), path.join(dir, "shoal/notes.txt"));
+  fs.writeFileSync(
+    path.join(dir, "shoal/templates/zz-notes.yaml"),
+    'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n',
+  );
+  const out = execFileSync(helm, ["template", "shoal", path.join(dir, "shoal"), "--namespace", "shoal-system",
+    "--show-only", "templates/zz-notes.yaml", ...args], { encoding: "utf8" });
+  fs.rmSync(dir, { recursive: true, force: true });
+  return yaml.load(out).data.notes;
+}
+
 // helm template that must fail; returns its stderr.
 function renderFails(args) {
   const r = spawnSync(helm, ["template", "shoal", chart, ...args], { encoding: "utf8" });
@@ -289,9 +306,22 @@ test("the chart uses only flags and variables the built binaries have", () => {
     }
   }
   // The doctor line in NOTES.txt.
-  const notes = execFileSync(helm, ["install", "shoal", chart, "--dry-run", "--namespace", "shoal-system"], { encoding: "utf8" });
+  const notes = renderNotes();
   const doctorLine = notes.slice(notes.indexOf("shoalctl doctor"), notes.indexOf("Prefetch before"));
   for (const flag of doctorLine.match(/--[a-z-]+/g)) assert.ok(doctorHelp.includes(flag), `NOTES: doctor ${flag}`);
+  const prefetchLine = notes.slice(notes.indexOf("shoalctl prefetch"), notes.indexOf("Runtimes on"));
+  const prefetchHelp = help(bins.ctl, "prefetch");
+  for (const flag of prefetchLine.match(/--[a-z-]+/g)) assert.ok(prefetchHelp.includes(flag), `NOTES: prefetch ${flag}`);
+});
+
+test("NOTES.txt: how to check the rollout and to prefetch, naming this release's objects", () => {
+  const notes = renderNotes(["--set", "nodeSetup.dockerd.enabled=true"]);
+  assert.match(notes, /rollout status statefulset\/shoal-tracker/);
+  assert.match(notes, /rollout status daemonset\/shoal-agent/);
+  assert.match(notes, /shoalctl prefetch gcr.io\/proj\/trainer:v7 --cluster/);
+  assert.ok(notes.includes("http://shoal-tracker-0.shoal-tracker.shoal-system.svc:7070,http://shoal-tracker-1."));
+  assert.match(notes, /dockerd: registry-mirrors and max-concurrent-downloads merged/);
+  assert.match(notes, /config_path/);
 });
 
 test("values.schema.json rejects wrong values with a clear message", () => {

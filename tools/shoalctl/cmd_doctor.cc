@@ -643,8 +643,9 @@ void AddDoctorCommand(CLI::App& app) {
   cmd->add_option("--root", o->root, "The node's / as this process sees it (/host in the pod)")
       ->envname("SHOAL_HOST_ROOT")
       ->capture_default_str();
-  cmd->add_option("--agent", o->agent, "This node's agent shim HOST:PORT")
-      ->envname("SHOAL_AGENT_ADDR")
+  // SHOAL_LISTEN: in the agent's pod (kubectl exec) the agent's own listen address.
+  cmd->add_option("--agent", o->agent, "This node's agent shim HOST:PORT (default: SHOAL_LISTEN)")
+      ->envname("SHOAL_LISTEN")
       ->capture_default_str();
   cmd->add_option("--tracker", o->trackers, "Tracker replica URLs (comma-separated)")
       ->envname("SHOAL_TRACKERS")
