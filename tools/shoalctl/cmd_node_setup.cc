@@ -264,7 +264,8 @@ bool Dockerd(const SetupOptions& o, const std::string& agent) {
     return true;
   }
   if (!o.cleanup && !backup_text.value()) {
-    auto b = WriteAtomic(backup_path, original.empty() ? "{}\n" : original);
+    // 0600: the original may hold settings the operator keeps private.
+    auto b = WriteAtomic(backup_path, original.empty() ? "{}\n" : original, 0600);
     if (!b) {
       Warn("dockerd", b.error().message);
       return false;
