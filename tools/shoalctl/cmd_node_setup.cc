@@ -172,11 +172,13 @@ void AddToArray(nlohmann::ordered_json& j, const std::string& key, const std::st
   }
 }
 
+// Removes value from the array at key, keeping the key even when the array ends up empty:
+// dockerd 20.10's SIGHUP reload only applies keys present in the file (seen: with the key gone,
+// `docker info` kept listing the removed mirror until a restart).
 void RemoveFromArray(nlohmann::ordered_json& j, const std::string& key, const std::string& value) {
   if (!j.contains(key) || !j[key].is_array()) return;
   auto& a = j[key];
   a.erase(std::remove(a.begin(), a.end(), nlohmann::ordered_json(value)), a.end());
-  if (a.empty()) j.erase(key);
 }
 
 // SIGHUP to the dockerd named by its pid file (after checking that the pid is a dockerd).
@@ -244,10 +246,12 @@ bool Dockerd(const SetupOptions& o, const std::string& agent) {
     auto backup = nlohmann::ordered_json::parse(*backup_text.value(), nullptr, false);
     RemoveFromArray(merged, "registry-mirrors", DockerdMirror(agent));
     RemoveFromArray(merged, "insecure-registries", agent);
+    // The original value, or dockerd's default (3) written out: a missing key would not be
+    // reloaded.
     if (backup.is_object() && backup.contains("max-concurrent-downloads")) {
       merged["max-concurrent-downloads"] = backup["max-concurrent-downloads"];
     } else {
-      merged.erase("max-concurrent-downloads");
+      merged["max-concurrent-downloads"] = 3;
     }
   } else {
     AddToArray(merged, "registry-mirrors", DockerdMirror(agent), true);
