@@ -28,7 +28,8 @@ struct Doctor {
   // The status of the first finding of `check` whose message contains `contains`; "" if none.
   std::string Status(const std::string& check, const std::string& contains = "") const {
     for (const auto& f : report["findings"]) {
-      if (f["check"] == check && f["message"].get<std::string>().find(contains) != std::string::npos)
+      if (f["check"] == check &&
+          f["message"].get<std::string>().find(contains) != std::string::npos)
         return f["status"];
     }
     return "";
@@ -37,7 +38,8 @@ struct Doctor {
   std::string Problems() const {
     std::string out;
     for (const auto& f : report["findings"]) {
-      if (f["status"] != "ok") out += f["check"].get<std::string>() + ": " + f["message"].get<std::string>() + "\n";
+      if (f["status"] != "ok")
+        out += f["check"].get<std::string>() + ": " + f["message"].get<std::string>() + "\n";
     }
     return out;
   }
@@ -85,10 +87,10 @@ struct GoodNode {
     Put("etc/containerd/config.toml",
         "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n"
         "  config_path = \"/etc/containerd/certs.d\"\n");
-    auto w = Shoalctl({"node-setup", "--root", root.path(), "--agent", agent->HostPort(),
-                       "--registry", "docker.io,gcr.io", "--containerd-certs-dir",
-                       "/etc/containerd/certs.d", "--crio-drop-in",
-                       "/etc/containers/registries.conf.d/50-shoal.conf"});
+    auto w =
+        Shoalctl({"node-setup", "--root", root.path(), "--agent", agent->HostPort(), "--registry",
+                  "docker.io,gcr.io", "--containerd-certs-dir", "/etc/containerd/certs.d",
+                  "--crio-drop-in", "/etc/containers/registries.conf.d/50-shoal.conf"});
     REQUIRE_MESSAGE(w.has_value(), w.error().ToString());
     Put("proc/sys/net/ipv4/neigh/default/gc_thresh1", "80000\n");
     Put("proc/sys/net/ipv4/neigh/default/gc_thresh2", "90000\n");
@@ -101,9 +103,10 @@ struct GoodNode {
   }
 
   std::vector<std::string> Args() const {
-    return {"--root", root.path(), "--agent", agent->HostPort(), "--tracker", tracker->Url(),
-            "--registry", "docker.io,gcr.io", "--cache-dir", cache.path(), "--cache-budget",
-            "1MiB", "--cluster-nodes", "2500"};
+    return {"--root",          root.path(),    "--agent",        agent->HostPort(),
+            "--tracker",       tracker->Url(), "--registry",     "docker.io,gcr.io",
+            "--cache-dir",     cache.path(),   "--cache-budget", "1MiB",
+            "--cluster-nodes", "2500"};
   }
 };
 
@@ -114,7 +117,8 @@ TEST_CASE("doctor: a well set-up node is all ok (exit 0), in JSON and in text") 
   CHECK(d.Problems() == "");
   CHECK(d.code == 0);
   CHECK(d.report["status"] == "ok");
-  for (const char* check : {"kubelet", "dockerd", "containerd", "crio", "arp", "cache", "agent", "tracker"}) {
+  for (const char* check :
+       {"kubelet", "dockerd", "containerd", "crio", "arp", "cache", "agent", "tracker"}) {
     CAPTURE(check);
     CHECK(d.Status(check) == "ok");
   }
@@ -139,42 +143,58 @@ TEST_CASE("doctor: each misconfiguration on its own is found, with its fix and e
   };
   const Case cases[] = {
       {"kubelet serializes pulls (the default)",
-       [](GoodNode& n, auto&) { n.Put("var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n"); },
+       [](GoodNode& n, auto&) {
+         n.Put("var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n");
+       },
        "kubelet", "serialized", "fail"},
       {"kubelet flag overrides the config",
-       [](GoodNode& n, auto&) { n.Put("etc/default/kubelet", "KUBELET_EXTRA_ARGS=--serialize-image-pulls=true\n"); },
+       [](GoodNode& n, auto&) {
+         n.Put("etc/default/kubelet", "KUBELET_EXTRA_ARGS=--serialize-image-pulls=true\n");
+       },
        "kubelet", "serialized", "fail"},
       {"dockershim without a pull deadline",
-       [](GoodNode& n, auto&) { n.Put("etc/default/kubelet", "KUBELET_EXTRA_ARGS=--container-runtime=docker --serialize-image-pulls=false\n"); },
+       [](GoodNode& n, auto&) {
+         n.Put("etc/default/kubelet",
+               "KUBELET_EXTRA_ARGS=--container-runtime=docker --serialize-image-pulls=false\n");
+       },
        "kubelet", "progress deadline", "warn"},
       {"dockerd without the mirror",
-       [](GoodNode& n, auto&) { n.Put("etc/docker/daemon.json", R"({"max-concurrent-downloads": 10})"); },
+       [](GoodNode& n, auto&) {
+         n.Put("etc/docker/daemon.json", R"({"max-concurrent-downloads": 10})");
+       },
        "dockerd", "registry-mirrors", "warn"},
       {"dockerd with 3 downloads",
        [](GoodNode& n, auto&) {
-         n.Put("etc/docker/daemon.json", R"({"registry-mirrors": ["http://)" + n.agent->HostPort() + R"("]})");
+         n.Put("etc/docker/daemon.json",
+               R"({"registry-mirrors": ["http://)" + n.agent->HostPort() + R"("]})");
        },
        "dockerd", "max-concurrent-downloads is 3", "warn"},
       {"dockerd on vfs",
        [](GoodNode& n, auto&) {
-         n.Put("etc/docker/daemon.json", R"({"registry-mirrors": ["http://)" + n.agent->HostPort() +
-                                            R"("], "max-concurrent-downloads": 10, "storage-driver": "vfs"})");
+         n.Put("etc/docker/daemon.json",
+               R"({"registry-mirrors": ["http://)" + n.agent->HostPort() +
+                   R"("], "max-concurrent-downloads": 10, "storage-driver": "vfs"})");
        },
        "dockerd", "storage-driver is vfs", "fail"},
       {"dockerd data-root in memory",
        [](GoodNode& n, auto&) {
-         n.Put("etc/docker/daemon.json", R"({"registry-mirrors": ["http://)" + n.agent->HostPort() +
-                                            R"("], "max-concurrent-downloads": 10, "data-root": "/dev/shm/docker"})");
+         n.Put("etc/docker/daemon.json",
+               R"({"registry-mirrors": ["http://)" + n.agent->HostPort() +
+                   R"("], "max-concurrent-downloads": 10, "data-root": "/dev/shm/docker"})");
          fs::create_directories(n.root.Sub("dev"));
          fs::create_symlink("/dev/shm", n.root.Sub("dev/shm"));
        },
        "dockerd", "tmpfs", "warn"},
       {"containerd without config_path",
-       [](GoodNode& n, auto&) { n.Put("etc/containerd/config.toml", "version = 2\n# config_path = \"/etc/containerd/certs.d\"\n"); },
+       [](GoodNode& n, auto&) {
+         n.Put("etc/containerd/config.toml",
+               "version = 2\n# config_path = \"/etc/containerd/certs.d\"\n");
+       },
        "containerd", "config_path is not set", "fail"},
       {"containerd hosts.toml for another agent",
        [](GoodNode& n, auto&) {
-         n.Put("etc/containerd/certs.d/gcr.io/hosts.toml", "server = \"https://gcr.io\"\n[host.\"http://10.9.9.9:5000\"]\n");
+         n.Put("etc/containerd/certs.d/gcr.io/hosts.toml",
+               "server = \"https://gcr.io\"\n[host.\"http://10.9.9.9:5000\"]\n");
        },
        "containerd", "does not point at this agent", "warn"},
       {"containerd hosts.toml missing",
@@ -197,26 +217,22 @@ TEST_CASE("doctor: each misconfiguration on its own is found, with its fix and e
        [](GoodNode& n, auto&) { n.Put("proc/sys/net/ipv4/neigh/default/gc_thresh1", "1000\n"); },
        "arp", "garbage collection", "warn"},
       {"cache budget larger than the disk",
-       [](GoodNode&, std::vector<std::string>& a) { a[11] = "900TiB"; },
-       "cache", "more than the cache can grow to", "warn"},
-      {"cache budget malformed",
-       [](GoodNode&, std::vector<std::string>& a) { a[11] = "lots"; },
+       [](GoodNode&, std::vector<std::string>& a) { a[11] = "900TiB"; }, "cache",
+       "more than the cache can grow to", "warn"},
+      {"cache budget malformed", [](GoodNode&, std::vector<std::string>& a) { a[11] = "lots"; },
        "cache", "budget \"lots\"", "fail"},
-      {"cache in memory",
-       [](GoodNode&, std::vector<std::string>& a) { a[9] = "/dev/shm"; },
+      {"cache in memory", [](GoodNode&, std::vector<std::string>& a) { a[9] = "/dev/shm"; },
        "cache", "tmpfs", "warn"},
       {"cache dir missing",
-       [](GoodNode&, std::vector<std::string>& a) { a[9] = "/nonexistent/shoal"; },
-       "cache", "does not exist", "fail"},
-      {"agent down",
-       [](GoodNode& n, auto&) { n.agent->Stop(); },
-       "agent", "no agent answers", "fail"},
+       [](GoodNode&, std::vector<std::string>& a) { a[9] = "/nonexistent/shoal"; }, "cache",
+       "does not exist", "fail"},
+      {"agent down", [](GoodNode& n, auto&) { n.agent->Stop(); }, "agent", "no agent answers",
+       "fail"},
       {"one tracker of two down",
-       [](GoodNode&, std::vector<std::string>& a) { a[5] += ",http://127.0.0.1:1"; },
-       "tracker", "does not answer", "warn"},
-      {"every tracker down",
-       [](GoodNode& n, auto&) { n.tracker->Stop(); },
-       "tracker", "no tracker replica answers", "fail"},
+       [](GoodNode&, std::vector<std::string>& a) { a[5] += ",http://127.0.0.1:1"; }, "tracker",
+       "does not answer", "warn"},
+      {"every tracker down", [](GoodNode& n, auto&) { n.tracker->Stop(); }, "tracker",
+       "no tracker replica answers", "fail"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);

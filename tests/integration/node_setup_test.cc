@@ -41,7 +41,9 @@ struct stat StatOf(const std::string& path) {
   return st;
 }
 
-TEST_CASE("node-setup: writes each enabled part atomically, is idempotent, and cleanup takes back only its own") {
+TEST_CASE(
+    "node-setup: writes each enabled part atomically, is idempotent, and cleanup takes back only "
+    "its own") {
   TempDir host("shoal-host");
   const std::string original_daemon =
       R"({"log-driver": "json-file", "registry-mirrors": ["https://mirror.example"], )"
@@ -55,12 +57,23 @@ TEST_CASE("node-setup: writes each enabled part atomically, is idempotent, and c
   const std::string theirs = "server = \"https://quay.io\"\n";
   WriteFile(host.Sub("etc/containerd/certs.d/quay.io/hosts.toml"), theirs);
 
-  const std::vector<std::string> args = {
-      "node-setup", "--root", host.path(), "--agent", "127.0.0.1:5000",
-      "--registry", "docker.io,gcr.io,quay.io", "--containerd-certs-dir", "/etc/containerd/certs.d",
-      "--containerd-config", "/etc/containerd/config.toml",
-      "--crio-drop-in", "/etc/containers/registries.conf.d/50-shoal.conf",
-      "--dockerd-config", "/etc/docker/daemon.json", "--dockerd-pid-file", "/var/run/docker.pid"};
+  const std::vector<std::string> args = {"node-setup",
+                                         "--root",
+                                         host.path(),
+                                         "--agent",
+                                         "127.0.0.1:5000",
+                                         "--registry",
+                                         "docker.io,gcr.io,quay.io",
+                                         "--containerd-certs-dir",
+                                         "/etc/containerd/certs.d",
+                                         "--containerd-config",
+                                         "/etc/containerd/config.toml",
+                                         "--crio-drop-in",
+                                         "/etc/containers/registries.conf.d/50-shoal.conf",
+                                         "--dockerd-config",
+                                         "/etc/docker/daemon.json",
+                                         "--dockerd-pid-file",
+                                         "/var/run/docker.pid"};
   auto [code, out] = Ctl(args);
   CAPTURE(out);
   CHECK(code == 0);
@@ -135,8 +148,8 @@ TEST_CASE("node-setup: nothing enabled writes nothing; bad daemon.json is left a
 
   fs::create_directories(host.Sub("etc/docker"));
   WriteFile(host.Sub("etc/docker/daemon.json"), "{not json");
-  auto [code2, out2] = Ctl({"node-setup", "--root", host.path(), "--dockerd-config",
-                            "/etc/docker/daemon.json"});
+  auto [code2, out2] =
+      Ctl({"node-setup", "--root", host.path(), "--dockerd-config", "/etc/docker/daemon.json"});
   CAPTURE(out2);
   CHECK(code2 == 1);
   CHECK(ReadFile(host.Sub("etc/docker/daemon.json")) == "{not json");
@@ -149,7 +162,8 @@ TEST_CASE("node-setup: ARP thresholds are raised, never lowered") {
   WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh1"), "128\n");
   WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh2"), "512\n");
   WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh3"), "200000\n");
-  auto [code, out] = Ctl({"node-setup", "--proc", proc.path(), "--arp-gc-thresh", "80000,90000,100000"});
+  auto [code, out] =
+      Ctl({"node-setup", "--proc", proc.path(), "--arp-gc-thresh", "80000,90000,100000"});
   CAPTURE(out);
   CHECK(code == 0);
   CHECK(ReadFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh1")) == "80000\n");
@@ -192,7 +206,9 @@ struct World {
   }
 };
 
-TEST_CASE("node-setup: a running dockerd gets the mirror by SIGHUP, without a restart, and pulls through the agent") {
+TEST_CASE(
+    "node-setup: a running dockerd gets the mirror by SIGHUP, without a restart, and pulls through "
+    "the agent") {
   World w;
   BuiltImage image = w.Push("library/hello", "1", 7001);
   auto dockerd = Dockerd::Start(R"({"log-level": "info", "max-concurrent-downloads": 4})");
@@ -204,9 +220,9 @@ TEST_CASE("node-setup: a running dockerd gets the mirror by SIGHUP, without a re
   CHECK(before.value().find(w.agent->HostPort()) == std::string::npos);
 
   // --root "/" with absolute paths: the test's dockerd files stand where a node's would be.
-  auto [code, out] = Ctl({"node-setup", "--root", "/", "--agent", w.agent->HostPort(),
-                          "--dockerd-config", d.DaemonJsonPath(), "--dockerd-pid-file",
-                          d.PidFilePath()});
+  auto [code, out] =
+      Ctl({"node-setup", "--root", "/", "--agent", w.agent->HostPort(), "--dockerd-config",
+           d.DaemonJsonPath(), "--dockerd-pid-file", d.PidFilePath()});
   CAPTURE(out);
   REQUIRE(code == 0);
   CHECK(out.find("sent SIGHUP to dockerd (pid " + std::to_string(pid) + ")") != std::string::npos);
@@ -226,16 +242,16 @@ TEST_CASE("node-setup: a running dockerd gets the mirror by SIGHUP, without a re
   CHECK(daemon["log-level"] == "info");
 
   auto pulled = d.Docker({"pull", "hello:1"});
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().ToString() + "\n" + d.LogTail());
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + d.LogTail()));
   auto digest = d.RepoDigest("hello:1");
   REQUIRE(digest.has_value());
   CHECK(digest.value() == image.manifest_digest.str());
   CHECK(w.proxy->BlobBytes() == image.total_blob_bytes);
 
   // Cleanup: the mirror goes, by SIGHUP again.
-  auto [code2, out2] = Ctl({"node-setup", "--cleanup", "--root", "/", "--agent",
-                            w.agent->HostPort(), "--dockerd-config", d.DaemonJsonPath(),
-                            "--dockerd-pid-file", d.PidFilePath()});
+  auto [code2, out2] =
+      Ctl({"node-setup", "--cleanup", "--root", "/", "--agent", w.agent->HostPort(),
+           "--dockerd-config", d.DaemonJsonPath(), "--dockerd-pid-file", d.PidFilePath()});
   CAPTURE(out2);
   CHECK(code2 == 0);
   CHECK(WaitUntil(
@@ -248,20 +264,22 @@ TEST_CASE("node-setup: a running dockerd gets the mirror by SIGHUP, without a re
   CHECK(d.Pid() == pid);
 }
 
-TEST_CASE("node-setup: containerd pulls through the hosts.toml that node-setup wrote into the host's certs.d") {
+TEST_CASE(
+    "node-setup: containerd pulls through the hosts.toml that node-setup wrote into the host's "
+    "certs.d") {
   World w;
   BuiltImage image = w.Push("proj/img", "1", 7101);
   TempDir host("shoal-host");
-  auto [code, out] = Ctl({"node-setup", "--root", host.path(), "--agent", w.agent->HostPort(),
-                          "--registry", "gcr.io", "--containerd-certs-dir",
-                          "/etc/containerd/certs.d"});
+  auto [code, out] =
+      Ctl({"node-setup", "--root", host.path(), "--agent", w.agent->HostPort(), "--registry",
+           "gcr.io", "--containerd-certs-dir", "/etc/containerd/certs.d"});
   CAPTURE(out);
   REQUIRE(code == 0);
   auto containerd = Containerd::Start();
   REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
   Containerd& c = *containerd.value();
   auto pulled = c.Pull(host.Sub("etc/containerd/certs.d"), "gcr.io/proj/img:1");
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().ToString() + "\n" + w.agent->LogTail());
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail()));
   auto digest = c.ImageDigest("gcr.io/proj/img:1");
   REQUIRE(digest.has_value());
   CHECK(digest.value() == image.manifest_digest.str());
