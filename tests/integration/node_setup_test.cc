@@ -211,7 +211,7 @@ TEST_CASE(
     "the agent") {
   World w;
   BuiltImage image = w.Push("library/hello", "1", 7001);
-  auto dockerd = Dockerd::Start(R"({"log-level": "info", "max-concurrent-downloads": 4})");
+  auto dockerd = Dockerd::Start(R"({"labels": ["kept=yes"], "max-concurrent-downloads": 4})");
   REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
   Dockerd& d = *dockerd.value();
   pid_t pid = d.Pid();
@@ -239,7 +239,7 @@ TEST_CASE(
   CHECK(d.Pid() == pid);
   auto daemon = nlohmann::json::parse(ReadFile(d.DaemonJsonPath()));
   CHECK(daemon["max-concurrent-downloads"] == 10);
-  CHECK(daemon["log-level"] == "info");
+  CHECK(daemon["labels"] == nlohmann::json::array({"kept=yes"}));
 
   auto pulled = d.Docker({"pull", "hello:1"});
   REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + d.LogTail()));
