@@ -40,8 +40,10 @@ class Dockerd {
   // The end of dockerd's log, and all of it.
   std::string LogTail() const;
   std::string Log() const { return process_ ? process_->Log() : ""; }
-  // The daemon.json it runs with.
+  // The daemon.json it runs with, its pid file and its pid (SIGHUP reloads must keep it).
   std::string DaemonJsonPath() const { return dir_->Sub("daemon.json"); }
+  std::string PidFilePath() const { return dir_->Sub("docker.pid"); }
+  pid_t Pid() const { return process_ ? process_->pid() : -1; }
 
  private:
   Dockerd() : dir_(std::make_unique<TempDir>("shoal-dockerd")) {}
@@ -70,6 +72,8 @@ class Containerd {
   // The manifest (or index) digest of an image in containerd's store. Errors: kNotFound.
   Result<std::string> ImageDigest(const std::string& ref);
   std::string LogTail() const;
+  // The config.toml it runs with.
+  std::string ConfigPath() const { return dir_->Sub("config.toml"); }
 
  private:
   Containerd() : dir_(std::make_unique<TempDir>("shoal-containerd")) {}

@@ -14,11 +14,10 @@
 #include "lib/core/error.h"
 #include "lib/oci/reference.h"
 #include "tools/shoalctl/commands.h"
+#include "tools/shoalctl/runtime_config.h"
 
 namespace shoal::ctl {
 namespace {
-
-constexpr char kKubeletFlags[] = "--serialize-image-pulls=false --image-pull-progress-deadline=30m";
 
 struct ConfigOptions {
   std::string agent = "127.0.0.1:5000";
@@ -27,38 +26,6 @@ struct ConfigOptions {
   std::string data_root;   // dockerd only
   bool proxy = false;      // dockerd only: the agent's HTTPS proxy mode
 };
-
-// "HOST:PORT" of the agent's shim; a leading http:// is accepted. Errors: kInvalidArgument.
-Result<std::string> AgentHostPort(std::string agent) {
-  if (agent.rfind("http://", 0) == 0) agent = agent.substr(7);
-  while (!agent.empty() && agent.back() == '/') agent.pop_back();
-  if (agent.rfind("https://", 0) == 0 || agent.find('/') != std::string::npos) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     "--agent \"" + agent + "\" must be HOST:PORT (the shim speaks plain HTTP)");
-  }
-  if (agent.find(':') == std::string::npos) {
-    return MakeError(ErrorCode::kInvalidArgument, "--agent \"" + agent + "\" needs a port");
-  }
-  if (auto st = oci::ValidateRegistryHost(agent); !st) {
-    return MakeError(ErrorCode::kInvalidArgument, "--agent: " + st.error().message);
-  }
-  return agent;
-}
-
-// Normalised, validated registry hosts, without duplicates. Errors: kInvalidArgument.
-Result<std::vector<std::string>> Registries(const std::vector<std::string>& given) {
-  std::vector<std::string> out;
-  for (const auto& r : given) {
-    if (r.empty()) continue;
-    if (auto st = oci::ValidateRegistryHost(r); !st) {
-      return MakeError(ErrorCode::kInvalidArgument, "--registry: " + st.error().message);
-    }
-    std::string host = oci::NormalizeRegistryHost(r);
-    if (std::find(out.begin(), out.end(), host) == out.end()) out.push_back(host);
-  }
-  if (out.empty()) return MakeError(ErrorCode::kInvalidArgument, "no --registry given");
-  return out;
-}
 
 // A generated file: where it belongs on a node, and its content.
 struct File {
@@ -97,7 +64,7 @@ int Emit(const ConfigOptions& o, const std::vector<File>& files,
 int ConfigDockerd(const ConfigOptions& o, const std::string& agent,
                   const std::vector<std::string>& registries) {
   nlohmann::ordered_json daemon = {
-      {"registry-mirrors", {"http://" + agent}},
+      {"registry-mirrors", {DockerdMirror(agent)}},
       {"insecure-registries", {agent}},
       {"max-concurrent-downloads", 10},
       {"storage-driver", "overlay2"},
@@ -157,12 +124,8 @@ int ConfigContainerd(const ConfigOptions& o, const std::string& agent,
                      const std::vector<std::string>& registries) {
   std::vector<File> files;
   for (const auto& r : registries) {
-    // containerd appends /v2 and adds ?ns=<registry> to every request to this host.
-    std::string server = r == "docker.io" ? "https://registry-1.docker.io" : "https://" + r;
-    std::string toml = "# Pulls of " + r + " go through the shoal agent first, then " + server +
-                       ".\nserver = \"" + server + "\"\n\n[host.\"http://" + agent +
-                       "\"]\n  capabilities = [\"pull\", \"resolve\"]\n";
-    files.push_back({"/etc/containerd/certs.d/" + r + "/hosts.toml", r + "/hosts.toml", toml});
+    files.push_back({"/etc/containerd/certs.d/" + r + "/hosts.toml", r + "/hosts.toml",
+                     ContainerdHostsToml(agent, r)});
   }
   std::vector<std::string> notes = {
       "In /etc/containerd/config.toml (version 2), then restart containerd:",
@@ -176,13 +139,7 @@ int ConfigContainerd(const ConfigOptions& o, const std::string& agent,
 
 int ConfigCrio(const ConfigOptions& o, const std::string& agent,
                const std::vector<std::string>& registries) {
-  std::string conf = "# Pulls go through the shoal agent first, then the registry itself.\n";
-  for (const auto& r : registries) {
-    // The mirror location carries the registry as a path prefix: gcr.io/proj/img becomes
-    // GET /v2/gcr.io/proj/img/... on the agent.
-    conf += "\n[[registry]]\nprefix = \"" + r + "\"\nlocation = \"" + r +
-            "\"\n\n[[registry.mirror]]\nlocation = \"" + agent + "/" + r + "\"\ninsecure = true\n";
-  }
+  std::string conf = CrioDropIn(agent, registries);
   std::vector<File> files = {
       {"/etc/containers/registries.conf.d/50-shoal.conf", "50-shoal.conf", conf}};
   std::vector<std::string> notes = {

@@ -22,5 +22,9 @@ void AddCacheCommand(CLI::App& app);
 void AddPrefetchCommand(CLI::App& app);
 // `shoalctl config dockerd|containerd|crio`: runtime configuration for pulling through an agent.
 void AddConfigCommand(CLI::App& app);
+// `shoalctl node-setup [--cleanup]`: writes (or removes) the runtime configuration on a node.
+void AddNodeSetupCommand(CLI::App& app);
+// `shoalctl doctor`: checks one node's kubelet, runtimes, kernel, cache disk, agent and trackers.
+void AddDoctorCommand(CLI::App& app);
 
 }  // namespace shoal::ctl

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   shoal::ctl::AddSaveCommand(app);
   shoal::ctl::AddCacheCommand(app);
   shoal::ctl::AddPrefetchCommand(app);
+  shoal::ctl::AddNodeSetupCommand(app);
+  shoal::ctl::AddDoctorCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -1,0 +1,348 @@
+// The Helm chart helm/shoal, rendered by the real helm (3.17) and checked against the Kubernetes
+// API schemas offline (kubernetes-models: the official OpenAPI schemas compiled to validators).
+// What this stands in for: the API server's validation of the objects `helm install` would
+// create, and the scheduler/kubelet reading them. No cluster is involved: the assertions read
+// the objects, they do not run them (tests/podman-kube-play does that with podman).
+//
+// Run by ctest (tests/CMakeLists.txt) as `node --test`; needs SHOAL_TOOLS (helm, node_modules
+// from scripts/setup.sh) and the built binaries in SHOAL_AGENT_BIN, SHOAL_TRACKER_BIN and
+// SHOAL_CTL_BIN, whose --help proves that the chart only uses flags and variables they have.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFileSync, spawnSync } from "node:child_process";
+import { createRequire } from "node:module";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const chart = path.resolve(here, "../../helm/shoal");
+const tools = process.env.SHOAL_TOOLS || "/opt/shoal-tools";
+const helm = path.join(tools, "bin/helm");
+const require = createRequire(path.join(tools, "node_modules/"));
+const yaml = require("js-yaml");
+
+// Runs helm template with the given --set/--set-string/-f arguments; returns the objects.
+function render(args = [], extra = []) {
+  const out = execFileSync(helm, ["template", "shoal", chart, "--namespace", "shoal-system", ...extra, ...args], {
+    encoding: "utf8",
+  });
+  return yaml.loadAll(out).filter((d) => d);
+}
+
+// NOTES.txt as `helm install` would print it. helm 3.17 renders NOTES only at install, which
+// needs a cluster even with --dry-run, so a copy of the chart renders it as a ConfigMap's data
+// with the same values (tpl of the file), through helm template.
+function renderNotes(args = []) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "shoal-notes-"));
+  fs.cpSync(chart, path.join(dir, "shoal"), { recursive: true });
+  fs.copyFileSync(path.join(chart, "templates/NOTES.txt"), path.join(dir, "shoal/notes.txt"));
+  fs.writeFileSync(
+    path.join(dir, "shoal/templates/zz-notes.yaml"),
+    'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: |\n{{ tpl (.Files.Get "notes.txt") . | indent 4 }}\n',
+  );
+  const out = execFileSync(helm, ["template", "shoal", path.join(dir, "shoal"), "--namespace", "shoal-system",
+    "--show-only", "templates/zz-notes.yaml", ...args], { encoding: "utf8" });
+  fs.rmSync(dir, { recursive: true, force: true });
+  return yaml.load(out).data.notes;
+}
+
+// helm template that must fail; returns its stderr.
+function renderFails(args) {
+  const r = spawnSync(helm, ["template", "shoal", chart, ...args], { encoding: "utf8" });
+  assert.notEqual(r.status, 0, `helm template ${args.join(" ")} should have failed`);
+  return r.stderr;
+}
+
+const find = (objs, kind, nameSuffix) =>
+  objs.find((o) => o.kind === kind && (!nameSuffix || o.metadata.name.endsWith(nameSuffix)));
+
+// Validates one object with the kubernetes-models class of its apiVersion/kind.
+function validate(obj) {
+  const [group, version] = obj.apiVersion.includes("/") ? obj.apiVersion.split("/") : ["", obj.apiVersion];
+  if (group === "monitoring.coreos.com") {
+    // Not part of the Kubernetes API: checked by shape below.
+    assert.equal(version, "v1");
+    assert.ok(obj.spec.selector && obj.spec.podMetricsEndpoints.length > 0);
+    return;
+  }
+  const mod = require(`kubernetes-models/${group ? group + "/" : ""}${version}/${obj.kind}`);
+  const Model = mod[obj.kind];
+  assert.ok(Model, `no schema for ${obj.apiVersion} ${obj.kind}`);
+  try {
+    new Model(obj).validate();
+  } catch (e) {
+    throw new Error(`${obj.kind}/${obj.metadata.name} does not validate: ${e.message}`);
+  }
+}
+
+// A file for --set-file (how an operator passes a config.json without shell quoting).
+function tempFile(content) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "shoal-chart-"));
+  const file = path.join(dir, "config.json");
+  fs.writeFileSync(file, content);
+  return file;
+}
+
+const envOf = (container) => Object.fromEntries((container.env || []).map((e) => [e.name, e.value ?? e.valueFrom]));
+
+// The value sets the chart is rendered with; every one must lint and validate.
+const valueSets = {
+  default: [],
+  "dockerd on": ["--set", "nodeSetup.dockerd.enabled=true"],
+  "containerd only": ["--set", "nodeSetup.crio.enabled=false", "--set", "nodeSetup.dockerd.enabled=false"],
+  "crio and arp": ["--set", "nodeSetup.crio.enabled=true", "--set", "nodeSetup.arpSysctls.enabled=true"],
+  "existing secret": ["--set", "credentials.existingSecret=cluster-pull-secret"],
+  "created secret": ["--set-file", `credentials.dockerConfigJson=${tempFile('{"auths":{"gcr.io":{"auth":"dTpw"}}}')}`],
+  "monitoring CRDs, hostIP": ["--set", "agent.shim.bind=hostIP", "--api-versions", "monitoring.coreos.com/v1/PodMonitor"],
+  "2500 nodes": ["-f", path.join(here, "values-2500-nodes.yaml")],
+};
+
+for (const [name, args] of Object.entries(valueSets)) {
+  test(`helm lint --strict and schema validation: ${name}`, () => {
+    const lintArgs = args.filter((a) => !a.startsWith("--api-versions") && !a.startsWith("monitoring.coreos"));
+    execFileSync(helm, ["lint", "--strict", chart, ...lintArgs], { encoding: "utf8" });
+    const objs = render(args);
+    assert.ok(objs.length >= 6);
+    for (const o of objs) validate(o);
+  });
+}
+
+test("agent DaemonSet: host network, node identity, cache hostPath, probes, every taint, node-critical", () => {
+  const objs = render();
+  const ds = find(objs, "DaemonSet", "-agent");
+  const pod = ds.spec.template.spec;
+  assert.equal(pod.hostNetwork, true);
+  assert.equal(pod.dnsPolicy, "ClusterFirstWithHostNet");
+  assert.equal(pod.priorityClassName, "system-node-critical");
+  assert.deepEqual(pod.tolerations, [{ operator: "Exists" }]);
+  assert.equal(pod.hostPID, undefined, "hostPID only when dockerd setup is on");
+  assert.equal(ds.spec.updateStrategy.type, "RollingUpdate");
+  assert.equal(ds.spec.updateStrategy.rollingUpdate.maxUnavailable, "10%");
+  const agent = pod.containers.find((c) => c.name === "agent");
+  const env = envOf(agent);
+  assert.deepEqual(env.NODE_IP, { fieldRef: { fieldPath: "status.hostIP" } });
+  assert.deepEqual(env.SHOAL_NODE_NAME, { fieldRef: { fieldPath: "spec.nodeName" } });
+  assert.equal(env.SHOAL_LISTEN, "127.0.0.1:5000");
+  assert.equal(env.SHOAL_SWARM_LISTEN, "$(NODE_IP):6881");
+  assert.equal(env.SHOAL_LIBTORRENT_SETTINGS, "announce_ip=$(NODE_IP)");
+  assert.equal(env.SHOAL_CACHE_BUDGET, "80%");
+  assert.equal(env.SHOAL_CACHE_DIR, "/var/cache/shoal");
+  // NODE_IP must come before the variables that expand it.
+  const names = agent.env.map((e) => e.name);
+  assert.ok(names.indexOf("NODE_IP") < names.indexOf("SHOAL_SWARM_LISTEN"));
+  // Every tracker replica's stable name, in order.
+  assert.equal(
+    env.SHOAL_TRACKERS,
+    [0, 1, 2].map((i) => `http://shoal-tracker-${i}.shoal-tracker.shoal-system.svc:7070`).join(","),
+  );
+  const cache = pod.volumes.find((v) => v.name === "cache");
+  assert.deepEqual(cache.hostPath, { path: "/mnt/shoal", type: "DirectoryOrCreate" });
+  for (const p of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+    assert.equal(agent[p].httpGet.port, 5000, p);
+    assert.equal(agent[p].httpGet.host, "127.0.0.1", `${p}: the shim is on loopback`);
+  }
+  assert.equal(agent.readinessProbe.httpGet.path, "/readyz");
+  assert.deepEqual(
+    agent.ports.map((p) => [p.name, p.containerPort, p.hostPort]),
+    [["shim", 5000, 5000], ["swarm", 6881, 6881]],
+  );
+  assert.equal(agent.securityContext.allowPrivilegeEscalation, false);
+  assert.equal(agent.securityContext.readOnlyRootFilesystem, true);
+  assert.deepEqual(agent.securityContext.capabilities.drop, ["ALL"]);
+  assert.equal(agent.securityContext.privileged, undefined);
+  assert.ok(pod.terminationGracePeriodSeconds > 10, "longer than the agent's 10 s drain");
+  const hostRoot = agent.volumeMounts.find((m) => m.name === "host-root");
+  assert.equal(hostRoot.readOnly, true);
+  // Monitoring annotations only where Prometheus can reach the shim.
+  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/scrape"], undefined);
+  assert.match(ds.spec.template.metadata.annotations["checksum/config"], /^[0-9a-f]{64}$/);
+});
+
+test("node setup: containerd by default, nothing else written, never privileged", () => {
+  const pod = find(render(), "DaemonSet", "-agent").spec.template.spec;
+  assert.deepEqual(pod.initContainers.map((c) => c.name), ["node-setup"]);
+  const setup = pod.initContainers[0];
+  assert.deepEqual(setup.command, ["shoalctl", "node-setup"]);
+  assert.ok(setup.args.includes("--containerd-certs-dir=/etc/containerd/certs.d"));
+  assert.ok(setup.args.includes("--registry=docker.io"));
+  assert.ok(setup.args.includes("--agent=127.0.0.1:5000"));
+  assert.ok(!setup.args.some((a) => a.startsWith("--dockerd") || a.startsWith("--crio")));
+  assert.equal(setup.securityContext.privileged, undefined);
+  assert.ok(!setup.securityContext.capabilities.add.includes("KILL"));
+  const writable = setup.volumeMounts.filter((m) => !m.readOnly).map((m) => m.mountPath);
+  assert.deepEqual(writable, ["/host/etc/containerd/certs.d"]);
+});
+
+test("node setup: dockerd opt-in adds the daemon.json mount, hostPID and KILL; ARP is its own privileged step", () => {
+  const pod = find(
+    render(["--set", "nodeSetup.dockerd.enabled=true", "--set", "nodeSetup.arpSysctls.enabled=true",
+      "--set", "nodeSetup.containerd.enabled=false"]),
+    "DaemonSet", "-agent",
+  ).spec.template.spec;
+  assert.equal(pod.hostPID, true);
+  assert.deepEqual(pod.initContainers.map((c) => c.name), ["arp-sysctls", "node-setup"]);
+  const [arp, setup] = pod.initContainers;
+  assert.equal(arp.securityContext.privileged, true);
+  assert.deepEqual(arp.args, ["--arp-gc-thresh=80000,90000,100000"]);
+  assert.ok(setup.args.includes("--dockerd-config=/etc/docker/daemon.json"));
+  assert.ok(setup.securityContext.capabilities.add.includes("KILL"));
+  assert.deepEqual(setup.volumeMounts.filter((m) => !m.readOnly).map((m) => m.mountPath), ["/host/etc/docker"]);
+});
+
+test("tracker: StatefulSet with required anti-affinity, headless Service, PDB, non-root", () => {
+  const objs = render();
+  const sts = find(objs, "StatefulSet", "-tracker");
+  assert.equal(sts.spec.replicas, 3);
+  assert.equal(sts.spec.serviceName, "shoal-tracker");
+  const term = sts.spec.template.spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0];
+  assert.equal(term.topologyKey, "kubernetes.io/hostname");
+  assert.deepEqual(term.labelSelector.matchLabels, sts.spec.selector.matchLabels);
+  const svc = find(objs, "Service", "-tracker");
+  assert.equal(svc.spec.clusterIP, "None");
+  assert.equal(svc.spec.publishNotReadyAddresses, true);
+  assert.deepEqual(svc.spec.selector, sts.spec.selector.matchLabels);
+  const pdb = find(objs, "PodDisruptionBudget");
+  assert.equal(pdb.spec.maxUnavailable, 1);
+  assert.deepEqual(pdb.spec.selector.matchLabels, sts.spec.selector.matchLabels);
+  const c = sts.spec.template.spec.containers[0];
+  assert.equal(sts.spec.template.spec.securityContext.runAsNonRoot, true);
+  assert.equal(c.ports[0].containerPort, 7070);
+  assert.equal(envOf(c).SHOAL_TRUST_IP_PARAM, "true");
+  for (const p of ["startupProbe", "readinessProbe", "livenessProbe"]) assert.equal(c[p].httpGet.path, "/healthz");
+  assert.equal(sts.spec.template.metadata.annotations["prometheus.io/scrape"], "true");
+  // A preferred spread when asked for (e.g. a test cluster smaller than the replica count).
+  const soft = find(render(["--set", "tracker.antiAffinity=preferred"]), "StatefulSet");
+  assert.ok(soft.spec.template.spec.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution);
+});
+
+test("upstream map and credentials: a created Secret, an existing one, or none", () => {
+  let objs = render(["--set", "upstreams.map.gcr\\.io=https://gcr.io", "--set", "upstreams.unmapped=error"]);
+  const cm = find(objs, "ConfigMap", "-agent");
+  assert.deepEqual(JSON.parse(cm.data["upstreams.json"]), {
+    upstreams: { "docker.io": "https://registry-1.docker.io", "gcr.io": "https://gcr.io" },
+    unmapped: "error",
+  });
+  let agent = find(objs, "DaemonSet", "-agent").spec.template.spec.containers[0];
+  assert.equal(envOf(agent).SHOAL_CREDENTIALS, undefined);
+  assert.equal(find(objs, "Secret"), undefined);
+  assert.ok(find(objs, "DaemonSet", "-agent").spec.template.spec.initContainers[0].args.includes(
+    "--registry=docker.io,gcr.io"));
+
+  const config = '{"auths":{"gcr.io":{"auth":"dTpw"}}}';
+  objs = render(["--set-file", `credentials.dockerConfigJson=${tempFile(config)}`]);
+  const secret = find(objs, "Secret");
+  assert.equal(secret.type, "kubernetes.io/dockerconfigjson");
+  assert.equal(Buffer.from(secret.data[".dockerconfigjson"], "base64").toString(), config);
+  let ds = find(objs, "DaemonSet", "-agent");
+  assert.equal(envOf(ds.spec.template.spec.containers[0]).SHOAL_CREDENTIALS, "/etc/shoal/credentials/config.json");
+  const vol = ds.spec.template.spec.volumes.find((v) => v.name === "credentials");
+  assert.deepEqual(vol.secret, { secretName: secret.metadata.name, items: [{ key: ".dockerconfigjson", path: "config.json" }] });
+  const before = ds.spec.template.metadata.annotations["checksum/credentials"];
+
+  // Another credential rolls the pods (the checksum changes).
+  objs = render(["--set-file", `credentials.dockerConfigJson=${tempFile('{"auths":{}}')}`]);
+  assert.notEqual(find(objs, "DaemonSet", "-agent").spec.template.metadata.annotations["checksum/credentials"], before);
+
+  objs = render(["--set", "credentials.existingSecret=cluster-pull-secret"]);
+  assert.equal(find(objs, "Secret"), undefined);
+  ds = find(objs, "DaemonSet", "-agent");
+  assert.equal(ds.spec.template.spec.volumes.find((v) => v.name === "credentials").secret.secretName, "cluster-pull-secret");
+});
+
+test("monitoring: PodMonitor only when the CRD exists; agents scraped only off loopback", () => {
+  assert.equal(find(render(), "PodMonitor"), undefined);
+  let pm = find(render([], ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"]), "PodMonitor");
+  assert.deepEqual(pm.spec.podMetricsEndpoints.map((e) => e.port), ["http"]);
+  const objs = render(["--set", "agent.shim.bind=hostIP"], ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"]);
+  pm = find(objs, "PodMonitor");
+  assert.deepEqual(pm.spec.podMetricsEndpoints.map((e) => e.port), ["http", "shim"]);
+  const ds = find(objs, "DaemonSet", "-agent");
+  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/scrape"], "true");
+  const agent = ds.spec.template.spec.containers[0];
+  assert.equal(envOf(agent).SHOAL_LISTEN, "$(NODE_IP):5000");
+  assert.equal(agent.readinessProbe.httpGet.host, undefined, "kubelet probes the pod IP, the node's");
+});
+
+test("post-delete hook: cleanup DaemonSet on every node and a Job that waits for it", () => {
+  const objs = render(["--set", "nodeSetup.dockerd.enabled=true"]);
+  const hooks = objs.filter((o) => (o.metadata.annotations || {})["helm.sh/hook"] === "post-delete");
+  assert.deepEqual(hooks.map((o) => o.kind).sort(), ["DaemonSet", "Job", "Role", "RoleBinding", "ServiceAccount"]);
+  const ds = hooks.find((o) => o.kind === "DaemonSet");
+  const init = ds.spec.template.spec.initContainers[0];
+  assert.deepEqual(init.command, ["shoalctl", "node-setup", "--cleanup"]);
+  const setup = find(objs, "DaemonSet", "-agent").spec.template.spec.initContainers.find((c) => c.name === "node-setup");
+  assert.deepEqual(init.args, setup.args, "cleanup removes exactly what setup writes");
+  assert.deepEqual(ds.spec.template.spec.tolerations, [{ operator: "Exists" }]);
+  const job = hooks.find((o) => o.kind === "Job");
+  assert.ok(Number(job.metadata.annotations["helm.sh/hook-weight"]) > Number(ds.metadata.annotations["helm.sh/hook-weight"]));
+  const role = hooks.find((o) => o.kind === "Role");
+  assert.deepEqual(role.rules, [{ apiGroups: ["apps"], resources: ["daemonsets"], resourceNames: [ds.metadata.name], verbs: ["get"] }]);
+  assert.equal(render(["--set", "nodeSetup.cleanupOnUninstall=false"]).filter((o) => o.kind === "Job").length, 0);
+});
+
+test("the chart uses only flags and variables the built binaries have", () => {
+  const bins = { agent: process.env.SHOAL_AGENT_BIN, tracker: process.env.SHOAL_TRACKER_BIN, ctl: process.env.SHOAL_CTL_BIN };
+  for (const b of Object.values(bins)) assert.ok(b && fs.existsSync(b), `built binary ${b} (set by ctest)`);
+  const help = (bin, ...args) => execFileSync(bin, [...args, "--help"], { encoding: "utf8" });
+  const agentHelp = help(bins.agent), trackerHelp = help(bins.tracker), setupHelp = help(bins.ctl, "node-setup");
+  const doctorHelp = help(bins.ctl, "doctor");
+  const all = [
+    render(["--set", "nodeSetup.dockerd.enabled=true", "--set", "nodeSetup.crio.enabled=true", "--set", "nodeSetup.arpSysctls.enabled=true",
+      "--set-file", `credentials.dockerConfigJson=${tempFile("{}")}`, "--set", "agent.nodeLabels.pool=gpu"]),
+  ].flat();
+  for (const o of all) {
+    const pod = o.spec?.template?.spec;
+    if (!pod) continue;
+    for (const c of [...(pod.initContainers || []), ...pod.containers]) {
+      const h = c.command[0] === "shoal-agent" ? agentHelp : c.command[0] === "shoal-tracker" ? trackerHelp : c.command[0] === "shoalctl" ? setupHelp : null;
+      if (!h) continue;
+      for (const e of c.env || []) if (e.name.startsWith("SHOAL_")) assert.ok(h.includes(e.name), `${c.name}: ${e.name} is not in --help`);
+      for (const a of [...c.command.slice(2), ...(c.args || [])]) {
+        const flag = a.split("=")[0];
+        assert.ok(h.includes(flag), `${c.name}: ${flag} is not in --help`);
+      }
+    }
+  }
+  // The doctor line in NOTES.txt.
+  const notes = renderNotes();
+  const doctorLine = notes.slice(notes.indexOf("shoalctl doctor"), notes.indexOf("Prefetch before"));
+  for (const flag of doctorLine.match(/--[a-z-]+/g)) assert.ok(doctorHelp.includes(flag), `NOTES: doctor ${flag}`);
+  const prefetchLine = notes.slice(notes.indexOf("shoalctl prefetch"), notes.indexOf("Runtimes on"));
+  const prefetchHelp = help(bins.ctl, "prefetch");
+  for (const flag of prefetchLine.match(/--[a-z-]+/g)) assert.ok(prefetchHelp.includes(flag), `NOTES: prefetch ${flag}`);
+});
+
+test("NOTES.txt: how to check the rollout and to prefetch, naming this release's objects", () => {
+  const notes = renderNotes(["--set", "nodeSetup.dockerd.enabled=true"]);
+  assert.match(notes, /rollout status statefulset\/shoal-tracker/);
+  assert.match(notes, /rollout status daemonset\/shoal-agent/);
+  assert.match(notes, /shoalctl prefetch gcr.io\/proj\/trainer:v7 --cluster/);
+  assert.ok(notes.includes("http://shoal-tracker-0.shoal-tracker.shoal-system.svc:7070,http://shoal-tracker-1."));
+  assert.match(notes, /dockerd: registry-mirrors and max-concurrent-downloads merged/);
+  assert.match(notes, /config_path/);
+});
+
+test("values.schema.json rejects wrong values with a clear message", () => {
+  const cases = [
+    [["--set", "tracker.replicas=1"], "tracker.replicas: Must be greater than or equal to 2"],
+    [["--set", "agent.shim.bind=0.0.0.0"], "agent.shim.bind must be one of the following"],
+    [["--set", "agent.cache.budget=lots"], "agent.cache.budget: Does not match pattern"],
+    [["--set", "agent.cache.hostPath=mnt/shoal"], "agent.cache.hostPath: Does not match pattern"],
+    [["--set", "agent.shim.port=70000"], "agent.shim.port: Must be less than or equal to 65535"],
+    [["--set", "agent.updateStrategy.maxUnavailable=0"], "agent.updateStrategy.maxUnavailable"],
+    [["--set", "agent.extraEnv.LISTEN=x"], "agent.extraEnv"],
+    [["--set", "upstreams.map.gcr\\.io=gcr.io"], "upstreams.map.gcr.io: Does not match pattern"],
+    [["--set", "upstreams.unmapped=maybe"], "upstreams.unmapped: Does not match pattern"],
+    [["--set", "nodeSetup.crio.dropIn=/etc/crio.conf"], "nodeSetup.crio.dropIn: Does not match pattern"],
+    [["--set", "nodeSetup.dockerd.enable=true"], "Additional property enable is not allowed"],
+    [["--set", "tracker.antiAffinity=none"], "tracker.antiAffinity must be one of the following"],
+    [["--set", "clusterCredentials.token=x"], "clusterCredentials: Must have at most 0 properties"],
+    [["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy must be one of the following"],
+  ];
+  for (const [args, message] of cases) {
+    const err = renderFails(args);
+    assert.ok(err.includes(message), `${args.join(" ")}: expected "${message}" in:\n${err}`);
+  }
+});

@@ -1,0 +1,278 @@
+// `shoalctl doctor` (the built binary) against fixture trees that stand for a node's / (what the
+// agent's pod sees at /host): a well set-up node, then each misconfiguration on its own; and
+// against the configuration files of the real dockerd and containerd that the test kit runs.
+// The agent and tracker it asks are real processes. No kubelet runs: its config file and
+// flags are fixtures, as a node's would be.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/agent.h"
+#include "tests/support/process.h"
+#include "tests/support/runtimes.h"
+#include "tests/support/tracker.h"
+
+namespace shoal::testkit {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Doctor {
+  int code = -1;
+  nlohmann::json report;
+  std::string text;
+  // The status of the first finding of `check` whose message contains `contains`; "" if none.
+  std::string Status(const std::string& check, const std::string& contains = "") const {
+    for (const auto& f : report["findings"]) {
+      if (f["check"] == check &&
+          f["message"].get<std::string>().find(contains) != std::string::npos)
+        return f["status"];
+    }
+    return "";
+  }
+  // Every check that is not ok, as "check: message".
+  std::string Problems() const {
+    std::string out;
+    for (const auto& f : report["findings"]) {
+      if (f["status"] != "ok")
+        out += f["check"].get<std::string>() + ": " + f["message"].get<std::string>() + "\n";
+    }
+    return out;
+  }
+};
+
+Doctor RunDoctor(std::vector<std::string> args) {
+  std::string cmd = std::string("'") + SHOAL_CTL_BIN + "' doctor --json";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  auto r = RunCommand({"sh", "-c", cmd + "; echo \"exit=$?\""}, std::chrono::seconds(60));
+  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  Doctor d;
+  auto pos = r.value().rfind("exit=");
+  REQUIRE(pos != std::string::npos);
+  d.code = std::stoi(r.value().substr(pos + 5));
+  d.text = r.value().substr(0, pos);
+  d.report = nlohmann::json::parse(d.text, nullptr, false);
+  REQUIRE_MESSAGE(!d.report.is_discarded(), d.text);
+  return d;
+}
+
+// A node set up the way shoal wants it, under a temp dir, with a real agent and tracker.
+struct GoodNode {
+  TempDir root{"shoal-node"};
+  TempDir cache{"shoal-cache"};
+  std::unique_ptr<TrackerProcess> tracker;
+  std::unique_ptr<Agent> agent;
+
+  GoodNode() {
+    auto t = TrackerProcess::Start();
+    REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+    tracker = std::move(t.value());
+    AgentOptions opts;
+    opts.cache_dir = cache.Sub("agent");
+    opts.upstreams = {"docker.io=http://127.0.0.1:1"};
+    auto a = Agent::Start(opts);
+    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    agent = std::move(a.value());
+    Put("var/lib/kubelet/config.yaml",
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+        "serializeImagePulls: false\nmaxParallelImagePulls: 10\n");
+    Put("etc/docker/daemon.json", R"({"registry-mirrors": ["http://)" + agent->HostPort() +
+                                      R"("], "max-concurrent-downloads": 10,
+                                      "storage-driver": "overlay2", "data-root": "/mnt/docker"})");
+    fs::create_directories(root.Sub("mnt/docker"));
+    Put("etc/containerd/config.toml",
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n"
+        "  config_path = \"/etc/containerd/certs.d\"\n");
+    auto w =
+        Shoalctl({"node-setup", "--root", root.path(), "--agent", agent->HostPort(), "--registry",
+                  "docker.io,gcr.io", "--containerd-certs-dir", "/etc/containerd/certs.d",
+                  "--crio-drop-in", "/etc/containers/registries.conf.d/50-shoal.conf"});
+    REQUIRE_MESSAGE(w.has_value(), w.error().ToString());
+    Put("proc/sys/net/ipv4/neigh/default/gc_thresh1", "80000\n");
+    Put("proc/sys/net/ipv4/neigh/default/gc_thresh2", "90000\n");
+    Put("proc/sys/net/ipv4/neigh/default/gc_thresh3", "100000\n");
+  }
+
+  void Put(const std::string& rel, const std::string& content) {
+    fs::create_directories(fs::path(root.Sub(rel)).parent_path());
+    WriteFile(root.Sub(rel), content);
+  }
+
+  std::vector<std::string> Args() const {
+    return {"--root",          root.path(),    "--agent",        agent->HostPort(),
+            "--tracker",       tracker->Url(), "--registry",     "docker.io,gcr.io",
+            "--cache-dir",     cache.path(),   "--cache-budget", "1MiB",
+            "--cluster-nodes", "2500"};
+  }
+};
+
+TEST_CASE("doctor: a well set-up node is all ok (exit 0), in JSON and in text") {
+  GoodNode n;
+  Doctor d = RunDoctor(n.Args());
+  CAPTURE(d.text);
+  CHECK(d.Problems() == "");
+  CHECK(d.code == 0);
+  CHECK(d.report["status"] == "ok");
+  for (const char* check :
+       {"kubelet", "dockerd", "containerd", "crio", "arp", "cache", "agent", "tracker"}) {
+    CAPTURE(check);
+    CHECK(d.Status(check) == "ok");
+  }
+  CHECK(d.Status("containerd", "gcr.io/hosts.toml points at") == "ok");
+  auto text = RunCommand({"sh", "-c", std::string(SHOAL_CTL_BIN) + " doctor " + [&] {
+                            std::string a;
+                            for (const auto& s : n.Args()) a += " '" + s + "'";
+                            return a;
+                          }()});
+  REQUIRE_MESSAGE(text.has_value(), text.error().ToString());
+  CHECK(text.value().find("ok    kubelet") != std::string::npos);
+  CHECK(text.value().find("doctor: ok") != std::string::npos);
+}
+
+TEST_CASE("doctor: each misconfiguration on its own is found, with its fix and exit code") {
+  struct Case {
+    const char* name;
+    std::function<void(GoodNode&, std::vector<std::string>&)> spoil;
+    const char* check;
+    const char* contains;
+    const char* status;
+  };
+  const Case cases[] = {
+      {"kubelet serializes pulls (the default)",
+       [](GoodNode& n, auto&) {
+         n.Put("var/lib/kubelet/config.yaml", "kind: KubeletConfiguration\n");
+       },
+       "kubelet", "serialized", "fail"},
+      {"kubelet flag overrides the config",
+       [](GoodNode& n, auto&) {
+         n.Put("etc/default/kubelet", "KUBELET_EXTRA_ARGS=--serialize-image-pulls=true\n");
+       },
+       "kubelet", "serialized", "fail"},
+      {"dockershim without a pull deadline",
+       [](GoodNode& n, auto&) {
+         n.Put("etc/default/kubelet",
+               "KUBELET_EXTRA_ARGS=--container-runtime=docker --serialize-image-pulls=false\n");
+       },
+       "kubelet", "progress deadline", "warn"},
+      {"dockerd without the mirror",
+       [](GoodNode& n, auto&) {
+         n.Put("etc/docker/daemon.json", R"({"max-concurrent-downloads": 10})");
+       },
+       "dockerd", "registry-mirrors", "warn"},
+      {"dockerd with 3 downloads",
+       [](GoodNode& n, auto&) {
+         n.Put("etc/docker/daemon.json",
+               R"({"registry-mirrors": ["http://)" + n.agent->HostPort() + R"("]})");
+       },
+       "dockerd", "max-concurrent-downloads is 3", "warn"},
+      {"dockerd on vfs",
+       [](GoodNode& n, auto&) {
+         n.Put("etc/docker/daemon.json",
+               R"({"registry-mirrors": ["http://)" + n.agent->HostPort() +
+                   R"("], "max-concurrent-downloads": 10, "storage-driver": "vfs"})");
+       },
+       "dockerd", "storage-driver is vfs", "fail"},
+      {"dockerd data-root in memory",
+       [](GoodNode& n, auto&) {
+         n.Put("etc/docker/daemon.json",
+               R"({"registry-mirrors": ["http://)" + n.agent->HostPort() +
+                   R"("], "max-concurrent-downloads": 10, "data-root": "/dev/shm/docker"})");
+         fs::create_directories(n.root.Sub("dev"));
+         fs::create_symlink("/dev/shm", n.root.Sub("dev/shm"));
+       },
+       "dockerd", "tmpfs", "warn"},
+      {"containerd without config_path",
+       [](GoodNode& n, auto&) {
+         n.Put("etc/containerd/config.toml",
+               "version = 2\n# config_path = \"/etc/containerd/certs.d\"\n");
+       },
+       "containerd", "config_path is not set", "fail"},
+      {"containerd hosts.toml for another agent",
+       [](GoodNode& n, auto&) {
+         n.Put("etc/containerd/certs.d/gcr.io/hosts.toml",
+               "server = \"https://gcr.io\"\n[host.\"http://10.9.9.9:5000\"]\n");
+       },
+       "containerd", "does not point at this agent", "warn"},
+      {"containerd hosts.toml missing",
+       [](GoodNode& n, auto&) { fs::remove_all(n.root.Sub("etc/containerd/certs.d/docker.io")); },
+       "containerd", "no /etc/containerd/certs.d/docker.io/hosts.toml", "warn"},
+      {"CRI-O without the drop-in",
+       [](GoodNode& n, auto&) {
+         fs::remove(n.root.Sub("etc/containers/registries.conf.d/50-shoal.conf"));
+         fs::create_directories(n.root.Sub("etc/crio"));
+       },
+       "crio", "no mirror", "warn"},
+      {"ARP defaults on a 2,500-node cluster",
+       [](GoodNode& n, auto&) {
+         n.Put("proc/sys/net/ipv4/neigh/default/gc_thresh1", "128\n");
+         n.Put("proc/sys/net/ipv4/neigh/default/gc_thresh2", "512\n");
+         n.Put("proc/sys/net/ipv4/neigh/default/gc_thresh3", "1024\n");
+       },
+       "arp", "fewer entries than the cluster's 2500 nodes", "fail"},
+      {"ARP GC below the cluster's size",
+       [](GoodNode& n, auto&) { n.Put("proc/sys/net/ipv4/neigh/default/gc_thresh1", "1000\n"); },
+       "arp", "garbage collection", "warn"},
+      {"cache budget larger than the disk",
+       [](GoodNode&, std::vector<std::string>& a) { a[11] = "900TiB"; }, "cache",
+       "more than the cache can grow to", "warn"},
+      {"cache budget malformed", [](GoodNode&, std::vector<std::string>& a) { a[11] = "lots"; },
+       "cache", "budget \"lots\"", "fail"},
+      {"cache in memory", [](GoodNode&, std::vector<std::string>& a) { a[9] = "/dev/shm"; },
+       "cache", "tmpfs", "warn"},
+      {"cache dir missing",
+       [](GoodNode&, std::vector<std::string>& a) { a[9] = "/nonexistent/shoal"; }, "cache",
+       "does not exist", "fail"},
+      {"agent down", [](GoodNode& n, auto&) { n.agent->Stop(); }, "agent", "no agent answers",
+       "fail"},
+      {"one tracker of two down",
+       [](GoodNode&, std::vector<std::string>& a) { a[5] += ",http://127.0.0.1:1"; }, "tracker",
+       "does not answer", "warn"},
+      {"every tracker down", [](GoodNode& n, auto&) { n.tracker->Stop(); }, "tracker",
+       "no tracker replica answers", "fail"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    GoodNode n;
+    std::vector<std::string> args = n.Args();
+    c.spoil(n, args);
+    Doctor d = RunDoctor(args);
+    CAPTURE(d.text);
+    CHECK(d.Status(c.check, c.contains) == c.status);
+    // Only that problem: every other check stays ok.
+    for (const auto& f : d.report["findings"]) {
+      if (f["check"] != c.check) CHECK(f["status"] == "ok");
+      if (f["status"] != "ok" && f["check"] == c.check && std::string(c.check) != "tracker") {
+        CHECK(f.contains("fix"));
+      }
+    }
+    CHECK(d.code == (std::string(c.status) == "fail" ? 2 : 1));
+    CHECK(d.report["status"] == c.status);
+  }
+}
+
+TEST_CASE("doctor: the configs of the real dockerd and containerd the tests run") {
+  auto dockerd = Dockerd::Start(R"({"max-concurrent-downloads": 10})");
+  REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
+  auto containerd = Containerd::Start();
+  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  TempDir cache("shoal-cache");
+  // The test kit's dockerd runs on vfs (no overlay inside the test sandbox) and without a
+  // mirror; its containerd has no CRI plugin and no config_path. Doctor must say so.
+  Doctor d = RunDoctor({"--root", "/", "--dockerd-config", dockerd.value()->DaemonJsonPath(),
+                        "--containerd-config", containerd.value()->ConfigPath(), "--cache-dir",
+                        cache.path(), "--cache-budget", "80%", "--agent", "127.0.0.1:1"});
+  CAPTURE(d.text);
+  CHECK(d.Status("dockerd", "storage-driver is vfs") == "fail");
+  CHECK(d.Status("dockerd", "registry-mirrors does not name this agent") == "warn");
+  CHECK(d.Status("dockerd", "max-concurrent-downloads is 10") == "ok");
+  CHECK(d.Status("dockerd", "data-root") == "ok");
+  CHECK(d.Status("containerd", "config_path is not set") == "fail");
+  CHECK(d.code == 2);
+}
+
+}  // namespace
+}  // namespace shoal::testkit

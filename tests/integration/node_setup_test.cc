@@ -1,0 +1,290 @@
+// `shoalctl node-setup`, the agent DaemonSet's init container, run as the built binary against
+// a temp directory that stands for the node's / (what the pod sees at /host through its
+// hostPath volumes), and against the real dockerd and containerd of the test kit. Kubernetes
+// itself is not involved: the chart's test checks that the pod passes these same flags.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/support/agent.h"
+#include "tests/support/counted_upstream.h"
+#include "tests/support/counting_proxy.h"
+#include "tests/support/image.h"
+#include "tests/support/process.h"
+#include "tests/support/registry.h"
+#include "tests/support/runtimes.h"
+
+namespace shoal::testkit {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Runs shoalctl with args; returns (exit code, output).
+std::pair<int, std::string> Ctl(const std::vector<std::string>& args) {
+  std::string cmd = std::string("'") + SHOAL_CTL_BIN + "'";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  auto r = RunCommand({"sh", "-c", cmd + " 2>&1; echo \"exit=$?\""}, std::chrono::seconds(60));
+  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  std::string out = r.value();
+  auto pos = out.rfind("exit=");
+  REQUIRE(pos != std::string::npos);
+  return {std::stoi(out.substr(pos + 5)), out.substr(0, pos)};
+}
+
+struct stat StatOf(const std::string& path) {
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  return st;
+}
+
+TEST_CASE(
+    "node-setup: writes each enabled part atomically, is idempotent, and cleanup takes back only "
+    "its own") {
+  TempDir host("shoal-host");
+  const std::string original_daemon =
+      R"({"log-driver": "json-file", "registry-mirrors": ["https://mirror.example"], )"
+      R"("max-concurrent-downloads": 3, "data-root": "/mnt/docker"})";
+  fs::create_directories(host.Sub("etc/docker"));
+  WriteFile(host.Sub("etc/docker/daemon.json"), original_daemon);
+  ::chmod(host.Sub("etc/docker/daemon.json").c_str(), 0600);
+  fs::create_directories(host.Sub("etc/containerd/certs.d/quay.io"));
+  WriteFile(host.Sub("etc/containerd/config.toml"), "version = 2\n");
+  // The operator's own hosts.toml for quay.io: never touched.
+  const std::string theirs = "server = \"https://quay.io\"\n";
+  WriteFile(host.Sub("etc/containerd/certs.d/quay.io/hosts.toml"), theirs);
+
+  const std::vector<std::string> args = {"node-setup",
+                                         "--root",
+                                         host.path(),
+                                         "--agent",
+                                         "127.0.0.1:5000",
+                                         "--registry",
+                                         "docker.io,gcr.io,quay.io",
+                                         "--containerd-certs-dir",
+                                         "/etc/containerd/certs.d",
+                                         "--containerd-config",
+                                         "/etc/containerd/config.toml",
+                                         "--crio-drop-in",
+                                         "/etc/containers/registries.conf.d/50-shoal.conf",
+                                         "--dockerd-config",
+                                         "/etc/docker/daemon.json",
+                                         "--dockerd-pid-file",
+                                         "/var/run/docker.pid"};
+  auto [code, out] = Ctl(args);
+  CAPTURE(out);
+  CHECK(code == 0);
+  // containerd: one managed hosts.toml per registry, pointing at the agent, then the registry.
+  std::string gcr = ReadFile(host.Sub("etc/containerd/certs.d/gcr.io/hosts.toml"));
+  CHECK(gcr.rfind("# Written by shoal", 0) == 0);
+  CHECK(gcr.find("server = \"https://gcr.io\"") != std::string::npos);
+  CHECK(gcr.find("[host.\"http://127.0.0.1:5000\"]") != std::string::npos);
+  CHECK(ReadFile(host.Sub("etc/containerd/certs.d/docker.io/hosts.toml"))
+            .find("server = \"https://registry-1.docker.io\"") != std::string::npos);
+  CHECK(ReadFile(host.Sub("etc/containerd/certs.d/quay.io/hosts.toml")) == theirs);
+  CHECK(out.find("quay.io/hosts.toml exists and was not written by shoal") != std::string::npos);
+  // config_path is not set: said in the log, config.toml left alone.
+  CHECK(out.find("config_path is not set") != std::string::npos);
+  CHECK(ReadFile(host.Sub("etc/containerd/config.toml")) == "version = 2\n");
+  // CRI-O drop-in.
+  std::string crio = ReadFile(host.Sub("etc/containers/registries.conf.d/50-shoal.conf"));
+  CHECK(crio.find("location = \"127.0.0.1:5000/gcr.io\"") != std::string::npos);
+  // dockerd: merged, every other key kept, our mirror first, a backup of the original, mode kept.
+  auto daemon = nlohmann::json::parse(ReadFile(host.Sub("etc/docker/daemon.json")));
+  CHECK(daemon["log-driver"] == "json-file");
+  CHECK(daemon["data-root"] == "/mnt/docker");
+  CHECK(daemon["registry-mirrors"] ==
+        nlohmann::json::array({"http://127.0.0.1:5000", "https://mirror.example"}));
+  CHECK(daemon["max-concurrent-downloads"] == 10);
+  CHECK(ReadFile(host.Sub("etc/docker/daemon.json.shoal-backup")) == original_daemon);
+  CHECK((StatOf(host.Sub("etc/docker/daemon.json")).st_mode & 0777) == 0600);
+  CHECK(out.find("dockerd is not running") != std::string::npos);
+  // No temp files left behind.
+  for (const auto& e : fs::recursive_directory_iterator(host.path())) {
+    CHECK(e.path().string().find(".shoal-tmp") == std::string::npos);
+  }
+
+  // Idempotent: a second run (a restarted pod) changes nothing, not even a file's inode.
+  auto ino_before = StatOf(host.Sub("etc/docker/daemon.json")).st_ino;
+  auto gcr_before = StatOf(host.Sub("etc/containerd/certs.d/gcr.io/hosts.toml")).st_ino;
+  auto [code2, out2] = Ctl(args);
+  CAPTURE(out2);
+  CHECK(code2 == 0);
+  CHECK(out2.find("created") == std::string::npos);
+  CHECK(out2.find("updated") == std::string::npos);
+  CHECK(StatOf(host.Sub("etc/docker/daemon.json")).st_ino == ino_before);
+  CHECK(StatOf(host.Sub("etc/containerd/certs.d/gcr.io/hosts.toml")).st_ino == gcr_before);
+
+  // The operator changes daemon.json meanwhile; cleanup keeps that change and removes ours.
+  daemon["debug"] = true;
+  WriteFile(host.Sub("etc/docker/daemon.json"), daemon.dump());
+  std::vector<std::string> cleanup = args;
+  cleanup.insert(cleanup.begin() + 1, "--cleanup");
+  auto [code3, out3] = Ctl(cleanup);
+  CAPTURE(out3);
+  CHECK(code3 == 0);
+  CHECK_FALSE(fs::exists(host.Sub("etc/containerd/certs.d/gcr.io")));
+  CHECK_FALSE(fs::exists(host.Sub("etc/containerd/certs.d/docker.io")));
+  CHECK(ReadFile(host.Sub("etc/containerd/certs.d/quay.io/hosts.toml")) == theirs);
+  CHECK_FALSE(fs::exists(host.Sub("etc/containers/registries.conf.d/50-shoal.conf")));
+  auto restored = nlohmann::json::parse(ReadFile(host.Sub("etc/docker/daemon.json")));
+  auto want = nlohmann::json::parse(original_daemon);
+  want["debug"] = true;
+  // Emptied, not removed: dockerd's reload only applies keys that are in the file.
+  want["insecure-registries"] = nlohmann::json::array();
+  CHECK(restored == want);
+  CHECK_FALSE(fs::exists(host.Sub("etc/docker/daemon.json.shoal-backup")));
+}
+
+TEST_CASE("node-setup: nothing enabled writes nothing; bad daemon.json is left alone") {
+  TempDir host("shoal-host");
+  auto [code, out] = Ctl({"node-setup", "--root", host.path()});
+  CHECK(code == 0);
+  CHECK(out.find("nothing enabled") != std::string::npos);
+  CHECK(fs::is_empty(host.path()));
+
+  fs::create_directories(host.Sub("etc/docker"));
+  WriteFile(host.Sub("etc/docker/daemon.json"), "{not json");
+  auto [code2, out2] =
+      Ctl({"node-setup", "--root", host.path(), "--dockerd-config", "/etc/docker/daemon.json"});
+  CAPTURE(out2);
+  CHECK(code2 == 1);
+  CHECK(ReadFile(host.Sub("etc/docker/daemon.json")) == "{not json");
+  CHECK_FALSE(fs::exists(host.Sub("etc/docker/daemon.json.shoal-backup")));
+}
+
+TEST_CASE("node-setup: ARP thresholds are raised, never lowered") {
+  TempDir proc("shoal-proc");
+  fs::create_directories(proc.Sub("sys/net/ipv4/neigh/default"));
+  WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh1"), "128\n");
+  WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh2"), "512\n");
+  WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh3"), "200000\n");
+  auto [code, out] =
+      Ctl({"node-setup", "--proc", proc.path(), "--arp-gc-thresh", "80000,90000,100000"});
+  CAPTURE(out);
+  CHECK(code == 0);
+  CHECK(ReadFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh1")) == "80000\n");
+  CHECK(ReadFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh2")) == "90000\n");
+  CHECK(ReadFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh3")) == "200000\n");
+  auto [bad, bad_out] = Ctl({"node-setup", "--proc", proc.path(), "--arp-gc-thresh", "1,2"});
+  CHECK(bad == 2);
+}
+
+// One upstream registry behind a counting proxy and one agent, as in the runtime tests.
+struct World {
+  TempDir dir{"shoal-node-setup"};
+  std::unique_ptr<Registry> registry;
+  std::unique_ptr<CountingProxy> proxy;
+  std::unique_ptr<Agent> agent;
+
+  World() {
+    auto up = CountedUpstream::Start();
+    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    registry = std::move(up.value().registry);
+    proxy = std::move(up.value().proxy);
+    AgentOptions opts;
+    opts.cache_dir = dir.Sub("cache");
+    opts.upstreams = {"docker.io=" + proxy->Url(), "gcr.io=" + proxy->Url()};
+    opts.extra_args = {"--unmapped", "error"};
+    auto a = Agent::Start(opts);
+    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    agent = std::move(a.value());
+  }
+
+  BuiltImage Push(const std::string& name, const std::string& tag, uint64_t seed) {
+    ImageSpec spec;
+    spec.layers.push_back(LayerSpec{Compression::kGzip, 8, {256u << 10}, seed});
+    std::string layout = dir.Sub("layout-" + std::to_string(seed));
+    auto built = BuildImage(spec, layout, tag);
+    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    auto pushed = PushImage(*registry, layout, tag, name);
+    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    return built.value();
+  }
+};
+
+TEST_CASE(
+    "node-setup: a running dockerd gets the mirror by SIGHUP, without a restart, and pulls through "
+    "the agent") {
+  World w;
+  BuiltImage image = w.Push("library/hello", "1", 7001);
+  auto dockerd = Dockerd::Start(R"({"labels": ["kept=yes"], "max-concurrent-downloads": 4})");
+  REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
+  Dockerd& d = *dockerd.value();
+  pid_t pid = d.Pid();
+  auto before = d.Docker({"info", "--format", "{{json .RegistryConfig.Mirrors}}"});
+  REQUIRE(before.has_value());
+  CHECK(before.value().find(w.agent->HostPort()) == std::string::npos);
+
+  // --root "/" with absolute paths: the test's dockerd files stand where a node's would be.
+  auto [code, out] =
+      Ctl({"node-setup", "--root", "/", "--agent", w.agent->HostPort(), "--dockerd-config",
+           d.DaemonJsonPath(), "--dockerd-pid-file", d.PidFilePath()});
+  CAPTURE(out);
+  REQUIRE(code == 0);
+  CHECK(out.find("sent SIGHUP to dockerd (pid " + std::to_string(pid) + ")") != std::string::npos);
+  // dockerd reloads asynchronously; `docker info` shows the mirror once it has.
+  std::string mirrors;
+  CHECK(WaitUntil(
+      [&] {
+        auto info = d.Docker({"info", "--format", "{{json .RegistryConfig.Mirrors}}"});
+        mirrors = info ? info.value() : "";
+        return mirrors.find("http://" + w.agent->HostPort()) != std::string::npos;
+      },
+      std::chrono::seconds(15), std::chrono::milliseconds(200)));
+  CAPTURE(mirrors);
+  CHECK(d.Pid() == pid);
+  auto daemon = nlohmann::json::parse(ReadFile(d.DaemonJsonPath()));
+  CHECK(daemon["max-concurrent-downloads"] == 10);
+  CHECK(daemon["labels"] == nlohmann::json::array({"kept=yes"}));
+
+  auto pulled = d.Docker({"pull", "hello:1"});
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + d.LogTail()));
+  auto digest = d.RepoDigest("hello:1");
+  REQUIRE(digest.has_value());
+  CHECK(digest.value() == image.manifest_digest.str());
+  CHECK(w.proxy->BlobBytes() == image.total_blob_bytes);
+
+  // Cleanup: the mirror goes, by SIGHUP again.
+  auto [code2, out2] =
+      Ctl({"node-setup", "--cleanup", "--root", "/", "--agent", w.agent->HostPort(),
+           "--dockerd-config", d.DaemonJsonPath(), "--dockerd-pid-file", d.PidFilePath()});
+  CAPTURE(out2);
+  CHECK(code2 == 0);
+  CHECK(WaitUntil(
+      [&] {
+        auto info = d.Docker({"info", "--format", "{{json .RegistryConfig.Mirrors}}"});
+        return info && info.value().find(w.agent->HostPort()) == std::string::npos;
+      },
+      std::chrono::seconds(15), std::chrono::milliseconds(200)));
+  CHECK(nlohmann::json::parse(ReadFile(d.DaemonJsonPath()))["max-concurrent-downloads"] == 4);
+  CHECK(d.Pid() == pid);
+}
+
+TEST_CASE(
+    "node-setup: containerd pulls through the hosts.toml that node-setup wrote into the host's "
+    "certs.d") {
+  World w;
+  BuiltImage image = w.Push("proj/img", "1", 7101);
+  TempDir host("shoal-host");
+  auto [code, out] =
+      Ctl({"node-setup", "--root", host.path(), "--agent", w.agent->HostPort(), "--registry",
+           "gcr.io", "--containerd-certs-dir", "/etc/containerd/certs.d"});
+  CAPTURE(out);
+  REQUIRE(code == 0);
+  auto containerd = Containerd::Start();
+  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  Containerd& c = *containerd.value();
+  auto pulled = c.Pull(host.Sub("etc/containerd/certs.d"), "gcr.io/proj/img:1");
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail()));
+  auto digest = c.ImageDigest("gcr.io/proj/img:1");
+  REQUIRE(digest.has_value());
+  CHECK(digest.value() == image.manifest_digest.str());
+  CHECK(w.proxy->BlobBytes() == image.total_blob_bytes);
+}
+
+}  // namespace
+}  // namespace shoal::testkit

@@ -1,0 +1,683 @@
+// `shoalctl doctor`: checks one node against what the 2,500-node cluster taught
+// (../shared/reference/seed-lessons.md) and prints each finding as ok / warn / fail with the
+// fix. Files are read under --root (/host in the agent's pod, a fixture tree in tests); the
+// agent and the trackers are asked over HTTP. Exit code: 0 all ok, 1 warnings, 2 failures.
+#include <utility>  // before Asio (GCC 12 + Boost 1.74)
+
+#include <sys/statvfs.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lib/http/client.h"
+#include "lib/http/url.h"
+#include "lib/store/blob_store.h"
+#include "tools/shoalctl/commands.h"
+#include "tools/shoalctl/node_files.h"
+#include "tools/shoalctl/runtime_config.h"
+
+namespace shoal::ctl {
+namespace {
+namespace fs = std::filesystem;
+
+struct DoctorOptions {
+  std::string root = "/";
+  std::string agent = "127.0.0.1:5000";
+  std::vector<std::string> trackers;
+  std::vector<std::string> registries = {"docker.io"};
+  std::string cache_dir;  // as this process sees it (not under --root)
+  std::string cache_budget = "0";
+  long cluster_nodes = 0;
+  std::string kubelet_config = "/var/lib/kubelet/config.yaml";
+  std::string dockerd_config = "/etc/docker/daemon.json";
+  std::string containerd_config = "/etc/containerd/config.toml";
+  std::string containerd_certs_dir;  // default: config_path from config.toml
+  std::string crio_dir = "/etc/containers/registries.conf.d";
+  bool json = false;
+};
+
+enum class Level { kOk, kWarn, kFail };
+
+struct Finding {
+  std::string check;
+  Level level;
+  std::string message;
+  std::string fix;
+};
+
+const char* LevelName(Level l) {
+  return l == Level::kOk ? "ok" : l == Level::kWarn ? "warn" : "fail";
+}
+
+class Report {
+ public:
+  void Ok(const std::string& check, const std::string& msg) { Add(check, Level::kOk, msg, ""); }
+  void Warn(const std::string& check, const std::string& msg, const std::string& fix) {
+    Add(check, Level::kWarn, msg, fix);
+  }
+  void Fail(const std::string& check, const std::string& msg, const std::string& fix) {
+    Add(check, Level::kFail, msg, fix);
+  }
+  const std::vector<Finding>& findings() const { return findings_; }
+
+ private:
+  void Add(const std::string& check, Level l, const std::string& msg, const std::string& fix) {
+    findings_.push_back({check, l, msg, fix});
+  }
+  std::vector<Finding> findings_;
+};
+
+// A file system's magic number -> its name and whether it is on the network.
+struct FsKind {
+  std::string name;
+  bool network = false;
+  bool memory = false;
+  bool overlay = false;
+};
+
+FsKind KindOf(unsigned long magic) {
+  switch (magic) {
+    case 0xEF53:
+      return {"ext4"};
+    case 0x58465342:
+      return {"xfs"};
+    case 0x9123683E:
+      return {"btrfs"};
+    case 0x2FC12FC1:
+      return {"zfs"};
+    case 0x01021994:
+      return {"tmpfs", false, true};
+    case 0x858458F6:
+      return {"ramfs", false, true};
+    case 0x794C7630:
+      return {"overlay", false, false, true};
+    case 0x6969:
+      return {"nfs", true};
+    case 0xFF534D42:
+      return {"cifs", true};
+    case 0xFE534D42:
+      return {"smb2", true};
+    case 0x517B:
+      return {"smb", true};
+    case 0x65735546:
+      return {"fuse", true};
+    case 0x01021997:
+      return {"9p", true};
+    case 0x00C36400:
+      return {"ceph", true};
+    case 0x0BD00BD0:
+      return {"lustre", true};
+    case 0x47504653:
+      return {"gpfs", true};
+    default: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "0x%lx", magic);
+      return {buf};
+    }
+  }
+}
+
+// The nearest existing ancestor of path (statfs needs one).
+std::string Existing(std::string path) {
+  std::error_code ec;
+  while (!path.empty() && path != "/" && !fs::exists(path, ec)) path = fs::path(path).parent_path();
+  return path.empty() ? "/" : path;
+}
+
+std::string Gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+// GET url; the HTTP status, or 0 when nothing answered within 3 s.
+unsigned HttpStatus(const std::string& url_text) {
+  auto url = http::Url::Parse(url_text);
+  if (!url) return 0;
+  boost::asio::io_context ioc;
+  http::ClientConfig config;
+  config.connect_timeout = std::chrono::seconds(3);
+  config.idle_timeout = std::chrono::seconds(3);
+  http::Client client(ioc.get_executor(), config);
+  http::Request req;
+  req.url = url.value();
+  unsigned status = 0;
+  boost::asio::co_spawn(
+      ioc,
+      [&]() -> boost::asio::awaitable<void> {
+        auto res = co_await client.Open(req);
+        if (res) status = res.value()->status();
+      },
+      boost::asio::detached);
+  ioc.run();
+  return status;
+}
+
+// Non-comment lines of a file (# comments), for flag and key searches.
+std::string Uncommented(const std::string& text) {
+  std::string out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    size_t first = line.find_first_not_of(" \t");
+    if (first != std::string::npos && line[first] != '#') out += line + "\n";
+    pos = end + 1;
+  }
+  return out;
+}
+
+// --- kubelet ---
+
+// The running kubelet's command line (NUL-separated args joined by spaces), from <root>/proc.
+std::string KubeletCmdline(const std::string& root) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(UnderRoot(root, "/proc"), ec)) {
+    std::string name = e.path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    auto comm = ReadIfExists(e.path() / "comm");
+    if (!comm || !comm.value() || comm.value()->rfind("kubelet", 0) != 0) continue;
+    auto cmd = ReadIfExists(e.path() / "cmdline");
+    if (!cmd || !cmd.value()) continue;
+    std::string s = *cmd.value();
+    std::replace(s.begin(), s.end(), '\0', ' ');
+    return s;
+  }
+  return "";
+}
+
+void CheckKubelet(const DoctorOptions& o, Report& r) {
+  // Flags win over the config file; they may be on the running kubelet or in its unit files.
+  std::string flags = KubeletCmdline(o.root);
+  std::string flag_source = flags.empty() ? "" : "the running kubelet's flags";
+  for (const char* f : {"/etc/default/kubelet", "/etc/sysconfig/kubelet"}) {
+    auto t = ReadIfExists(UnderRoot(o.root, f));
+    if (t && t.value()) {
+      flags += " " + Uncommented(*t.value());
+      if (flag_source.empty()) flag_source = f;
+    }
+  }
+  std::error_code ec;
+  for (const auto& e :
+       fs::directory_iterator(UnderRoot(o.root, "/etc/systemd/system/kubelet.service.d"), ec)) {
+    auto t = ReadIfExists(e.path());
+    if (t && t.value()) flags += " " + Uncommented(*t.value());
+  }
+  std::string config_path = o.kubelet_config;
+  std::smatch m;
+  static const std::regex kConfigFlag(R"(--config[= ](\S+))");
+  if (std::regex_search(flags, m, kConfigFlag)) config_path = m[1];
+  auto config = ReadIfExists(UnderRoot(o.root, config_path));
+  std::string yaml = config && config.value() ? Uncommented(*config.value()) : "";
+  const std::string fix =
+      "kubelet --serialize-image-pulls=false, or serializeImagePulls: false in " + config_path;
+  if (flags.empty() && yaml.empty()) {
+    r.Warn("kubelet", "no kubelet found (no process, flags file or " + config_path + ")",
+           "run doctor with --root at the node's / (the pod mounts it at /host); " + fix);
+    return;
+  }
+  static const std::regex kSerializeFlag(R"(--serialize-image-pulls(=(\w+))?)");
+  static const std::regex kSerializeKey(R"((^|\n)serializeImagePulls:\s*(\w+))");
+  std::string value, where;
+  if (std::regex_search(flags, m, kSerializeFlag)) {
+    value = m[2].matched ? m[2].str() : "true";
+    where = "flag";
+  } else if (std::regex_search(yaml, m, kSerializeKey)) {
+    value = m[2];
+    where = config_path;
+  }
+  if (value == "false") {
+    r.Ok("kubelet", "image pulls run in parallel (serialize-image-pulls=false, " + where + ")");
+  } else {
+    r.Fail("kubelet",
+           "image pulls are serialized (" + (value.empty() ? "the default" : where) +
+               "): one big image blocks every other pull on the node",
+           fix);
+  }
+  static const std::regex kParallelKey(R"((^|\n)maxParallelImagePulls:\s*(\d+))");
+  if (std::regex_search(yaml, m, kParallelKey)) {
+    int n = std::stoi(m[2]);
+    if (n < 3) {
+      r.Warn("kubelet", "maxParallelImagePulls is " + m[2].str(),
+             "raise maxParallelImagePulls (or leave it unset: no limit)");
+    } else {
+      r.Ok("kubelet", "maxParallelImagePulls is " + m[2].str());
+    }
+  }
+  // --image-pull-progress-deadline is a dockershim flag (kubelet 1.23 and older, runtime
+  // docker); CRI runtimes have no such kubelet deadline.
+  static const std::regex kDeadline(R"(--image-pull-progress-deadline[= ](\S+))");
+  static const std::regex kDockershim(R"(--container-runtime[= ]docker\b)");
+  if (std::regex_search(flags, kDockershim)) {
+    if (std::regex_search(flags, m, kDeadline)) {
+      r.Ok("kubelet", "image pull progress deadline " + m[1].str() + " (dockershim)");
+    } else {
+      r.Warn("kubelet",
+             "dockershim with the default 1 m image pull progress deadline: large layers fail "
+             "with \"net/http: request canceled\"",
+             "kubelet --image-pull-progress-deadline=30m");
+    }
+  }
+}
+
+// --- dockerd ---
+
+void CheckDataRoot(const std::string& check, const std::string& path_on_node,
+                   const DoctorOptions& o, Report& r) {
+  std::string p = Existing(UnderRoot(o.root, path_on_node));
+  struct statfs sfs {};
+  if (::statfs(p.c_str(), &sfs) != 0) {
+    r.Warn(check, "cannot read the file system of " + path_on_node, "");
+    return;
+  }
+  FsKind k = KindOf(static_cast<unsigned long>(sfs.f_type));
+  if (k.network) {
+    r.Fail(check, "data-root " + path_on_node + " is on " + k.name + ", a network file system",
+           "put data-root on the node's local SSD (e.g. \"data-root\": \"/mnt/docker\")");
+  } else if (k.memory) {
+    r.Warn(check, "data-root " + path_on_node + " is on " + k.name + " (memory)",
+           "put data-root on the node's local SSD");
+  } else {
+    r.Ok(check, "data-root " + path_on_node + " is on " + k.name +
+                    " (local; make sure it is the instance SSD, not a network-attached disk)");
+  }
+}
+
+void CheckDockerd(const DoctorOptions& o, const std::string& agent, Report& r) {
+  auto text = ReadIfExists(UnderRoot(o.root, o.dockerd_config));
+  if (!text || !text.value()) {
+    std::error_code ec;
+    if (!fs::exists(UnderRoot(o.root, "/var/run/docker.pid"), ec) &&
+        !fs::exists(UnderRoot(o.root, "/var/run/docker.sock"), ec)) {
+      r.Ok("dockerd", "not running on this node (no daemon.json, pid file or socket): skipped");
+      return;
+    }
+  }
+  nlohmann::json j = nlohmann::json::object();
+  if (text && text.value()) {
+    j = nlohmann::json::parse(*text.value(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      r.Fail("dockerd", o.dockerd_config + " is not a JSON object: dockerd will not start",
+             "fix the JSON syntax");
+      return;
+    }
+  }
+  bool mirrored = false;
+  if (j.contains("registry-mirrors") && j["registry-mirrors"].is_array()) {
+    for (const auto& m : j["registry-mirrors"]) {
+      if (m.is_string() && (m == DockerdMirror(agent) || m == DockerdMirror(agent) + "/"))
+        mirrored = true;
+    }
+  }
+  if (mirrored) {
+    r.Ok("dockerd", "registry-mirrors has " + DockerdMirror(agent));
+  } else {
+    r.Warn("dockerd", "registry-mirrors does not name this agent (" + DockerdMirror(agent) + ")",
+           "helm value nodeSetup.dockerd.enabled=true (merges it and sends SIGHUP), or "
+           "`shoalctl config dockerd`");
+  }
+  int downloads =
+      j.contains("max-concurrent-downloads") && j["max-concurrent-downloads"].is_number_integer()
+          ? j["max-concurrent-downloads"].get<int>()
+          : 3;
+  if (downloads >= 10) {
+    r.Ok("dockerd", "max-concurrent-downloads is " + std::to_string(downloads));
+  } else {
+    r.Warn("dockerd",
+           "max-concurrent-downloads is " + std::to_string(downloads) +
+               (j.contains("max-concurrent-downloads") ? "" : " (the default)"),
+           "\"max-concurrent-downloads\": 10 in daemon.json (reloaded by SIGHUP)");
+  }
+  std::string driver = j.contains("storage-driver") && j["storage-driver"].is_string()
+                           ? j["storage-driver"].get<std::string>()
+                           : "";
+  if (driver.empty()) {
+    r.Ok("dockerd", "storage-driver unset: dockerd picks overlay2 where the kernel supports it");
+  } else if (driver == "overlay2") {
+    r.Ok("dockerd", "storage-driver is overlay2");
+  } else if (driver == "vfs" || driver == "devicemapper" || driver == "aufs") {
+    r.Fail("dockerd", "storage-driver is " + driver + ": slow layer extraction and disk use",
+           "\"storage-driver\": \"overlay2\" (needs a dockerd restart and re-pulled images)");
+  } else {
+    r.Warn("dockerd", "storage-driver is " + driver, "\"storage-driver\": \"overlay2\"");
+  }
+  std::string data_root = j.contains("data-root") && j["data-root"].is_string()
+                              ? j["data-root"].get<std::string>()
+                              : "/var/lib/docker";
+  CheckDataRoot("dockerd", data_root, o, r);
+}
+
+// --- containerd ---
+
+void CheckContainerd(const DoctorOptions& o, const std::string& agent,
+                     const std::vector<std::string>& registries, Report& r) {
+  auto text = ReadIfExists(UnderRoot(o.root, o.containerd_config));
+  std::string certs = o.containerd_certs_dir;
+  if (!text || !text.value()) {
+    std::error_code ec;
+    bool running = fs::exists(UnderRoot(o.root, "/run/containerd/containerd.sock"), ec);
+    if (!running && certs.empty()) {
+      r.Ok("containerd", "not running on this node (no config.toml or socket): skipped");
+      return;
+    }
+    r.Warn("containerd",
+           "no " + o.containerd_config +
+               ": containerd's defaults leave config_path unset, so it reads no hosts.toml",
+           "config_path = \"/etc/containerd/certs.d\" under "
+           "[plugins.\"io.containerd.grpc.v1.cri\".registry], then restart containerd");
+  } else {
+    static const std::regex kConfigPath(R"re((^|\n)\s*config_path\s*=\s*["']([^"']*)["'])re");
+    std::smatch m;
+    std::string body = Uncommented(*text.value());
+    if (std::regex_search(body, m, kConfigPath)) {
+      r.Ok("containerd", "config_path = \"" + m[2].str() + "\"");
+      if (certs.empty()) certs = m[2];
+    } else {
+      r.Fail("containerd",
+             "config_path is not set in " + o.containerd_config +
+                 ": containerd (and the kubelet's CRI) ignores every hosts.toml",
+             "config_path = \"/etc/containerd/certs.d\" under "
+             "[plugins.\"io.containerd.grpc.v1.cri\".registry], then restart containerd when "
+             "convenient (shoal never edits config.toml)");
+    }
+  }
+  if (certs.empty()) return;
+  for (const auto& reg : registries) {
+    std::string path = certs + "/" + reg + "/hosts.toml";
+    auto h = ReadIfExists(UnderRoot(o.root, path));
+    if (!h || !h.value()) {
+      r.Warn("containerd", "no " + path + ": " + reg + " is pulled without the agent",
+             "helm value nodeSetup.containerd.enabled=true, or `shoalctl config containerd -o " +
+                 certs + "`");
+    } else if (Uncommented(*h.value()).find("[host.\"http://" + agent + "\"]") ==
+               std::string::npos) {
+      r.Warn("containerd", path + " does not point at this agent (" + agent + ")",
+             "add [host.\"http://" + agent + "\"] with capabilities = [\"pull\", \"resolve\"]");
+    } else {
+      r.Ok("containerd", path + " points at " + agent);
+    }
+  }
+}
+
+// --- CRI-O / podman ---
+
+void CheckCrio(const DoctorOptions& o, const std::string& agent,
+               const std::vector<std::string>& registries, Report& r) {
+  std::error_code ec;
+  std::string dir = UnderRoot(o.root, o.crio_dir);
+  bool crio = fs::exists(UnderRoot(o.root, "/etc/crio"), ec) ||
+              fs::exists(UnderRoot(o.root, "/var/run/crio/crio.sock"), ec);
+  if (!fs::is_directory(dir, ec)) {
+    if (crio) {
+      r.Warn("crio", "CRI-O is here but " + o.crio_dir + " does not exist",
+             "helm value nodeSetup.crio.enabled=true");
+    } else {
+      r.Ok("crio", "no CRI-O on this node and no " + o.crio_dir + ": skipped");
+    }
+    return;
+  }
+  std::string all;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".conf") continue;
+    auto t = ReadIfExists(e.path());
+    if (t && t.value()) all += Uncommented(*t.value());
+  }
+  for (const auto& reg : registries) {
+    std::regex loc(
+        "location\\s*=\\s*\"" +
+        std::regex_replace(agent + "/" + reg, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") +
+        "\"");
+    if (std::regex_search(all, loc)) {
+      r.Ok("crio", reg + " has the mirror " + agent + "/" + reg + " in " + o.crio_dir);
+    } else if (crio) {
+      r.Warn("crio", "no mirror " + agent + "/" + reg + " in " + o.crio_dir,
+             "helm value nodeSetup.crio.enabled=true, or `shoalctl config crio`");
+    } else {
+      r.Ok("crio",
+           "no CRI-O on this node; " + o.crio_dir + " names no mirror for " + reg + " (podman)");
+    }
+  }
+}
+
+// --- kernel ---
+
+void CheckArp(const DoctorOptions& o, Report& r) {
+  long t[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) {
+    auto v = ReadIfExists(
+        UnderRoot(o.root, "/proc/sys/net/ipv4/neigh/default/gc_thresh" + std::to_string(i + 1)));
+    if (!v || !v.value()) {
+      r.Warn("arp", "cannot read net.ipv4.neigh.default.gc_thresh" + std::to_string(i + 1), "");
+      return;
+    }
+    t[i] = std::atol(v.value()->c_str());
+  }
+  std::string now = "gc_thresh1/2/3 = " + std::to_string(t[0]) + "/" + std::to_string(t[1]) + "/" +
+                    std::to_string(t[2]);
+  const std::string fix =
+      "helm value nodeSetup.arpSysctls.enabled=true (80000/90000/100000), or sysctl -w "
+      "net.ipv4.neigh.default.gc_thresh1=80000 gc_thresh2=90000 gc_thresh3=100000";
+  if (o.cluster_nodes <= 0) {
+    r.Ok("arp", now + " (give --cluster-nodes to check them against the cluster's size)");
+  } else if (t[2] < o.cluster_nodes) {
+    // Beyond gc_thresh3 the kernel refuses new neighbours: "neighbor table overflow!".
+    r.Fail("arp",
+           now + ": the neighbour table holds fewer entries than the cluster's " +
+               std::to_string(o.cluster_nodes) + " nodes (neighbor table overflow, DNS failures)",
+           fix);
+  } else if (t[0] < o.cluster_nodes) {
+    r.Warn("arp",
+           now + ": garbage collection of neighbours starts below the cluster's " +
+               std::to_string(o.cluster_nodes) + " nodes",
+           fix);
+  } else {
+    r.Ok("arp", now + " for " + std::to_string(o.cluster_nodes) + " nodes");
+  }
+}
+
+// --- the cache ---
+
+void CheckCache(const DoctorOptions& o, Report& r) {
+  if (o.cache_dir.empty()) {
+    r.Warn("cache", "no --cache-dir given (SHOAL_CACHE_DIR in the agent's pod): not checked", "");
+    return;
+  }
+  std::error_code ec;
+  if (!fs::is_directory(o.cache_dir, ec)) {
+    r.Fail("cache", o.cache_dir + " does not exist",
+           "the agent creates it; check the hostPath volume");
+    return;
+  }
+  struct statfs sfs {};
+  struct statvfs svfs {};
+  if (::statfs(o.cache_dir.c_str(), &sfs) != 0 || ::statvfs(o.cache_dir.c_str(), &svfs) != 0) {
+    r.Fail("cache", "cannot read the file system of " + o.cache_dir, "");
+    return;
+  }
+  FsKind k = KindOf(static_cast<unsigned long>(sfs.f_type));
+  double total = static_cast<double>(svfs.f_blocks) * svfs.f_frsize;
+  double avail = static_cast<double>(svfs.f_bavail) * svfs.f_frsize;
+  if (k.network) {
+    r.Fail("cache", o.cache_dir + " is on " + k.name + ", a network file system",
+           "agent.cache.hostPath on the node's local SSD (Azure: /mnt)");
+  } else if (k.memory || k.overlay) {
+    r.Warn("cache",
+           o.cache_dir + " is on " + k.name +
+               (k.memory ? " (memory)" : " (the container's own layer, not a hostPath)"),
+           "agent.cache.hostPath on the node's local SSD");
+  } else {
+    r.Ok("cache", o.cache_dir + " is on " + k.name + ", " + Gib(avail) + " free of " + Gib(total));
+  }
+  if (::access(o.cache_dir.c_str(), W_OK) != 0) {
+    r.Fail("cache", o.cache_dir + " is not writable",
+           "check the hostPath volume and the agent's user");
+  }
+  auto budget = store::ParseBudget(o.cache_budget, o.cache_dir);
+  if (!budget) {
+    r.Fail("cache", "budget \"" + o.cache_budget + "\": " + budget.error().message,
+           "agent.cache.budget: 50GiB, 80% or 0");
+    return;
+  }
+  if (budget.value() == 0) {
+    r.Warn("cache", "no cache budget: the cache can fill the disk",
+           "agent.cache.budget (e.g. 80%)");
+    return;
+  }
+  double used = 0;
+  for (auto it = fs::recursive_directory_iterator(
+           o.cache_dir, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec)) used += static_cast<double>(it->file_size(ec));
+  }
+  double b = static_cast<double>(budget.value());
+  if (b > used + avail) {
+    r.Warn("cache",
+           "budget " + Gib(b) + " is more than the cache can grow to (" + Gib(used) + " cached + " +
+               Gib(avail) + " free)",
+           "a smaller agent.cache.budget, or a percentage (80%)");
+  } else {
+    r.Ok("cache", "budget " + Gib(b) + " (" + Gib(used) + " cached)");
+  }
+}
+
+// --- agent and trackers ---
+
+void CheckServices(const DoctorOptions& o, const std::string& agent, Report& r) {
+  unsigned s = HttpStatus("http://" + agent + "/healthz");
+  if (s == 200) {
+    r.Ok("agent", "http://" + agent + "/healthz answers 200");
+  } else {
+    r.Fail("agent",
+           s == 0 ? "no agent answers on " + agent
+                  : "http://" + agent + "/healthz answers " + std::to_string(s),
+           "kubectl -n <namespace> logs ds/<release>-agent -c agent (on this node); runtimes pull "
+           "from the registries meanwhile");
+  }
+  if (o.trackers.empty()) {
+    r.Warn("tracker",
+           "no --tracker given (SHOAL_TRACKERS in the agent's pod): agents without trackers fetch "
+           "every blob from upstream",
+           "");
+    return;
+  }
+  size_t up = 0;
+  for (const auto& t : o.trackers) {
+    std::string base = t;
+    while (!base.empty() && base.back() == '/') base.pop_back();
+    unsigned ts = HttpStatus(base + "/healthz");
+    if (ts == 200) {
+      ++up;
+      r.Ok("tracker", base + " is healthy");
+    } else {
+      r.Warn("tracker", base + (ts == 0 ? " does not answer" : " answers " + std::to_string(ts)),
+             "kubectl -n <namespace> get pods -l app.kubernetes.io/component=tracker");
+    }
+  }
+  if (up == 0) {
+    r.Fail("tracker", "no tracker replica answers: no swarm, every node pulls from upstream",
+           "check the tracker StatefulSet");
+  }
+}
+
+int Run(const DoctorOptions& o) {
+  auto agent = AgentHostPort(o.agent);
+  auto registries = Registries(o.registries);
+  if (!agent || !registries) {
+    std::cerr << "shoalctl: " << (!agent ? agent.error().message : registries.error().message)
+              << "\n";
+    return 3;
+  }
+  Report r;
+  CheckKubelet(o, r);
+  CheckDockerd(o, agent.value(), r);
+  CheckContainerd(o, agent.value(), registries.value(), r);
+  CheckCrio(o, agent.value(), registries.value(), r);
+  CheckArp(o, r);
+  CheckCache(o, r);
+  CheckServices(o, agent.value(), r);
+  Level worst = Level::kOk;
+  for (const auto& f : r.findings()) worst = std::max(worst, f.level);
+  if (o.json) {
+    nlohmann::ordered_json out = {{"status", LevelName(worst)},
+                                  {"findings", nlohmann::ordered_json::array()}};
+    for (const auto& f : r.findings()) {
+      nlohmann::ordered_json j = {
+          {"check", f.check}, {"status", LevelName(f.level)}, {"message", f.message}};
+      if (!f.fix.empty()) j["fix"] = f.fix;
+      out["findings"].push_back(j);
+    }
+    std::cout << out.dump(2) << "\n";
+  } else {
+    for (const auto& f : r.findings()) {
+      std::printf("%-4s  %-10s  %s\n", LevelName(f.level), f.check.c_str(), f.message.c_str());
+      if (!f.fix.empty()) std::printf("      %-10s  fix: %s\n", "", f.fix.c_str());
+    }
+    std::printf("doctor: %s\n", LevelName(worst));
+  }
+  return worst == Level::kOk ? 0 : worst == Level::kWarn ? 1 : 2;
+}
+
+}  // namespace
+
+void AddDoctorCommand(CLI::App& app) {
+  auto o = std::make_shared<DoctorOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "doctor",
+      "Check this node: kubelet pull settings, dockerd/containerd/CRI-O mirrors, ARP thresholds, "
+      "the cache disk, the agent and the trackers (ok/warn/fail with the fix; exit 0 ok, 1 "
+      "warnings, 2 failures)");
+  cmd->add_option("--root", o->root, "The node's / as this process sees it (/host in the pod)")
+      ->envname("SHOAL_HOST_ROOT")
+      ->capture_default_str();
+  // SHOAL_LISTEN: in the agent's pod (kubectl exec) the agent's own listen address.
+  cmd->add_option("--agent", o->agent, "This node's agent shim HOST:PORT (default: SHOAL_LISTEN)")
+      ->envname("SHOAL_LISTEN")
+      ->capture_default_str();
+  cmd->add_option("--tracker", o->trackers, "Tracker replica URLs (comma-separated)")
+      ->envname("SHOAL_TRACKERS")
+      ->delimiter(',');
+  cmd->add_option("--registry", o->registries, "Registries that should go through the agent")
+      ->envname("SHOAL_REGISTRIES")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--cache-dir", o->cache_dir,
+                  "The agent's cache directory as this process sees it (not under --root)")
+      ->envname("SHOAL_CACHE_DIR");
+  cmd->add_option("--cache-budget", o->cache_budget, "The agent's cache budget (50GiB, 80%, 0)")
+      ->envname("SHOAL_CACHE_BUDGET")
+      ->capture_default_str();
+  cmd->add_option("--cluster-nodes", o->cluster_nodes,
+                  "Nodes in the cluster, for the ARP thresholds")
+      ->envname("SHOAL_CLUSTER_NODES")
+      ->check(CLI::Range(0L, 10'000'000L));
+  cmd->add_option("--kubelet-config", o->kubelet_config,
+                  "kubelet's config file (under --root) when its flags name none")
+      ->capture_default_str();
+  cmd->add_option("--dockerd-config", o->dockerd_config, "dockerd's daemon.json (under --root)")
+      ->capture_default_str();
+  cmd->add_option("--containerd-config", o->containerd_config,
+                  "containerd's config.toml (under --root)")
+      ->capture_default_str();
+  cmd->add_option("--containerd-certs-dir", o->containerd_certs_dir,
+                  "containerd's hosts.toml directory (under --root); default: config_path");
+  cmd->add_option("--crio-dir", o->crio_dir, "registries.conf.d directory (under --root)")
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print the findings as JSON");
+  cmd->callback([o] { throw CLI::RuntimeError(Run(*o)); });
+}
+
+}  // namespace shoal::ctl
