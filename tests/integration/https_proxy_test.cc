@@ -291,12 +291,14 @@ TEST_CASE("proxy: a malformed CONNECT gets 400, a dead target 502, and no proxy 
   std::string junk = RawExchange(port, "CONNECT bad_host!:443 HTTP/1.1\r\nHost: x\r\n\r\n");
   CHECK(junk.rfind("HTTP/1.1 400", 0) == 0);
   CHECK(junk.find("is not HOST:PORT") != std::string::npos);
-  // A target nobody listens on: 502 naming it.
+  // A target nobody listens on: 502, without the address (client-visible errors name no
+  // internal address; the agent's log does).
   const uint16_t closed = FreePort();
   std::string dead = RawExchange(
       port, "CONNECT 127.0.0.1:" + std::to_string(closed) + " HTTP/1.1\r\nHost: x\r\n\r\n");
   CHECK(dead.rfind("HTTP/1.1 502", 0) == 0);
-  CHECK(dead.find("cannot connect to 127.0.0.1:" + std::to_string(closed)) != std::string::npos);
+  CHECK(dead.find("cannot connect to <address>") != std::string::npos);
+  CHECK(dead.find(std::to_string(closed)) == std::string::npos);
 
   // Without --https-proxy the shim is no proxy at all.
   TempDir dir("shoal-no-proxy");
