@@ -1,29 +1,9 @@
 #include "registry-shim/link.h"
 
+#include "lib/http/url.h"
+
 namespace shoal::shim {
 namespace {
-
-bool Unreserved(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '.' || c == '_' || c == '~';
-}
-
-// Percent-encodes a query value (registry names in ?ns= may carry ":").
-std::string EscapeValue(std::string_view v) {
-  static const char* kHex = "0123456789ABCDEF";
-  std::string out;
-  for (char c : v) {
-    if (Unreserved(c)) {
-      out += c;
-    } else {
-      unsigned char u = static_cast<unsigned char>(c);
-      out += '%';
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
-    }
-  }
-  return out;
-}
 
 // The query of a URI reference ("" when it has none), without any fragment.
 std::string_view QueryOf(std::string_view uri) {
@@ -65,7 +45,7 @@ std::optional<std::string> RewriteLink(std::string_view upstream_link, std::stri
     if (!SafeQuery(query)) return std::nullopt;
     std::string target(client_path);
     std::string q(query);
-    if (ns && !ns->empty()) q += std::string(q.empty() ? "" : "&") + "ns=" + EscapeValue(*ns);
+    if (ns && !ns->empty()) q += std::string(q.empty() ? "" : "&") + "ns=" + http::QueryEscape(*ns);
     if (!q.empty()) target += "?" + q;
     if (!out.empty()) out += ", ";
     out += "<" + target + ">";

@@ -315,13 +315,10 @@ class Connection {
   }
 
   awaitable<bool> HandleManifest(const Request& req, const Route& r) {
-    auto repo = Resolve(r);
+    std::string_view oci_code;
+    auto repo = ServedRepo(r, oci_code);
     if (!repo) {
-      StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
-      co_return co_await Reply(r.kind, std::move(reply_));
-    }
-    if (auto served = backend_.CheckRegistry(repo.value()); !served) {
-      StringResponse reply_ = MakeError(req, served.error(), "NAME_UNKNOWN");
+      StringResponse reply_ = MakeError(req, repo.error(), oci_code);
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     auto ref = oci::ParseManifestRef(r.reference);
@@ -394,13 +391,10 @@ class Connection {
   }
 
   awaitable<bool> HandleBlob(const Request& req, const Route& r) {
-    auto repo = Resolve(r);
+    std::string_view oci_code;
+    auto repo = ServedRepo(r, oci_code);
     if (!repo) {
-      StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
-      co_return co_await Reply(r.kind, std::move(reply_));
-    }
-    if (auto served = backend_.CheckRegistry(repo.value()); !served) {
-      StringResponse reply_ = MakeError(req, served.error(), "NAME_UNKNOWN");
+      StringResponse reply_ = MakeError(req, repo.error(), oci_code);
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     auto digest = Digest::Parse(r.reference);
@@ -479,13 +473,10 @@ class Connection {
   // with n/last (tags) or artifactType (referrers) and the Link of the next page, rewritten to
   // point at this shim. Nothing is cached.
   awaitable<bool> HandleListing(const Request& req, const Route& r) {
-    auto repo = Resolve(r);
+    std::string_view oci_code;
+    auto repo = ServedRepo(r, oci_code);
     if (!repo) {
-      StringResponse reply_ = MakeError(req, repo.error(), "NAME_INVALID");
-      co_return co_await Reply(r.kind, std::move(reply_));
-    }
-    if (auto served = backend_.CheckRegistry(repo.value()); !served) {
-      StringResponse reply_ = MakeError(req, served.error(), "NAME_UNKNOWN");
+      StringResponse reply_ = MakeError(req, repo.error(), oci_code);
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     const bool tags = r.kind == Route::Kind::kTags;
@@ -536,6 +527,21 @@ class Connection {
     }
     if (!l.filters_applied.empty()) res.set("OCI-Filters-Applied", l.filters_applied);
     co_return co_await Reply(r.kind, std::move(res));
+  }
+
+  // The repository a request is for (Resolve) if this node serves its registry; on an error
+  // oci_code is the OCI code to answer with (NAME_INVALID, NAME_UNKNOWN).
+  Result<RepoRef> ServedRepo(const Route& r, std::string_view& oci_code) const {
+    auto repo = Resolve(r);
+    if (!repo) {
+      oci_code = "NAME_INVALID";
+      return repo;
+    }
+    if (auto served = backend_.CheckRegistry(repo.value()); !served) {
+      oci_code = "NAME_UNKNOWN";
+      return served.error();
+    }
+    return repo;
   }
 
   // The repository a request is for: the tunnel's registry inside a terminated CONNECT, else

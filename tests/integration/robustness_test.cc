@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "tests/support/agent.h"
+#include "tests/support/counted_upstream.h"
 #include "tests/support/counting_proxy.h"
 #include "tests/support/http_client.h"
 #include "tests/support/image.h"
@@ -40,12 +41,10 @@ struct World {
   std::vector<std::unique_ptr<Agent>> agents;
 
   World() {
-    auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
-    registry = std::move(reg.value());
-    auto p = CountingProxy::Start(registry->HostPort());
-    REQUIRE(p.has_value());
-    proxy = std::move(p.value());
+    auto up = CountedUpstream::Start();
+    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    registry = std::move(up.value().registry);
+    proxy = std::move(up.value().proxy);
   }
 
   // Pushes demo/<name>:1: one layer with a big file of `big` bytes (about half of it once
