@@ -15,9 +15,11 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/redirect_error.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include "agent/chunk_fetcher.h"
 #include "agent/https_proxy.h"
@@ -27,6 +29,7 @@
 #include "agent/seed_book.h"
 #include "agent/swarm_metrics.h"
 #include "agent/tracker_client.h"
+#include "lib/auth/tokens.h"
 #include "lib/core/log.h"
 #include "lib/store/blob_store.h"
 #include "lib/upstream/credentials.h"
@@ -39,6 +42,25 @@ namespace shoal::agent {
 namespace asio = boost::asio;
 
 namespace {
+
+// Follows the agent token's file: when it gives a new token, every chunk torrent announces
+// with the new announce key (the old one stops working once the trackers drop the old token).
+asio::awaitable<void> FollowToken(asio::io_context& ioc, TrackerClient& tracker,
+                                  swarm::Swarm& swarm) {
+  uint64_t seen = tracker.token_generation();
+  asio::steady_timer timer(ioc);
+  for (;;) {
+    timer.expires_after(std::chrono::seconds(5));
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return;
+    std::vector<std::string> urls = tracker.AnnounceUrls();  // re-reads a changed file
+    if (tracker.token_generation() == seen) continue;
+    seen = tracker.token_generation();
+    spdlog::info("agent token rotated: chunk torrents announce with its new key");
+    swarm.ReplaceTrackers(urls);
+  }
+}
 
 Result<std::vector<http::Url>> ParseTrackers(const std::vector<std::string>& specs) {
   std::vector<http::Url> out;
@@ -138,6 +160,14 @@ int RunAgent(const AgentConfig& config) {
   TrackerClientOptions tracker_options;
   tracker_options.trackers = trackers.value();
   tracker_options.agent_id = config.agent_id.empty() ? DefaultAgentId() : config.agent_id;
+  if (!config.tracker_token_file.empty()) {
+    auto token = auth::ClientToken::Open(config.tracker_token_file);
+    if (!token) return fail(token.error());
+    tracker_options.token = std::make_shared<auth::ClientToken>(std::move(token.value()));
+  } else if (!tracker_options.trackers.empty()) {
+    spdlog::warn(
+        "no --tracker-token-file: only a tracker started with --insecure-open will answer");
+  }
   TrackerClient tracker(ioc.get_executor(), tracker_options);
 
   // The swarm runs only with a tracker: without one there is nobody to find peers through.
@@ -152,8 +182,8 @@ int RunAgent(const AgentConfig& config) {
     swarm_options.libtorrent_settings = config.libtorrent_settings;
     swarm = std::make_unique<swarm::Swarm>(ioc, swarm_options);
     if (auto st = swarm->Start(); !st) return fail(st.error());
-    seeds = std::make_unique<SeedBook>(config.cache_dir + "/swarm", *store.value(), *swarm,
-                                       &tracker);
+    seeds =
+        std::make_unique<SeedBook>(config.cache_dir + "/swarm", *store.value(), *swarm, &tracker);
     size_t restored = seeds->Restore();
     swarm_metrics = std::make_unique<SwarmMetrics>(registry);
     spdlog::info("swarm listening on port {} as {}; {} tracker replica(s); seeding {} cached blobs",
@@ -163,6 +193,8 @@ int RunAgent(const AgentConfig& config) {
       asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
     });
     asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
+    if (tracker_options.token)
+      asio::co_spawn(ioc, FollowToken(ioc, tracker, *swarm), asio::detached);
   } else {
     spdlog::info("no --tracker: every blob comes from upstream, no peer-to-peer");
   }
@@ -177,8 +209,8 @@ int RunAgent(const AgentConfig& config) {
   fetch_options.lease_wait = std::chrono::milliseconds(config.lease_wait_ms);
   fetch_options.tracker_grace = std::chrono::milliseconds(config.tracker_grace_ms);
   fetch_options.peer_stall = std::chrono::milliseconds(config.peer_stall_ms);
-  FetchServices services{ioc,         client,      tracker.enabled() ? &tracker : nullptr,
-                         swarm.get(), seeds.get(), fetch_options,
+  FetchServices services{ioc,          client,      tracker.enabled() ? &tracker : nullptr,
+                         swarm.get(),  seeds.get(), fetch_options,
                          fetch_metrics};
 
   std::unique_ptr<HttpsProxy> https_proxy;

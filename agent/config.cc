@@ -86,6 +86,11 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
                  "http://shoal-tracker:7070; none = no swarm, every blob from upstream")
       ->envname("SHOAL_TRACKERS")
       ->delimiter(',');
+  app.add_option("--tracker-token-file", c.tracker_token_file,
+                 "File holding the cluster's agent token (its first line), sent to the tracker "
+                 "as a bearer token and, as its announce key, in announce URLs. Re-read when it "
+                 "changes (a Kubernetes Secret volume), so the token rotates without a restart")
+      ->envname("SHOAL_TRACKER_TOKEN_FILE");
   app.add_option("--agent-id", c.agent_id, "This agent's identity in leases (default host-pid)")
       ->envname("SHOAL_AGENT_ID");
   app.add_option("--swarm-listen", c.swarm_listen,

@@ -32,6 +32,7 @@ struct AgentConfig {
   int range_streams = 4;        // chunks of one blob in flight (upstream Range GETs or torrents)
   uint64_t part_size_mib = 16;  // chunk size when no tracker dictates one
   std::vector<std::string> trackers;          // tracker replica base URLs; empty = no swarm
+  std::string tracker_token_file;             // the cluster's agent token (re-read when it changes)
   std::string agent_id;                       // identity in leases; default hostname-pid
   std::string swarm_listen = "0.0.0.0:6881";  // libtorrent listen address (use the node IP)
   int lease_wait_ms = 5000;                   // long-poll per lease request
@@ -40,8 +41,8 @@ struct AgentConfig {
   int peer_stall_ms = 15000;     // a chunk with no verified piece for this long is re-leased
   int unchoke_slots = -1;        // peers uploaded to at once; -1: every interested LAN peer
   std::vector<std::string> libtorrent_settings;  // "name=value" settings_pack overrides
-  std::string node_name;                   // cluster prefetch: this node's name; default hostname
-  std::vector<std::string> node_labels;    // cluster prefetch: "k=v" labels for selectors
+  std::string node_name;                 // cluster prefetch: this node's name; default hostname
+  std::vector<std::string> node_labels;  // cluster prefetch: "k=v" labels for selectors
   std::string log_format = "json";
   std::string log_level = "info";
 };

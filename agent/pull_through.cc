@@ -295,7 +295,8 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
         auto fetched = co_await FetchManifest(repo, ep, reference);
         if (fetched) {
           const shim::ManifestResult& f = fetched.value();
-          Status published = co_await tracker.PublishManifest(mref, f.digest, f.media_type, f.body);
+          Status published =
+              co_await tracker.PublishManifest(mref, m.lease_id, f.digest, f.media_type, f.body);
           if (!published) {
             spdlog::warn("manifest {}: could not publish to the tracker: {}", name,
                          published.error().message);
@@ -307,7 +308,7 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
           std::string missing;
           if (fetched.error().code == ErrorCode::kNotFound)
             missing = oci::Printable(fetched.error().message);
-          Status released = co_await tracker.ReleaseManifest(mref, missing);
+          Status released = co_await tracker.ReleaseManifest(mref, m.lease_id, missing);
           if (!released) {
             spdlog::debug("manifest {}: lease release failed: {}", name, released.error().message);
           }
@@ -471,8 +472,9 @@ void PullThrough::RegisterCacheMetrics(prometheus::Registry& metrics) {
                                      .Add({});
   cache_metrics_.inflight_bytes = &prometheus::BuildGauge()
                                        .Name("shoal_cache_inflight_bytes")
-                                       .Help("Bytes reserved in the cache for blobs being "
-                                             "downloaded (counted against the budget)")
+                                       .Help(
+                                           "Bytes reserved in the cache for blobs being "
+                                           "downloaded (counted against the budget)")
                                        .Register(metrics)
                                        .Add({});
   cache_metrics_.evictions = &prometheus::BuildCounter()

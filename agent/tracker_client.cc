@@ -1,5 +1,7 @@
 #include "agent/tracker_client.h"
 
+#include "lib/auth/tokens.h"
+
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
@@ -114,7 +116,10 @@ std::vector<std::string> TrackerClient::AnnounceUrls() const {
   std::vector<std::string> out;
   for (const auto& t : options_.trackers) {
     http::Url u = t;
-    u.target = "/announce";
+    // libtorrent sends no headers (and on loopback allows no other path): the token's announce
+    // key rides in the query.
+    u.target = options_.token ? "/announce?auth=" + auth::AnnounceKey(options_.token->Current())
+                              : "/announce";
     out.push_back(u.str());
   }
   return out;
@@ -159,6 +164,7 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::CallReplica(size_t replic
   req.url.target = target;
   req.body = body;
   if (!body.empty()) req.headers.set(http_::field::content_type, "application/json");
+  if (options_.token) req.headers.set(http_::field::authorization, "Bearer " + Token());
   auto opened = co_await http_->Open(req);
   if (!opened) {
     spdlog::debug("tracker {} did not answer: {}", req.url.str(), opened.error().message);
@@ -423,6 +429,7 @@ Result<TrackerManifest> ParseManifestAnswer(const std::string& body) {
       out.age = std::chrono::milliseconds(std::max<int64_t>(0, j.value("age_ms", int64_t{0})));
     } else if (state == "fetch") {
       out.kind = TrackerManifest::Kind::kFetch;
+      out.lease_id = j.value("lease_id", std::string());
     } else if (state == "wait") {
       out.kind = TrackerManifest::Kind::kWait;
       out.retry_after = std::chrono::milliseconds(j.value("retry_after_ms", int64_t{500}));
@@ -455,10 +462,12 @@ awaitable<Result<TrackerManifest>> TrackerClient::ResolveManifest(const Manifest
   co_return ParseManifestAnswer(reply.value().body);
 }
 
-awaitable<Status> TrackerClient::PublishManifest(const ManifestRef& ref, const Digest& digest,
+awaitable<Status> TrackerClient::PublishManifest(const ManifestRef& ref,
+                                                 const std::string& lease_id, const Digest& digest,
                                                  const std::string& media_type,
                                                  const std::string& body) {
   json j = ManifestRefJson(options_.agent_id, ref);
+  j["lease_id"] = lease_id;
   j["media_type"] = media_type;
   j["manifest"] = Base64Encode(body);
   std::string target = "/v1/manifests/" + digest.str();
@@ -472,9 +481,11 @@ awaitable<Status> TrackerClient::PublishManifest(const ManifestRef& ref, const D
 }
 
 awaitable<Status> TrackerClient::ReleaseManifest(const ManifestRef& ref,
+                                                 const std::string& lease_id,
                                                  const std::string& missing) {
   std::string target = "/v1/manifests/release";
   json j = ManifestRefJson(options_.agent_id, ref);
+  j["lease_id"] = lease_id;
   if (!missing.empty()) j["missing"] = missing;
   std::string body = j.dump(-1, ' ', false, json::error_handler_t::replace);
   Digest key = ManifestOwnerKey(ref);

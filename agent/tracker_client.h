@@ -19,6 +19,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
+#include "lib/auth/tokens.h"
 #include "lib/core/digest.h"
 #include "lib/core/error.h"
 #include "lib/http/client.h"
@@ -78,6 +79,7 @@ struct TrackerManifest {
   std::chrono::milliseconds age{0};          // kFound for a tag, kMissing: since it was fetched
   std::string missing;                       // kMissing: the upstream's answer (its 404 text)
   std::chrono::milliseconds retry_after{0};  // kWait
+  std::string lease_id;                      // kFetch: quote it when publishing or releasing
 };
 
 // ---- Cluster prefetch jobs (tracker/prefetch_api.h) ----
@@ -102,6 +104,9 @@ struct TrackerClientOptions {
   std::vector<http::Url> trackers;  // replica base URLs, e.g. http://10.0.0.5:7070
   std::string agent_id;             // this agent's identity in leases
   std::chrono::milliseconds connect_timeout{2000};
+  // The cluster's agent token (sent as a bearer token; its announce key in AnnounceUrls), or
+  // null for a tracker started with --insecure-open.
+  std::shared_ptr<auth::ClientToken> token;
 };
 
 // Thread-affine: use from the agent's network thread.
@@ -111,8 +116,11 @@ class TrackerClient {
 
   bool enabled() const { return !options_.trackers.empty(); }
   const std::string& agent_id() const { return options_.agent_id; }
-  // Announce URLs of every replica (base + "/announce"), for the chunk torrents.
+  // Announce URLs of every replica (base + "/announce?auth=<announce key>"), for the chunk
+  // torrents. They change when the token does (see token_generation).
   std::vector<std::string> AnnounceUrls() const;
+  // Bumped when the token file gave a new token (re-checked every few seconds).
+  uint64_t token_generation() const { return options_.token ? options_.token->generation() : 0; }
   // Replica indexes in the rendezvous order for digest (owner first).
   std::vector<size_t> Order(const Digest& digest) const;
 
@@ -152,12 +160,14 @@ class TrackerClient {
   boost::asio::awaitable<Result<TrackerManifest>> ResolveManifest(const ManifestRef& ref,
                                                                   std::chrono::milliseconds wait);
   // Publishes a manifest fetched from upstream for ref (ending our lease on it).
-  boost::asio::awaitable<Status> PublishManifest(const ManifestRef& ref, const Digest& digest,
+  boost::asio::awaitable<Status> PublishManifest(const ManifestRef& ref,
+                                                 const std::string& lease_id, const Digest& digest,
                                                  const std::string& media_type,
                                                  const std::string& body);
   // Gives our lease on ref back after a failed upstream fetch. A non-empty `missing` (the
   // upstream's 404 text) has the tracker answer "not found" to the cluster for a while.
   boost::asio::awaitable<Status> ReleaseManifest(const ManifestRef& ref,
+                                                 const std::string& lease_id,
                                                  const std::string& missing = "");
 
   // ---- Cluster prefetch jobs. Unlike the calls above these go to one given replica: a job
@@ -207,6 +217,7 @@ class TrackerClient {
                                                     const std::string& target,
                                                     const std::string& body);
   void NoteTrackerId(size_t replica, const std::string& body);
+  const std::string& Token() const { return options_.token->Current(); }
   // Records a replica's answer (ok) or silence, and starts the probe when none answers.
   void NoteHealth(size_t replica, bool ok);
   // Asks every replica's /healthz with a growing pause (0.5 s up to 5 s) until one answers.

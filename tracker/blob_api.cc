@@ -81,6 +81,8 @@ unsigned StatusOf(BlobErrc code) {
       return 409;
     case BlobErrc::kFull:
       return 503;
+    case BlobErrc::kForbidden:
+      return 403;
   }
   return 400;
 }
@@ -117,6 +119,7 @@ struct BlobCall {
   uint64_t bytes = 0;
   std::chrono::milliseconds wait{0};
   bool may_grant = true;  // lease: false = only ready or wait
+  std::string remote;     // the TCP source address
 };
 
 namespace {
@@ -132,7 +135,8 @@ BlobApi::BlobApi(BlobApiOptions options, prometheus::Registry& registry, std::st
     : options_(std::move(options)),
       tracker_id_(std::move(tracker_id)),
       table_(options_.table, seed),
-      metrics_(BlobMetrics::Create(registry)) {
+      metrics_(BlobMetrics::Create(registry)),
+      bad_reports_(options_.bad_reports_per_minute) {
   table_.SetListener([this](BlobEvent event, const Digest& digest) { OnEvent(event, digest); });
 }
 
@@ -231,10 +235,10 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
     }
     case BlobRoute::kLease:
     case BlobRoute::kWork: {
-      auto answer = call.route == BlobRoute::kWork
-                        ? table_.Work(call.digest, call.agent, call.source, now)
-                        : table_.Lease(call.digest, call.k, call.agent, call.source, now,
-                                       call.may_grant);
+      auto answer =
+          call.route == BlobRoute::kWork
+              ? table_.Work(call.digest, call.agent, call.source, now)
+              : table_.Lease(call.digest, call.k, call.agent, call.source, now, call.may_grant);
       if (answer && answer.value().kind == LeaseAnswer::Kind::kWait) {
         metrics_.lease_waits.Increment();
       }
@@ -248,6 +252,11 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
     case BlobRoute::kPublish: {
       auto published = table_.Publish(call.digest, call.k, call.agent, call.lease_id, call.source,
                                       call.metainfo, now);
+      if (!published && published.error().code == BlobErrc::kForbidden) {
+        metrics_.publishes_refused.Increment();
+        spdlog::warn("agent {} ({}) published {}", call.agent, call.remote,
+                     published.error().message);
+      }
       if (!published) return Failure(published.error(), route);
       const PublishAnswer& p = published.value();
       json j{{"state", "ready"}, {"info_hash", swarm::Sha1Hex(p.published->info_hash)}};
@@ -264,6 +273,14 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
       return Json(200, route, json::object());
     }
     case BlobRoute::kBad: {
+      // Each accepted report makes the cluster fetch the chunk upstream again: a quota spent.
+      if (!bad_reports_.Allow(call.remote, now)) {
+        metrics_.bad_limited.Increment();
+        return Error(429,
+                     fmt::format("too many bad-chunk reports from {}: at most {:g} a minute",
+                                 call.remote, options_.bad_reports_per_minute),
+                     route);
+      }
       auto dropped = table_.ReportBad(call.digest, call.k, call.info_hash, now);
       if (!dropped) return Failure(dropped.error(), route);
       if (dropped.value()) {
@@ -354,9 +371,10 @@ void BlobApi::OnEvent(BlobEvent event, const Digest& digest) {
       waiters_.WakeBlob(digest);
       return;
     case BlobEvent::kDropped:
-      spdlog::info("a ready chunk of {} was dropped (reported bad, or its seeders all left); it "
-                   "will be leased and fetched upstream again",
-                   digest.str());
+      spdlog::info(
+          "a ready chunk of {} was dropped (reported bad, or its seeders all left); it "
+          "will be leased and fetched upstream again",
+          digest.str());
       waiters_.WakeBlob(digest);
       return;
     case BlobEvent::kEvicted:
@@ -421,6 +439,7 @@ std::optional<Rejection> ParseAgent(const Body& body, std::string& agent) {
 
 std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::milliseconds max_wait,
                                    BlobRoute& route, BlobCall& call) {
+  call.remote = req.remote.is_unspecified() ? std::string() : req.remote.to_string();
   // Path: /v1/blobs/{digest}[/chunks/{k}[/lease|/renew|/bad]]
   std::string_view rest = req.path.substr(std::min(req.path.size(), kPrefix.size() + 1));
   std::vector<std::string_view> parts;

@@ -16,12 +16,14 @@
 
 #include <prometheus/registry.h>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/address.hpp>
 #include <boost/beast/http/verb.hpp>
 #include <nlohmann/json_fwd.hpp>
 
 #include "tracker/blob_table.h"
 #include "tracker/lease_waiters.h"
 #include "tracker/metrics.h"
+#include "tracker/rate_limit.h"
 
 namespace shoal::tracker {
 
@@ -29,6 +31,7 @@ struct BlobApiOptions {
   BlobTableOptions table;
   std::chrono::milliseconds max_wait{10'000};  // wait_ms is capped to this
   size_t max_waiters = 10'000;                 // beyond, lease requests are answered at once
+  double bad_reports_per_minute = 6;           // per source address (a burst of as many)
 };
 
 // One request as the server read it. The views must stay valid until Handle completes.
@@ -37,6 +40,7 @@ struct BlobRequest {
   std::string_view path;   // without the query
   std::string_view query;  // after '?', still percent-encoded
   std::string_view body;
+  boost::asio::ip::address remote;  // the TCP peer (rate limits key on it: it cannot be forged)
 };
 
 struct BlobResponse {
@@ -95,6 +99,7 @@ class BlobApi {
   BlobTable table_;
   BlobMetrics metrics_;
   LeaseWaiters waiters_;
+  RateLimit bad_reports_;
   bool stopping_ = false;
 };
 

@@ -297,6 +297,13 @@ BlobResult<PublishAnswer> BlobTable::Publish(const Digest& digest, uint32_t k,
   Blob& blob = *ensured.value();
   Chunk& chunk = blob.chunks[k];
 
+  if (chunk.lease && chunk.lease->id != lease_id) {
+    // Only the lease holder publishes a leased chunk: anybody else could otherwise end its
+    // fetch and put their own torrent in its place.
+    return Fail(BlobErrc::kForbidden, ChunkName(digest, k) + " is leased to agent \"" +
+                                          chunk.lease->agent +
+                                          "\": only the lease holder may publish it");
+  }
   PublishAnswer answer;
   if (chunk.published) {
     // First publication wins: peers may already be downloading that torrent.

@@ -55,7 +55,8 @@ struct BlobTableOptions {
 };
 
 // Why a call failed; the blob API maps each to one HTTP status (400, 404, 409, 503).
-enum class BlobErrc { kInvalid, kNotFound, kConflict, kFull };
+// kForbidden: the caller may not do this (publishing a chunk another agent holds the lease on).
+enum class BlobErrc { kInvalid, kNotFound, kConflict, kFull, kForbidden };
 
 struct BlobError {
   BlobErrc code = BlobErrc::kInvalid;
@@ -207,10 +208,10 @@ class BlobTable {
                                               std::string_view agent, std::string_view lease_id,
                                               uint64_t bytes, TimePoint now);
   // Validates metainfo against chunk k's length and the piece size, creates the table if absent
-  // and marks the chunk ready (keeping an existing different one). Any lease on the chunk ends,
-  // whoever holds it: its holder should now download from peers. lease_id may be empty
-  // (re-publishing after a tracker restart). Errors: as Ensure, kInvalid for k out of range or
-  // metainfo that does not validate (with the reason).
+  // and marks the chunk ready (keeping an existing different one), ending the lease. lease_id
+  // may be empty (re-publishing after a tracker restart) only while nobody holds a lease on the
+  // chunk. Errors: as Ensure, kInvalid for k out of range or metainfo that does not validate
+  // (with the reason), kForbidden when another lease than lease_id is live on the chunk.
   BlobResult<PublishAnswer> Publish(const Digest& digest, uint32_t k, std::string_view agent,
                                     std::string_view lease_id, const BlobSource& source,
                                     std::string_view metainfo, TimePoint now);

@@ -46,6 +46,26 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
                "Use the announce's ip= parameter instead of the connection's source address "
                "(only behind a proxy that sets it; any client could claim any address)")
       ->envname("SHOAL_TRUST_IP_PARAM");
+  app.add_option("--agent-tokens-file", c.agent_tokens_file,
+                 "File of the tokens agents present (one per line, # comments): announces "
+                 "(by each token's announce key), chunk tables, leases, publishes, bad reports, "
+                 "manifests, prefetch polls. Re-read when it changes: list the new and the old "
+                 "token while rotating")
+      ->envname("SHOAL_AGENT_TOKENS_FILE");
+  app.add_option("--operator-tokens-file", c.operator_tokens_file,
+                 "File of the tokens operators present (shoalctl): prefetch jobs, the agent "
+                 "list, the status page's detail. Re-read when it changes")
+      ->envname("SHOAL_OPERATOR_TOKENS_FILE");
+  app.add_flag("--insecure-open", c.insecure_open,
+               "Run without token files: anyone who reaches the tracker may rebind tags, read "
+               "chunk tables and force upstream re-fetches (throwaway test trackers only)")
+      ->envname("SHOAL_INSECURE_OPEN");
+  app.add_option("--bad-reports-per-minute", c.bad_reports_per_minute,
+                 "Bad-chunk reports accepted per source address and minute (a burst of as many); "
+                 "each one accepted makes the cluster fetch the chunk upstream again")
+      ->envname("SHOAL_BAD_REPORTS_PER_MINUTE")
+      ->check(CLI::Range(1u, 100000u))
+      ->capture_default_str();
   app.add_option("--max-connections", c.max_connections, "Open HTTP connections at most")
       ->envname("SHOAL_MAX_CONNECTIONS")
       ->check(CLI::Range(1, 1'000'000))

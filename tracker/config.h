@@ -22,11 +22,11 @@ struct TrackerConfig {
   bool trust_ip_param = false;  // believe the announce's ip= (only behind a trusted proxy)
   int max_connections = 4096;
   // Chunk tables and upstream leases (the blob API).
-  uint64_t chunk_size_kib = 65536;      // 64 MiB chunks (the largest; smaller blobs get smaller)
-  uint32_t piece_size_kib = 4096;       // 4 MiB pieces in each chunk torrent (the largest)
-  uint32_t target_chunks = 64;          // smaller blobs get at least 64 full chunks
-  uint64_t min_chunk_size_kib = 1024;   // but not below 1 MiB
-  uint64_t first_chunk_kib = 1024;      // ramp: chunk 0 is 1 MiB, then 2, 4, ... (0: no ramp)
+  uint64_t chunk_size_kib = 65536;     // 64 MiB chunks (the largest; smaller blobs get smaller)
+  uint32_t piece_size_kib = 4096;      // 4 MiB pieces in each chunk torrent (the largest)
+  uint32_t target_chunks = 64;         // smaller blobs get at least 64 full chunks
+  uint64_t min_chunk_size_kib = 1024;  // but not below 1 MiB
+  uint64_t first_chunk_kib = 1024;     // ramp: chunk 0 is 1 MiB, then 2, 4, ... (0: no ramp)
   uint32_t max_upstream_fetchers = 8;  // active leases in the whole cluster (NAT quota)
   uint32_t max_leases_per_agent = 2;
   uint32_t max_leases_per_blob = 4;
@@ -34,15 +34,20 @@ struct TrackerConfig {
   int lease_ttl_s = 15;
   size_t max_blobs = 100'000;
   // The cluster-wide manifest cache (the manifest API).
-  int manifest_ttl_s = 30;              // a tag resolution is served this long
-  int manifest_missing_ttl_s = 10;      // an upstream 404 is answered this long (0: never)
-  int manifest_lease_ttl_s = 10;        // an agent fetching a manifest for the cluster, at most
-  size_t max_manifests = 10'000;        // manifests kept (LRU beyond)
+  int manifest_ttl_s = 30;                // a tag resolution is served this long
+  int manifest_missing_ttl_s = 10;        // an upstream 404 is answered this long (0: never)
+  int manifest_lease_ttl_s = 10;          // an agent fetching a manifest for the cluster, at most
+  size_t max_manifests = 10'000;          // manifests kept (LRU beyond)
   uint64_t max_manifest_cache_mib = 256;  // manifest bytes kept (LRU beyond)
   // Cluster prefetch jobs (the prefetch API).
-  int prefetch_agent_ttl_s = 30;  // an agent that has not polled for this long is gone
+  int prefetch_agent_ttl_s = 30;   // an agent that has not polled for this long is gone
   size_t max_prefetch_jobs = 256;  // jobs kept, running or ended
   int prefetch_keep_s = 3600;      // an ended job is kept this long
+  // Who may call what (tracker/access.h): token files, re-read when they change.
+  std::string agent_tokens_file;     // tokens the cluster's agents present
+  std::string operator_tokens_file;  // tokens operators present (shoalctl)
+  bool insecure_open = false;        // no token files: anyone who reaches the tracker may call it
+  uint32_t bad_reports_per_minute = 6;  // per source address; a burst of as many is allowed
   std::string log_format = "json";
   std::string log_level = "info";
 };

@@ -93,6 +93,7 @@ struct ManifestApi::Call {
   std::string media_type;
   std::string manifest;  // decoded
   std::string missing;   // release: the upstream's 404 text, when the fetch found nothing
+  std::string lease_id;  // publish, release: the lease resolve handed out
   std::chrono::milliseconds wait{0};
 };
 
@@ -192,6 +193,9 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
   }
   if (!j.is_object()) return Rejection{400, "request body is not a JSON object"};
   if (auto r = ParseReference(j, call.route != Route::kPublish, call)) return r;
+  if (call.route != Route::kResolve) {
+    if (auto r = StringField(j, "lease_id", false, 64, call.lease_id)) return r;
+  }
   if (call.route == Route::kRelease) return StringField(j, "missing", false, 1024, call.missing);
   if (call.route != Route::kPublish) return std::nullopt;
   if (call.ref_digest && *call.ref_digest != *call.digest) {
@@ -266,6 +270,12 @@ ManifestApi::ManifestApi(ManifestApiOptions options, prometheus::Registry& regis
                     .Help("Manifest publications refused (digest mismatch, too large, invalid)")
                     .Register(registry)
                     .Add({})),
+      not_holder_(prometheus::BuildCounter()
+                      .Name("shoal_tracker_manifest_publishes_refused_total")
+                      .Help("Manifest publications refused (403): the publisher did not hold the "
+                            "reference's fetch lease")
+                      .Register(registry)
+                      .Add({})),
       manifests_(prometheus::BuildGauge()
                      .Name("shoal_tracker_manifests")
                      .Help("Manifests in the cluster-wide cache")
@@ -339,8 +349,16 @@ BlobResponse ManifestApi::Execute(const Call& call, TimePoint now) {
     }
     case Route::kPublish: {
       const bool is_tag = !call.reference.empty() && !call.ref_digest;
-      PublishErrc err =
-          cache_.Publish(*call.digest, call.media_type, call.manifest, call.key, is_tag, now);
+      PublishErrc err = cache_.Publish(*call.digest, call.media_type, call.manifest, call.key,
+                                       is_tag, call.agent, call.lease_id, now);
+      if (err == PublishErrc::kNotLeaseHolder) {
+        not_holder_.Increment();
+        spdlog::warn("agent {} published {} for {} without holding its fetch lease; refused",
+                     call.agent, call.digest->str(), call.key.empty() ? "no reference" : call.key);
+        return Error(403, "only the agent holding the fetch lease on " +
+                              (call.key.empty() ? std::string("a reference") : call.key) +
+                              " may publish it (resolve it first)");
+      }
       if (err != PublishErrc::kOk) {
         rejected_.Increment();
         if (err == PublishErrc::kDigestMismatch) {
@@ -363,7 +381,9 @@ BlobResponse ManifestApi::Execute(const Call& call, TimePoint now) {
     }
     case Route::kRelease: {
       if (!call.missing.empty()) {
-        bool dropped = cache_.ReleaseMissing(call.key, call.agent, call.missing, now);
+        bool dropped =
+            cache_.ReleaseMissing(call.key, call.agent, call.lease_id, call.missing, now);
+        if (!dropped) return Json(200, json{{"released", false}, {"missing", false}});
         missing_reports_.Increment();
         spdlog::info(
             "manifest {}: agent {} found nothing upstream ({}); answering that for {} s", call.key,
@@ -372,7 +392,7 @@ BlobResponse ManifestApi::Execute(const Call& call, TimePoint now) {
         waiters_.WakeBlob(WaitKey(call.key));
         return Json(200, json{{"released", dropped}, {"missing", true}});
       }
-      bool dropped = cache_.Release(call.key, call.agent);
+      bool dropped = cache_.Release(call.key, call.agent, call.lease_id);
       if (dropped) waiters_.WakeBlob(WaitKey(call.key));
       return Json(200, json{{"released", dropped}});
     }
@@ -406,7 +426,9 @@ BlobResponse ManifestApi::ResolveResponse(const Call& call, const ManifestAnswer
         spdlog::info("manifest fetch lease on {} expired; passed to agent {}", call.key,
                      call.agent);
       }
-      return Json(200, json{{"state", "fetch"}, {"lease_ttl_ms", a.lease_ttl.count()}});
+      return Json(200, json{{"state", "fetch"},
+                            {"lease_ttl_ms", a.lease_ttl.count()},
+                            {"lease_id", a.lease_id}});
     case ManifestAnswer::Kind::kMissing:
       missing_hits_.Increment();
       return Json(200, json{{"state", "missing"}, {"error", a.missing}, {"age_ms", a.age.count()}});

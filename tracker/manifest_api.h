@@ -86,6 +86,7 @@ class ManifestApi {
   prometheus::Counter& leases_expired_;   // shoal_tracker_manifest_leases_expired_total
   prometheus::Counter& published_;        // shoal_tracker_manifests_published_total
   prometheus::Counter& rejected_;         // shoal_tracker_manifest_publish_rejected_total
+  prometheus::Counter& not_holder_;       // shoal_tracker_manifest_publishes_refused_total
   prometheus::Gauge& manifests_;          // shoal_tracker_manifests
   prometheus::Gauge& bytes_;              // shoal_tracker_manifest_bytes
 };

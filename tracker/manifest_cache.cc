@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "lib/core/content_hash.h"
 
 namespace shoal::tracker {
@@ -70,17 +72,35 @@ ManifestAnswer ManifestCache::Resolve(const std::string& key, const Digest* dige
   answer.lease_ttl = options_.lease_ttl;
   if (lease != leases_.end()) {
     answer.took_over = lease->second.agent != agent;
-    lease->second = Lease{agent, now + options_.lease_ttl};
+    if (answer.took_over || lease->second.id.empty()) lease->second.id = NewLeaseId();
+    lease->second.agent = agent;
+    lease->second.expires = now + options_.lease_ttl;
+    answer.lease_id = lease->second.id;
   } else if (leases_.size() < options_.max_leases) {
-    leases_.emplace(key, Lease{agent, now + options_.lease_ttl});
+    answer.lease_id = NewLeaseId();
+    leases_.emplace(key, Lease{agent, answer.lease_id, now + options_.lease_ttl});
   }
-  // With max_leases reached the asker fetches without a lease: no single-flight, but never a
-  // request that waits on nobody.
+  // With max_leases reached the asker fetches without a lease (and cannot publish): no
+  // single-flight, but never a request that waits on nobody.
   return answer;
 }
 
+std::string ManifestCache::NewLeaseId() { return fmt::format("{:016x}{:016x}", rng_(), rng_()); }
+
+bool ManifestCache::Holds(const std::string& key, const std::string& agent,
+                          const std::string& lease_id) const {
+  auto lease = leases_.find(key);
+  return lease != leases_.end() && !lease_id.empty() && lease->second.id == lease_id &&
+         lease->second.agent == agent;
+}
+
 PublishErrc ManifestCache::Publish(const Digest& digest, std::string media_type, std::string body,
-                                   const std::string& lease_key, bool is_tag, TimePoint now) {
+                                   const std::string& lease_key, bool is_tag,
+                                   const std::string& agent, const std::string& lease_id,
+                                   TimePoint now) {
+  // Only the agent that holds the fetch lease may bind a tag (or store under a reference):
+  // anybody else could otherwise point a victim's tag at their own image for every node.
+  if (!Holds(lease_key, agent, lease_id)) return PublishErrc::kNotLeaseHolder;
   if (body.size() > options_.max_manifest_bytes) return PublishErrc::kTooLarge;
   if (body.empty() || media_type.empty() || media_type.size() > 256) return PublishErrc::kInvalid;
   // Agents verify what they get, but a cache that stores wrong bytes would make every node
@@ -102,20 +122,30 @@ PublishErrc ManifestCache::Publish(const Digest& digest, std::string media_type,
   return PublishErrc::kOk;
 }
 
-bool ManifestCache::Release(const std::string& key, const std::string& agent) {
-  auto lease = leases_.find(key);
-  if (lease == leases_.end() || lease->second.agent != agent) return false;
-  leases_.erase(lease);
+bool ManifestCache::Release(const std::string& key, const std::string& agent,
+                            const std::string& lease_id) {
+  if (!Holds(key, agent, lease_id)) return false;
+  leases_.erase(key);
   return true;
 }
 
 bool ManifestCache::ReleaseMissing(const std::string& key, const std::string& agent,
-                                   std::string message, TimePoint now) {
-  bool dropped = Release(key, agent);
-  if (options_.missing_ttl.count() <= 0) return dropped;
+                                   const std::string& lease_id, std::string message,
+                                   TimePoint now) {
+  // Only the lease holder's "not found" is remembered: anybody's would make the cluster answer
+  // 404 for an image that exists.
+  bool dropped = Release(key, agent, lease_id);
+  if (!dropped || options_.missing_ttl.count() <= 0) return dropped;
   MakeRoom(missing_, key, options_.max_tags, now, options_.missing_ttl);
   missing_.insert_or_assign(key, Missing{std::move(message), now});
   return dropped;
+}
+
+std::optional<std::pair<std::string, std::string>> ManifestCache::LeaseOf(
+    const std::string& key) const {
+  auto lease = leases_.find(key);
+  if (lease == leases_.end()) return std::nullopt;
+  return std::make_pair(lease->second.agent, lease->second.id);
 }
 
 std::shared_ptr<const CachedManifest> ManifestCache::Find(const Digest& digest) {

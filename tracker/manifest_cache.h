@@ -12,8 +12,11 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "lib/core/digest.h"
 #include "tracker/swarm_table.h"
@@ -52,12 +55,13 @@ struct ManifestAnswer {
   std::chrono::milliseconds age{0};  // kFound for a tag, kMissing: since it was fetched
   std::string missing;               // kMissing: the upstream's answer, as the agent reported it
   std::chrono::milliseconds lease_ttl{0};  // kFetch
+  std::string lease_id;    // kFetch: quoted by Publish and Release (empty: no lease was free)
   bool took_over = false;  // kFetch: another agent's lease had expired (it never published)
   TimePoint recheck_at = TimePoint::max();  // kWait: the lease's expiry
 };
 
-// Why Publish refused a manifest (the API answers 400 / 413).
-enum class PublishErrc { kOk, kDigestMismatch, kTooLarge, kInvalid };
+// Why Publish refused a manifest (the API answers 400 / 413 / 403).
+enum class PublishErrc { kOk, kDigestMismatch, kTooLarge, kInvalid, kNotLeaseHolder };
 
 // Sizes for gauges and the status page.
 struct ManifestTotals {
@@ -73,7 +77,9 @@ struct ManifestTotals {
 // (the caller builds it; ManifestKey does).
 class ManifestCache {
  public:
-  explicit ManifestCache(ManifestCacheOptions options) : options_(options) {}
+  // seed feeds the lease ids (tests pass a fixed one).
+  explicit ManifestCache(ManifestCacheOptions options, uint64_t seed = std::random_device{}())
+      : options_(options), rng_(seed) {}
 
   // The key for a reference: "registry/repository:tag", or "...@digest" when digest_ref.
   static std::string ManifestKey(std::string_view registry, std::string_view repository,
@@ -85,19 +91,23 @@ class ManifestCache {
   ManifestAnswer Resolve(const std::string& key, const Digest* digest, const std::string& agent,
                          TimePoint now);
   // Stores body (after checking sha256(body) == digest) with its media type, records
-  // tag_key -> digest fetched now when tag_key is not empty, and ends the lease on lease_key
-  // (tag_key, or the digest reference's key). Returns kOk or why it was refused.
+  // lease_key -> digest fetched now when is_tag, and ends the lease on lease_key (the tag's or
+  // the digest reference's key). Only from the holder of that lease: agent and lease_id as
+  // Resolve handed them out. Returns kOk or why it was refused.
   PublishErrc Publish(const Digest& digest, std::string media_type, std::string body,
-                      const std::string& lease_key, bool is_tag, TimePoint now);
-  // Drops agent's lease on key (its upstream fetch failed), so the next asker fetches.
-  // Returns whether a lease was dropped.
-  bool Release(const std::string& key, const std::string& agent);
+                      const std::string& lease_key, bool is_tag, const std::string& agent,
+                      const std::string& lease_id, TimePoint now);
+  // Drops agent's lease lease_id on key (its upstream fetch failed), so the next asker
+  // fetches. Returns whether a lease was dropped (false: not the holder).
+  bool Release(const std::string& key, const std::string& agent, const std::string& lease_id);
   // Like Release, and remembers for missing_ttl that the upstream has no such manifest (the
   // agent's fetch got a 404; message is its text), so that a thousand nodes asking for a typo
   // cost one upstream request, not a thousand one after the other. A later Publish of key
   // forgets it. Returns whether a lease was dropped.
-  bool ReleaseMissing(const std::string& key, const std::string& agent, std::string message,
-                      TimePoint now);
+  bool ReleaseMissing(const std::string& key, const std::string& agent, const std::string& lease_id,
+                      std::string message, TimePoint now);
+  // The agent and id of the lease on key, if any (status page, tests).
+  std::optional<std::pair<std::string, std::string>> LeaseOf(const std::string& key) const;
   // The stored manifest for digest, or nullptr.
   std::shared_ptr<const CachedManifest> Find(const Digest& digest);
   // Drops expired leases and expired tags; returns the number of leases that expired.
@@ -113,6 +123,7 @@ class ManifestCache {
   };
   struct Lease {
     std::string agent;
+    std::string id;
     TimePoint expires;
   };
   struct Missing {
@@ -123,10 +134,13 @@ class ManifestCache {
     std::shared_ptr<const CachedManifest> manifest;
     std::list<Digest>::iterator lru;  // position in lru_ (front: most recent)
   };
+  std::string NewLeaseId();
+  bool Holds(const std::string& key, const std::string& agent, const std::string& lease_id) const;
   void Store(std::shared_ptr<const CachedManifest> manifest);
   void EvictOverBounds();
 
   ManifestCacheOptions options_;
+  std::mt19937_64 rng_;
   std::unordered_map<Digest, Entry> manifests_;
   std::list<Digest> lru_;
   uint64_t bytes_ = 0;

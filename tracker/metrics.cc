@@ -96,6 +96,10 @@ BlobMetrics BlobMetrics::Create(prometheus::Registry& registry) {
       counter("shoal_tracker_chunks_published_total", "Chunks that became ready (metainfo kept)"),
       counter("shoal_tracker_lease_waits_total",
               "Lease requests first answered with wait (long-polled or not)"),
+      counter("shoal_tracker_chunk_publishes_refused_total",
+              "Chunk publications refused (403): another agent holds the chunk's lease"),
+      counter("shoal_tracker_bad_reports_limited_total",
+              "Bad-chunk reports refused (429): over --bad-reports-per-minute for their source"),
       gauge("shoal_tracker_leases_active", "Upstream leases active now, over all blobs"),
       gauge("shoal_tracker_blobs", "Blob chunk tables kept"),
       prometheus::BuildCounter()

@@ -46,6 +46,8 @@ struct BlobMetrics {
   prometheus::Counter& leases_released;               // shoal_tracker_leases_released_total
   prometheus::Counter& chunks_published;              // shoal_tracker_chunks_published_total
   prometheus::Counter& lease_waits;                   // shoal_tracker_lease_waits_total
+  prometheus::Counter& publishes_refused;             // shoal_tracker_chunk_publishes_refused_total
+  prometheus::Counter& bad_limited;                   // shoal_tracker_bad_reports_limited_total
   prometheus::Gauge& leases_active;                   // shoal_tracker_leases_active
   prometheus::Gauge& blobs;                           // shoal_tracker_blobs
   prometheus::Family<prometheus::Counter>& requests;  // shoal_tracker_blob_api_requests_total

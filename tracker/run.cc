@@ -20,6 +20,7 @@
 #include "lib/core/error.h"
 #include "lib/core/log.h"
 #include "lib/swarm/chunk_torrent.h"
+#include "tracker/access.h"
 #include "tracker/blob_api.h"
 #include "tracker/manifest_api.h"
 #include "tracker/prefetch_api.h"
@@ -101,6 +102,7 @@ int RunTracker(const TrackerConfig& config) {
   blob_options.table.head_start = std::chrono::milliseconds(config.head_start_ms);
   blob_options.table.lease_ttl = std::chrono::seconds(config.lease_ttl_s);
   blob_options.table.max_blobs = config.max_blobs;
+  blob_options.bad_reports_per_minute = config.bad_reports_per_minute;
   swarm::ChunkLayout layout{1, blob_options.table.chunk_size, blob_options.table.piece_size, 0};
   if (Status valid = layout.Validate(); !valid) {
     return fail(MakeError(ErrorCode::kInvalidArgument,
@@ -148,7 +150,13 @@ int RunTracker(const TrackerConfig& config) {
   prefetch_options.jobs.max_jobs = config.max_prefetch_jobs;
   prefetch_options.jobs.keep_ended = std::chrono::seconds(config.prefetch_keep_s);
   PrefetchApi prefetch(prefetch_options, registry, blobs.tracker_id());
-  Server server(ioc, service, blobs, manifests, prefetch, server_options);
+  AccessOptions access_options;
+  access_options.agent_tokens_file = config.agent_tokens_file;
+  access_options.operator_tokens_file = config.operator_tokens_file;
+  access_options.insecure_open = config.insecure_open;
+  auto access = Access::Create(access_options, registry);
+  if (!access) return fail(access.error());
+  Server server(ioc, service, blobs, manifests, prefetch, access.value(), server_options);
   server.SetMetricsHandler(
       [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
   auto port = server.Listen(listen.value().first, listen.value().second);
@@ -176,6 +184,11 @@ int RunTracker(const TrackerConfig& config) {
       "manifests / {} MiB",
       config.manifest_ttl_s, config.manifest_missing_ttl_s, config.manifest_lease_ttl_s,
       config.max_manifests, config.max_manifest_cache_mib);
+  if (access.value().open()) {
+    spdlog::warn("access: {}", access.value().Describe());
+  } else {
+    spdlog::info("access: {}; token files re-read when they change", access.value().Describe());
+  }
   spdlog::info(
       "prefetch jobs: agents gone after {} s of silence, at most {} jobs, ended ones "
       "kept {} s",
@@ -194,9 +207,35 @@ int RunTracker(const TrackerConfig& config) {
       manifests.Sweep(TrackerClock::now());
       prefetch.Sweep(TrackerClock::now());
       schedule_sweep();
+
+      // Token files: re-read when they change (a Secret volume is updated in place), so tokens
+      // rotate without a restart.
+      asio::steady_timer reload(ioc);
+      std::function<void()> schedule_reload = [&] {
+        reload.expires_after(std::chrono::seconds(2));
+        reload.async_wait([&](boost::system::error_code ec) {
+          if (ec) return;
+          access.value().Reload();
+          schedule_reload();
+        });
+      };
+      schedule_reload();
     });
   };
   schedule_sweep();
+
+  // Token files: re-read when they change (a Secret volume is updated in place), so tokens
+  // rotate without a restart.
+  asio::steady_timer reload(ioc);
+  std::function<void()> schedule_reload = [&] {
+    reload.expires_after(std::chrono::seconds(2));
+    reload.async_wait([&](boost::system::error_code ec) {
+      if (ec) return;
+      access.value().Reload();
+      schedule_reload();
+    });
+  };
+  schedule_reload();
 
   // Graceful shutdown: stop accepting, give open requests a bounded time, then stop.
   asio::signal_set signals(ioc, SIGINT, SIGTERM);
@@ -219,6 +258,7 @@ int RunTracker(const TrackerConfig& config) {
     manifests.Shutdown();
     prefetch.Shutdown();
     sweep.cancel();
+    reload.cancel();
     deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     drain_check();
   });

@@ -9,6 +9,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "tracker/access.h"
+#include "tracker/response.h"
+
 namespace shoal::tracker {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -76,10 +79,11 @@ StringResponse MakeResponse(unsigned version, bool keep_alive, http::status stat
 class Connection {
  public:
   Connection(tcp::socket socket, TrackerService& service, BlobApi& blobs, ManifestApi& manifests,
-             PrefetchApi& prefetch, const ServerOptions& options,
+             PrefetchApi& prefetch, Access& access, const ServerOptions& options,
              const std::function<std::string()>& metrics_text)
       : stream_(std::move(socket)),
         service_(service),
+        access_(access),
         blobs_(blobs),
         manifests_(manifests),
         prefetch_(prefetch),
@@ -165,22 +169,25 @@ class Connection {
         q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
     StringResponse res;
     std::string_view route_name;
-    if (BlobApi::Owns(path)) {
-      BlobRequest blob_req{req.method(), path, query, req.body()};
+    if (std::optional<StringResponse> refused = Refuse(req, path, query)) {
+      res = std::move(*refused);
+      route_name = RouteLabel(path);
+    } else if (BlobApi::Owns(path)) {
+      BlobRequest blob_req{req.method(), path, query, req.body(), remote_.address()};
       BlobResponse answer = co_await blobs_.Handle(blob_req);
       res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
                          std::move(answer.body), "application/json");
       if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
       route_name = "blobs";
     } else if (ManifestApi::Owns(path)) {
-      BlobRequest manifest_req{req.method(), path, query, req.body()};
+      BlobRequest manifest_req{req.method(), path, query, req.body(), remote_.address()};
       BlobResponse answer = co_await manifests_.Handle(manifest_req);
       res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
                          std::move(answer.body), "application/json");
       if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
       route_name = "manifests";
     } else if (PrefetchApi::Owns(path)) {
-      BlobRequest prefetch_req{req.method(), path, query, req.body()};
+      BlobRequest prefetch_req{req.method(), path, query, req.body(), remote_.address()};
       BlobResponse answer = co_await prefetch_.Handle(prefetch_req);
       res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
                          std::move(answer.body), "application/json");
@@ -188,7 +195,8 @@ class Connection {
       route_name = "prefetch";
     } else {
       Route route = RouteOf(path);
-      res = Answer(req, route, query);
+      res = Answer(req, route, query,
+                   route == Route::kStatus && access_.IsOperator(req[http::field::authorization]));
       route_name = RouteName(route);
     }
     if (req.method() == http::verb::head) {
@@ -200,7 +208,59 @@ class Connection {
     co_return res;
   }
 
-  StringResponse Answer(const Request& req, Route route, std::string_view query) {
+  static std::string_view RouteLabel(std::string_view path) {
+    if (BlobApi::Owns(path)) return "blobs";
+    if (ManifestApi::Owns(path)) return "manifests";
+    if (PrefetchApi::Owns(path)) return "prefetch";
+    return RouteName(RouteOf(path));
+  }
+
+  // The refusal of a request whose credential does not admit it to path, or nullopt. Announce
+  // and scrape carry an agent's announce key in the query (auth=); everything else a bearer
+  // token.
+  std::optional<StringResponse> Refuse(const Request& req, std::string_view path,
+                                       std::string_view query) {
+    Role needed = RequiredRole(req.method(), path);
+    Access::Verdict verdict = Access::Verdict::kAllowed;
+    bool announce = path == "/announce" || path == "/scrape";
+    std::string_view key = announce ? AnnounceKeyOf(query) : std::string_view();
+    if (announce && !access_.open()) {
+      if (key.empty()) {
+        verdict = access_.Check(needed, req[http::field::authorization]);
+      } else if (!access_.CheckAnnounceKey(key)) {
+        verdict = Access::Verdict::kInvalid;
+      }
+    } else {
+      verdict = access_.Check(needed, req[http::field::authorization]);
+    }
+    if (verdict == Access::Verdict::kAllowed) return std::nullopt;
+    access_.CountRefused(RouteLabel(path), verdict);
+    std::string text = RefusalText(verdict, needed);
+    if (announce && key.empty() && verdict == Access::Verdict::kMissing) {
+      text = "this tracker needs an agent's announce key: /announce?auth=<key>";
+    }
+    auto status = verdict == Access::Verdict::kForbidden ? http::status::forbidden
+                                                         : http::status::unauthorized;
+    StringResponse res;
+    if (announce) {
+      res =
+          MakeResponse(req.version(), req.keep_alive(), status, EncodeFailure(text), "text/plain");
+    } else if (RouteLabel(path) == "blobs" || RouteLabel(path) == "manifests" ||
+               RouteLabel(path) == "prefetch") {
+      BlobResponse answer = blobs_.Error(static_cast<unsigned>(status), text);
+      res = MakeResponse(req.version(), req.keep_alive(), status, std::move(answer.body),
+                         "application/json");
+    } else {
+      res = MakeResponse(req.version(), req.keep_alive(), status, text + "\n", "text/plain");
+    }
+    if (status == http::status::unauthorized) {
+      res.set(http::field::www_authenticate, "Bearer realm=\"shoal-tracker\"");
+    }
+    return res;
+  }
+
+  StringResponse Answer(const Request& req, Route route, std::string_view query,
+                        bool operator_view) {
     unsigned v = req.version();
     bool keep = req.keep_alive();
     if (req.method() != http::verb::get && req.method() != http::verb::head) {
@@ -227,9 +287,17 @@ class Connection {
       case Route::kHealth:
         return MakeResponse(v, keep, http::status::ok, "ok\n", "text/plain");
       case Route::kStatus:
+        if (!operator_view) {
+          // Totals only: swarms, leases, manifests and jobs name images.
+          return MakeResponse(v, keep, http::status::ok,
+                              service_.StatusPage(false) +
+                                  "\nswarms, leases, manifests and prefetch jobs: send an "
+                                  "operator token (Authorization: Bearer <token>)\n",
+                              "text/plain; charset=utf-8");
+        }
         return MakeResponse(
             v, keep, http::status::ok,
-            service_.StatusPage() + "\n" + blobs_.StatusSection(TrackerClock::now()) +
+            service_.StatusPage(true) + "\n" + blobs_.StatusSection(TrackerClock::now()) +
                 manifests_.StatusSection() + prefetch_.StatusSection(TrackerClock::now()),
             "text/plain; charset=utf-8");
       case Route::kNotFound:
@@ -242,6 +310,7 @@ class Connection {
 
   beast::tcp_stream stream_;
   TrackerService& service_;
+  Access& access_;
   BlobApi& blobs_;
   ManifestApi& manifests_;
   PrefetchApi& prefetch_;
@@ -253,9 +322,10 @@ class Connection {
 }  // namespace
 
 Server::Server(asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
-               ManifestApi& manifests, PrefetchApi& prefetch, ServerOptions options)
+               ManifestApi& manifests, PrefetchApi& prefetch, Access& access, ServerOptions options)
     : ioc_(ioc),
       service_(service),
+      access_(access),
       blobs_(blobs),
       manifests_(manifests),
       prefetch_(prefetch),
@@ -310,7 +380,7 @@ awaitable<void> Server::AcceptLoop() {
 awaitable<void> Server::Session(tcp::socket socket) {
   ++active_;
   service_.metrics().connections.Set(active_);
-  Connection conn(std::move(socket), service_, blobs_, manifests_, prefetch_, options_,
+  Connection conn(std::move(socket), service_, blobs_, manifests_, prefetch_, access_, options_,
                   metrics_text_);
   try {
     co_await conn.Run();

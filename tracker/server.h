@@ -16,6 +16,7 @@
 #include <boost/asio/ip/tcp.hpp>
 
 #include "lib/core/error.h"
+#include "tracker/access.h"
 #include "tracker/blob_api.h"
 #include "tracker/manifest_api.h"
 #include "tracker/prefetch_api.h"
@@ -36,8 +37,9 @@ struct ServerOptions {
 class Server {
  public:
   // service, blobs, manifests and prefetch must outlive the server.
+  // access decides who may call what (tracker/access.h).
   Server(boost::asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
-         ManifestApi& manifests, PrefetchApi& prefetch, ServerOptions options);
+         ManifestApi& manifests, PrefetchApi& prefetch, Access& access, ServerOptions options);
 
   // Binds address:port (port 0 picks a free one) and returns the bound port. Errors:
   // kInvalidArgument for a bad address, kIo when binding fails.
@@ -59,6 +61,7 @@ class Server {
 
   boost::asio::io_context& ioc_;
   TrackerService& service_;
+  Access& access_;
   BlobApi& blobs_;
   ManifestApi& manifests_;
   PrefetchApi& prefetch_;

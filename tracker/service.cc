@@ -97,7 +97,7 @@ std::string TrackerService::Scrape(std::string_view query) {
   return EncodeScrapeReply(files);
 }
 
-std::string TrackerService::StatusPage() const {
+std::string TrackerService::StatusPage(bool detail) const {
   SwarmTotals totals = table_.totals();
   std::string out;
   out += "shoal-tracker\n\n";
@@ -112,6 +112,7 @@ std::string TrackerService::StatusPage() const {
   out += fmt::format(
       "limits: {} swarms, {} peers per swarm, {} peers\n\n", table_.options().limits.max_swarms,
       table_.options().limits.max_peers_per_swarm, table_.options().limits.max_peers);
+  if (!detail) return out;
   auto largest = table_.Largest(kStatusPageSwarms);
   out += fmt::format("{:<40}  {:>9}  {:>10}  {:>10}\n", "info_hash", "complete", "incomplete",
                      "downloaded");

@@ -50,8 +50,8 @@ class TrackerService {
                        TimePoint now);
   // The bencoded body answering GET /scrape?<query>, or a `failure reason`.
   std::string Scrape(std::string_view query);
-  // A plain-text page: totals, settings, and the largest swarms.
-  std::string StatusPage() const;
+  // A plain-text page: totals and settings, and with detail the largest swarms (info-hashes).
+  std::string StatusPage(bool detail) const;
   // Drops silent peers and refreshes the gauges; the server calls it periodically.
   void Sweep(TimePoint now);
   // Refreshes the gauges from the table (before /metrics is rendered).

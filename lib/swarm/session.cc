@@ -30,6 +30,16 @@
 namespace shoal::swarm {
 namespace {
 
+// An announce URL for logs: its announce key (auth=...) is a credential.
+std::string Redacted(std::string_view url) {
+  std::string out(url);
+  size_t p = out.find("auth=");
+  if (p == std::string::npos) return out;
+  size_t end = out.find('&', p);
+  out.replace(p + 5, end == std::string::npos ? std::string::npos : end - p - 5, "<key>");
+  return out;
+}
+
 Sha1 FromLt(const lt::sha1_hash& h) {
   Sha1 out{};
   std::copy(h.begin(), h.end(), out.begin());
@@ -274,30 +284,31 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
         spdlog::error(
             "swarm: announces fail (tracker {}: {}); peers cannot find this agent while "
             "this lasts",
-            tr->tracker_url(), msg);
+            Redacted(tr->tracker_url()), msg);
       }
       if (tr->times_in_row <= 1) {
-        spdlog::warn("swarm: tracker {} failed for chunk {}: {}", tr->tracker_url(),
+        spdlog::warn("swarm: tracker {} failed for chunk {}: {}", Redacted(tr->tracker_url()),
                      c ? c->name : tr->torrent_name(), msg);
       } else {
         spdlog::debug("swarm: tracker {} failed for chunk {} ({} times in a row): {}",
-                      tr->tracker_url(), c ? c->name : tr->torrent_name(), tr->times_in_row, msg);
+                      Redacted(tr->tracker_url()), c ? c->name : tr->torrent_name(),
+                      tr->times_in_row, msg);
       }
     } else if (auto* tw = lt::alert_cast<lt::tracker_warning_alert>(a)) {
-      spdlog::warn("swarm: tracker {} warns about chunk {}: {}", tw->tracker_url(),
+      spdlog::warn("swarm: tracker {} warns about chunk {}: {}", Redacted(tw->tracker_url()),
                    tw->torrent_name(), tw->warning_message());
     } else if (auto* rep = lt::alert_cast<lt::tracker_reply_alert>(a)) {
       ++announce_replies;
       if (announces_failing) {
         announces_failing = false;
-        spdlog::info("swarm: announces work again (tracker {})", rep->tracker_url());
+        spdlog::info("swarm: announces work again (tracker {})", Redacted(rep->tracker_url()));
       }
       if (Chunk* c = Find(rep->handle)) {
         ++c->announces.replies;
         c->announces.peers_offered = rep->num_peers;
       }
-      spdlog::debug("swarm: tracker {} returned {} peers for chunk {}", rep->tracker_url(),
-                    rep->num_peers, rep->torrent_name());
+      spdlog::debug("swarm: tracker {} returned {} peers for chunk {}",
+                    Redacted(rep->tracker_url()), rep->num_peers, rep->torrent_name());
     } else if (auto* ls = lt::alert_cast<lt::listen_succeeded_alert>(a)) {
       // libtorrent also opens a UDP socket (uTP and UDP trackers) even with uTP off.
       spdlog::log(
@@ -627,6 +638,15 @@ void Swarm::Reannounce(const Sha1& info_hash) {
   auto it = impl_->chunks.find(info_hash);
   if (it == impl_->chunks.end()) return;
   it->second.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+}
+
+void Swarm::ReplaceTrackers(const std::vector<std::string>& urls) {
+  std::vector<lt::announce_entry> entries;
+  for (const std::string& url : urls) entries.emplace_back(url);
+  for (auto& [key, chunk] : impl_->chunks) {
+    chunk.handle.replace_trackers(entries);
+    chunk.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+  }
 }
 
 void Swarm::ReannounceAll() {

@@ -170,6 +170,9 @@ class Swarm {
   SwarmStats Stats();
   // Announces every chunk to its trackers now (e.g. a restarted tracker lost its peer lists).
   void ReannounceAll();
+  // Gives every chunk these announce URLs instead of its own, and re-announces (the agent's
+  // token, and with it the announce key in the URLs, rotated).
+  void ReplaceTrackers(const std::vector<std::string>& urls);
   // Announces one chunk now, to learn peers that joined since (no-op when absent).
   void Reannounce(const Sha1& info_hash);
   // The chunk's announce results and connected peers; nullopt when it is not added. A

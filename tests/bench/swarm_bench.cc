@@ -74,6 +74,7 @@
 #include "tests/support/image.h"
 #include "tests/support/proc_stats.h"
 #include "tests/support/process.h"
+#include "tests/support/tokens.h"
 
 namespace shoal::testkit {
 namespace {
@@ -542,21 +543,13 @@ ShoalCluster StartShoal(const Options& o, const Paths& p, const std::vector<Endp
   ShoalCluster c;
   std::string tdir = p.dir + "/" + tag + "-tracker";
   fs::create_directories(tdir);
-  std::vector<std::string> targv = {"ip",
-                                    "netns",
-                                    "exec",
-                                    tracker_ep.ns,
-                                    o.tracker_bin,
-                                    "--listen",
-                                    tracker_ep.ip + ":" + std::to_string(kTrackerPort),
-                                    "--port-file",
-                                    tdir + "/port",
-                                    "--log-format",
-                                    "text",
-                                    "--chunk-size-kib",
-                                    std::to_string(o.chunk_mib * 1024),
-                                    "--piece-size-kib",
-                                    std::to_string(o.piece_kib)};
+  std::vector<std::string> targv = {
+      "ip", "netns", "exec", tracker_ep.ns, o.tracker_bin, "--listen",
+      tracker_ep.ip + ":" + std::to_string(kTrackerPort), "--port-file", tdir + "/port",
+      "--log-format", "text", "--chunk-size-kib", std::to_string(o.chunk_mib * 1024),
+      "--piece-size-kib", std::to_string(o.piece_kib),
+      // The cluster's tokens, as deployed (issue 14).
+      "--agent-tokens-file", Tokens().agent_file, "--operator-tokens-file", Tokens().operator_file};
   targv.insert(targv.end(), o.tracker_args.begin(), o.tracker_args.end());
   CheckInterrupted();
   auto tproc = Process::Start(targv, p.logs + "/" + tag + "-tracker.log");
@@ -590,6 +583,8 @@ ShoalCluster StartShoal(const Options& o, const Paths& p, const std::vector<Endp
                                      "docker.io=" + upstream_url,
                                      "--tracker",
                                      tracker_url,
+                                     "--tracker-token-file",
+                                     Tokens().agent_file,
                                      "--swarm-listen",
                                      n.ip + ":" + std::to_string(kSwarmPort),
                                      "--agent-id",

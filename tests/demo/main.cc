@@ -29,6 +29,7 @@
 #include "tests/support/image.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
+#include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
 
 namespace shoal::testkit {
@@ -129,6 +130,8 @@ Result<AgentProc> StartAgent(const std::string& binary, const TempDir& dir, size
                                    "docker.io=" + upstream_url,
                                    "--tracker",
                                    tracker_url,
+                                   "--tracker-token-file",
+                                   Tokens().agent_file,
                                    "--swarm-listen",
                                    "127.0.0.1:0",
                                    "--agent-id",
@@ -203,7 +206,8 @@ PullResult Pull(const AgentProc& agent, size_t index, const BuiltImage& image,
 }
 
 int Run(int argc, char** argv) {
-  CLI::App app{"shoal-demo: a cold cluster pull and a warm pull of a generated image through shoal"};
+  CLI::App app{
+      "shoal-demo: a cold cluster pull and a warm pull of a generated image through shoal"};
   std::string agent_bin = SHOAL_AGENT_BIN;
   uint64_t big_mib = 256;
   bool keep = false;
@@ -336,10 +340,10 @@ int Run(int argc, char** argv) {
               "from upstream", "from peers", "from cache", "verified");
   for (size_t round = 0; round < rounds.size(); ++round) {
     for (const PullResult& r : rounds[round]) {
-      std::printf("%-5zu %-6zu %7.2f s %9.0f %15s %15s %15s %9s\n", round + 1, r.agent,
-                  r.seconds, total / (1 << 20) / r.seconds,
-                  HumanBytes(r.upstream_bytes).c_str(), HumanBytes(r.peer_bytes).c_str(),
-                  HumanBytes(r.cache_bytes).c_str(), r.verified ? "yes" : "NO");
+      std::printf("%-5zu %-6zu %7.2f s %9.0f %15s %15s %15s %9s\n", round + 1, r.agent, r.seconds,
+                  total / (1 << 20) / r.seconds, HumanBytes(r.upstream_bytes).c_str(),
+                  HumanBytes(r.peer_bytes).c_str(), HumanBytes(r.cache_bytes).c_str(),
+                  r.verified ? "yes" : "NO");
     }
   }
   std::printf(
@@ -374,9 +378,10 @@ int Run(int argc, char** argv) {
     std::printf("logs: %s (rerun with --keep to keep them)\n", dir.path().c_str());
     return 1;
   }
-  std::printf("\nshoal-demo: OK (cold cluster: %.2fx the image from upstream for %zu agents; "
-              "warm pull: 0 bytes from upstream)\n",
-              static_cast<double>(cold_upstream) / total, agents.size());
+  std::printf(
+      "\nshoal-demo: OK (cold cluster: %.2fx the image from upstream for %zu agents; "
+      "warm pull: 0 bytes from upstream)\n",
+      static_cast<double>(cold_upstream) / total, agents.size());
   for (auto& a : agents) {
     int status = a.process->Stop();
     if (status != 0 && status != 128 + SIGTERM) {

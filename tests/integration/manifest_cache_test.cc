@@ -19,6 +19,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/sync_server.h"
+#include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
 
 namespace shoal::testkit {
@@ -204,8 +205,9 @@ TEST_CASE("manifest cache: a fetch lease that never publishes costs at most --ma
   REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
   w.tracker = std::move(t.value());
   // Another "agent" takes the tag's fetch lease and never publishes (hung, or partitioned away).
-  auto taken = HttpRequest("POST", w.tracker->Url() + "/v1/manifests/resolve",
-                           {{"Content-Type", "application/json"}},
+  auto headers = AgentAuth();
+  headers.emplace_back("Content-Type", "application/json");
+  auto taken = HttpRequest("POST", w.tracker->Url() + "/v1/manifests/resolve", headers,
                            R"({"agent":"stuck","registry":"docker.io","repository":"demo/app",)"
                            R"("reference":"1"})");
   REQUIRE(taken.has_value());

@@ -17,6 +17,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
+#include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
 
 namespace shoal::testkit {
@@ -132,7 +133,7 @@ struct PrefetchWorld {
     if (!replica) replica = tracker.get();
     bool ok = WaitUntil(
         [&] {
-          auto r = HttpGet(replica->Url() + "/v1/prefetch/agents");
+          auto r = HttpGet(replica->Url() + "/v1/prefetch/agents", OperatorAuth());
           if (!r || r.value().status != 200) return false;
           auto j = nlohmann::json::parse(r.value().body, nullptr, false);
           return !j.is_discarded() && j["agents"].size() == n;
@@ -147,6 +148,8 @@ struct PrefetchWorld {
     args.push_back("--json");
     args.push_back("--timeout");
     args.push_back("25s");
+    args.push_back("--operator-token-file");
+    args.push_back(Tokens().operator_file);
     auto out = Shoalctl(args);
     std::string logs;
     for (auto& a : agents) logs += a->LogTail() + "\n";
@@ -277,8 +280,9 @@ TEST_CASE("prefetch: a cluster prefetch of a subset warms only the chosen nodes"
   for (size_t i = 0; i < 2; ++i) CHECK(again["nodes"][i]["node"] == out["nodes"][i]["node"]);
 
   // A selection that matches nobody is refused before anything runs.
-  auto none = Shoalctl({"prefetch", "gcr.io/proj/c:1", "--cluster", "--tracker", w.tracker->Url(),
-                        "--selector", "zone=mars"});
+  auto none =
+      Shoalctl({"prefetch", "gcr.io/proj/c:1", "--cluster", "--tracker", w.tracker->Url(),
+                "--selector", "zone=mars", "--operator-token-file", Tokens().operator_file});
   REQUIRE_FALSE(none.has_value());
   CHECK(none.error().message.find("matches none") != std::string::npos);
 }
@@ -334,7 +338,7 @@ TEST_CASE(
   REQUIRE(res.has_value());
   CHECK(res.value().status == 400);
   CHECK(res.value().body.find("gcr.io/Proj/UPPER:1") != std::string::npos);
-  res = HttpRequest("POST", w.tracker->Url() + "/v1/prefetch/jobs", {},
+  res = HttpRequest("POST", w.tracker->Url() + "/v1/prefetch/jobs", OperatorAuth(),
                     R"({"images":["gcr.io/Proj/UPPER:1"]})");
   REQUIRE(res.has_value());
   CHECK(res.value().status == 400);

@@ -22,6 +22,7 @@
 #include "tests/support/counting_proxy.h"
 #include "tests/support/http_client.h"
 #include "tests/support/image.h"
+#include "tests/support/netns.h"
 #include "tests/support/proc_stats.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
@@ -151,43 +152,6 @@ class SmallDisk {
  private:
   std::string path_;
   bool mounted_ = false;
-};
-
-// A network namespace with one veth pair: 198.18.<n>.1/30 on the host, .2 inside. Removed by
-// the destructor.
-class NetNs {
- public:
-  explicit NetNs(int n)
-      : name_("shoal-rb" + std::to_string(::getpid() % 10000) + "-" + std::to_string(n)),
-        host_("198.18." + std::to_string(n) + ".1"),
-        inside_("198.18." + std::to_string(n) + ".2") {
-    const std::string h = "shrb" + std::to_string(::getpid() % 10000) + "h";
-    const std::string i = "shrb" + std::to_string(::getpid() % 10000) + "i";
-    host_if_ = h;
-    ok_ = Run({"ip", "netns", "add", name_}) &&
-          Run({"ip", "link", "add", h, "type", "veth", "peer", "name", i}) &&
-          Run({"ip", "link", "set", i, "netns", name_}) &&
-          Run({"ip", "addr", "add", host_ + "/30", "dev", h}) &&
-          Run({"ip", "link", "set", h, "up"}) &&
-          Run({"ip", "netns", "exec", name_, "ip", "addr", "add", inside_ + "/30", "dev", i}) &&
-          Run({"ip", "netns", "exec", name_, "ip", "link", "set", i, "up"}) &&
-          Run({"ip", "netns", "exec", name_, "ip", "link", "set", "lo", "up"});
-  }
-  ~NetNs() {
-    (void)RunCommand({"ip", "link", "del", host_if_}, seconds(10));
-    (void)RunCommand({"ip", "netns", "del", name_}, seconds(10));
-  }
-  bool ok() const { return ok_; }
-  const std::string& name() const { return name_; }
-  const std::string& host() const { return host_; }
-  const std::string& inside() const { return inside_; }
-
- private:
-  static bool Run(std::vector<std::string> argv) {
-    return RunCommand(std::move(argv), seconds(10)).has_value();
-  }
-  std::string name_, host_, inside_, host_if_;
-  bool ok_ = false;
 };
 
 }  // namespace

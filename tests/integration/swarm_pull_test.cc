@@ -19,6 +19,7 @@
 #include "tests/support/image.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
+#include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
 
 namespace shoal::testkit {
@@ -311,7 +312,7 @@ size_t TrackerChunks(const TrackerProcess& tracker, const BuiltImage& image) {
   blobs.push_back(image.config_digest);
   size_t chunks = 0;
   for (const Digest& d : blobs) {
-    auto r = HttpGet(tracker.Url() + "/v1/blobs/" + d.str());
+    auto r = HttpGet(tracker.Url() + "/v1/blobs/" + d.str(), AgentAuth());
     if (!r || r.value().status != 200) continue;
     auto j = nlohmann::json::parse(r.value().body, nullptr, false);
     if (j.is_object() && j.contains("chunks")) chunks += j["chunks"].size();
@@ -344,9 +345,7 @@ TEST_CASE("swarm: an agent killed mid-pull and restarted on its cache completes,
       (void)SkopeoCopyToLayout(agent.HostPort() + "/demo/" + tag + ":1", w.dir.Sub(tag + "-a"));
     });
     bool reached = WaitUntil(
-        [&] {
-          return w.proxy->BlobBytes() - upstream_before >= kill_at_mib[round] * (1 << 20);
-        },
+        [&] { return w.proxy->BlobBytes() - upstream_before >= kill_at_mib[round] * (1 << 20); },
         seconds(60), milliseconds(10));
     agent.Kill();
     first.join();
@@ -366,7 +365,7 @@ TEST_CASE("swarm: an agent killed mid-pull and restarted on its cache completes,
   const double published = w.tracker->Metric("shoal_tracker_chunks_published_total");
   const double released = w.tracker->Metric("shoal_tracker_leases_released_total");
   MESSAGE("chunks " << chunks << ", granted " << granted << ", published " << published
-                 << ", released " << released);
+                    << ", released " << released);
   REQUIRE(chunks > 0);
   CHECK(granted <= 3.0 * chunks + 10);
   CHECK(published <= 3.0 * chunks + 10);

@@ -26,12 +26,14 @@
 #include <boost/asio/post.hpp>
 #include <libtorrent/bdecode.hpp>
 
+#include "lib/auth/tokens.h"
 #include "lib/http/url.h"
 #include "lib/swarm/chunk_torrent.h"
 #include "lib/swarm/file_range.h"
 #include "lib/swarm/session.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
+#include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
 
 namespace shoal::testkit {
@@ -49,22 +51,26 @@ using swarm::Swarm;
 struct Tracker {
   std::unique_ptr<TrackerProcess> process;
   std::string base;  // http://127.0.0.1:<port>
-  std::string AnnounceUrl() const { return base + "/announce"; }
+  std::string key;   // the test cluster's announce key (announce and scrape take ?auth=<key>)
+  std::string AnnounceUrl() const { return base + "/announce?auth=" + key; }
 };
 
 Tracker StartTracker(const TempDir& /*dir*/) {
   // The shared fixture (tests/support/tracker.h): port file, log, /healthz wait.
   auto started = TrackerProcess::Start();
   REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
-  Tracker t{std::move(started.value()), ""};
+  Tracker t{std::move(started.value()), "", ""};
   t.base = t.process->Url();
+  t.key = auth::AnnounceKey(Tokens().agent);
   return t;
 }
 
 // The tracker's scrape "complete" count for a v1 info-hash; -1 on failure.
 int64_t ScrapeComplete(const Tracker& tracker, const Sha1& ih) {
   std::string raw(reinterpret_cast<const char*>(ih.data()), ih.size());
-  auto res = HttpGet(tracker.base + "/scrape?info_hash=" + http::QueryEscape(raw), {}, seconds(5));
+  auto res =
+      HttpGet(tracker.base + "/scrape?auth=" + tracker.key + "&info_hash=" + http::QueryEscape(raw),
+              {}, seconds(5));
   if (!res || res.value().status != 200) return -1;
   const std::string& body = res.value().body;
   lt::error_code ec;

@@ -18,6 +18,7 @@
 #include "lib/swarm/chunk_torrent.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
+#include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
 
 namespace shoal::testkit {
@@ -65,7 +66,7 @@ struct Reply {
 // Sends a JSON request and parses the JSON answer (every blob API answer is a JSON object).
 Reply Send(const std::string& method, const std::string& url, const std::string& body = "",
            milliseconds timeout = milliseconds(4000)) {
-  std::vector<std::pair<std::string, std::string>> headers;
+  std::vector<std::pair<std::string, std::string>> headers = AgentAuth();
   if (!body.empty()) headers.emplace_back("Content-Type", "application/json");
   auto res = HttpRequest(method, url, headers, body, timeout);
   REQUIRE_MESSAGE(res.has_value(), method << " " << url << ": " << res.error().message);
@@ -104,8 +105,9 @@ class LongPoll {
  public:
   LongPoll(const std::string& url, std::string body) {
     thread_ = std::thread([this, url, body = std::move(body)] {
-      auto res = HttpRequest("POST", url, {{"Content-Type", "application/json"}}, body,
-                             milliseconds(15000));
+      auto headers = AgentAuth();
+      headers.emplace_back("Content-Type", "application/json");
+      auto res = HttpRequest("POST", url, headers, body, milliseconds(15000));
       done_at_ = Clock::now();
       if (res.has_value()) {
         status_ = res.value().status;
@@ -136,7 +138,7 @@ bool WaitForPolls(const Tracker& t, int n) {
   std::string want = std::to_string(n) + " lease requests long-polling";
   return WaitUntil(
       [&] {
-        auto page = HttpGet(t.base + "/", {}, seconds(2));
+        auto page = HttpGet(t.base + "/", OperatorAuth(), seconds(2));
         return page.has_value() && page.value().body.find(want) != std::string::npos;
       },
       seconds(3), milliseconds(10));
@@ -211,7 +213,7 @@ TEST_CASE("tracker lease: tables, grants, waits and publication over HTTP, with 
   CHECK(MetricSum(metrics.value().body, "shoal_tracker_blobs") == 1);
   CHECK(MetricSum(metrics.value().body, "shoal_tracker_blob_api_requests_total",
                   {{"route", "lease"}, {"code", "200"}}) >= 5);
-  auto page = HttpGet(t.base + "/");
+  auto page = HttpGet(t.base + "/", OperatorAuth());
   REQUIRE(page.has_value());
   CHECK(page.value().body.find("upstream leases 1 active") != std::string::npos);
 

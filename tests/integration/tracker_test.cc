@@ -27,9 +27,11 @@
 #include <libtorrent/torrent_flags.hpp>
 #include <libtorrent/torrent_info.hpp>
 
+#include "lib/auth/tokens.h"
 #include "lib/http/url.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
+#include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
 
 namespace shoal::testkit {
@@ -43,16 +45,18 @@ using std::chrono::seconds;
 struct Tracker {
   std::unique_ptr<TrackerProcess> process;
   std::string base;  // http://127.0.0.1:<port>
+  std::string key;   // the test cluster's announce key (announce and scrape take ?auth=<key>)
 
-  std::string AnnounceUrl() const { return base + "/announce"; }
+  std::string AnnounceUrl() const { return base + "/announce?auth=" + key; }
 };
 
 Tracker StartTracker(const TempDir& /*dir*/, std::vector<std::string> extra = {}) {
   // The shared fixture (tests/support/tracker.h): port file, log, /healthz wait.
   auto started = TrackerProcess::Start(std::move(extra));
   REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
-  Tracker t{std::move(started.value()), ""};
+  Tracker t{std::move(started.value()), "", ""};
   t.base = t.process->Url();
+  t.key = auth::AnnounceKey(Tokens().agent);
   return t;
 }
 
@@ -99,8 +103,9 @@ struct Counts {
 // The tracker's scrape counts for info_hash; all -1 if the request or the reply failed.
 Counts Scrape(const Tracker& tracker, const std::string& info_hash) {
   Counts c;
-  auto res =
-      HttpGet(tracker.base + "/scrape?info_hash=" + http::QueryEscape(info_hash), {}, seconds(5));
+  auto res = HttpGet(
+      tracker.base + "/scrape?auth=" + tracker.key + "&info_hash=" + http::QueryEscape(info_hash),
+      {}, seconds(5));
   if (!res || res.value().status != 200) return c;
   const std::string& body = res.value().body;
   lt::error_code ec;
@@ -183,7 +188,7 @@ TEST_CASE("tracker: aria2c seeds and a second aria2c downloads through the track
   CHECK_MESSAGE(counted, "scrape: complete " << counts.complete << ", incomplete "
                                              << counts.incomplete << ", downloaded "
                                              << counts.downloaded);
-  auto page = HttpGet(tracker.base + "/");
+  auto page = HttpGet(tracker.base + "/", OperatorAuth());
   REQUIRE(page.has_value());
   std::string hex;
   for (unsigned char c : torrent.info_hash) {
@@ -294,26 +299,28 @@ TEST_CASE("tracker: answers hostile requests with failures, not crashes, and kee
   TempDir dir("shoal-tracker-http");
   Tracker tracker = StartTracker(dir);
 
-  auto bad = HttpGet(tracker.base + "/announce?info_hash=%zz&peer_id=x&port=1&left=0");
+  auto bad = HttpGet(tracker.base + "/announce?auth=" + tracker.key +
+                     "&info_hash=%zz&peer_id=x&port=1&left=0");
   REQUIRE(bad.has_value());
   CHECK(bad.value().status == 200);
   CHECK(bad.value().body.find("14:failure reason") != std::string::npos);
   CHECK(bad.value().body.find("bad percent-escape") != std::string::npos);
 
-  auto huge = HttpGet(tracker.base + "/announce?" + std::string(6000, 'a'));
+  auto huge =
+      HttpGet(tracker.base + "/announce?auth=" + tracker.key + "&" + std::string(6000, 'a'));
   REQUIRE(huge.has_value());
   CHECK(huge.value().body.find("failure reason") != std::string::npos);
 
-  auto headers = HttpGet(tracker.base + "/announce", {{"X-Junk", std::string(20000, 'j')}});
+  auto headers = HttpGet(tracker.AnnounceUrl(), {{"X-Junk", std::string(20000, 'j')}});
   CHECK((!headers.has_value() || headers.value().status == 400));
 
   auto missing = HttpGet(tracker.base + "/nope");
   REQUIRE(missing.has_value());
   CHECK(missing.value().status == 404);
-  auto post = HttpRequest("POST", tracker.base + "/announce", {}, "");
+  auto post = HttpRequest("POST", tracker.AnnounceUrl(), {}, "");
   REQUIRE(post.has_value());
   CHECK(post.value().status == 405);
-  auto full_scrape = HttpGet(tracker.base + "/scrape");
+  auto full_scrape = HttpGet(tracker.base + "/scrape?auth=" + tracker.key);
   REQUIRE(full_scrape.has_value());
   CHECK(full_scrape.value().body.find("failure reason") != std::string::npos);
 

@@ -1,8 +1,11 @@
 #include "tests/support/agent.h"
 
+#include <algorithm>
+
 #include <filesystem>
 
 #include "tests/support/http_client.h"
+#include "tests/support/tokens.h"
 
 namespace shoal::testkit {
 
@@ -20,28 +23,31 @@ Agent::~Agent() {
 Status Agent::Launch() {
   std::string port_file = dir_->Sub("port");
   std::filesystem::remove(port_file);
-  std::vector<std::string> argv = {SHOAL_AGENT_BIN,     "--listen",    "127.0.0.1:0",
-                                   "--port-file",       port_file,     "--cache-dir",
-                                   options_.cache_dir,  "--log-format", "text",
-                                   "--log-level",       "debug"};
+  std::vector<std::string> argv = {
+      SHOAL_AGENT_BIN,    "--listen",     "127.0.0.1:0", "--port-file", port_file, "--cache-dir",
+      options_.cache_dir, "--log-format", "text",        "--log-level", "debug"};
   for (const auto& u : options_.upstreams) {
     argv.push_back("--upstream");
     argv.push_back(u);
   }
-  argv.insert(argv.end(), options_.extra_args.begin(), options_.extra_args.end());
+  const auto& extra = options_.extra_args;
+  if (std::find(extra.begin(), extra.end(), "--tracker-token-file") == extra.end()) {
+    argv.insert(argv.end(), {"--tracker-token-file", Tokens().agent_file});
+  }
+  argv.insert(argv.end(), extra.begin(), extra.end());
   auto proc = Process::Start(argv, dir_->Sub("agent.log"));
   if (!proc) return proc.error();
   process_ = std::move(proc.value());
-  bool up = WaitUntil(
-      [&] { return !process_->Running() || !ReadFile(port_file).empty(); },
-      std::chrono::seconds(20));
+  bool up = WaitUntil([&] { return !process_->Running() || !ReadFile(port_file).empty(); },
+                      std::chrono::seconds(20));
   std::string port = ReadFile(port_file);
   if (!up || port.empty() || !process_->Running()) {
     return MakeError(ErrorCode::kUnavailable, "shoal-agent did not start: " + process_->LogTail());
   }
   port_ = static_cast<uint16_t>(std::stoi(port));
   if (!WaitForHttp(Url() + "/v2/", std::chrono::seconds(20))) {
-    return MakeError(ErrorCode::kUnavailable, "shoal-agent does not answer: " + process_->LogTail());
+    return MakeError(ErrorCode::kUnavailable,
+                     "shoal-agent does not answer: " + process_->LogTail());
   }
   return Ok();
 }
@@ -54,7 +60,8 @@ std::string Agent::Metrics() const {
   return r && r.value().status == 200 ? r.value().body : "";
 }
 
-double Agent::Metric(const std::string& name, const std::map<std::string, std::string>& labels) const {
+double Agent::Metric(const std::string& name,
+                     const std::map<std::string, std::string>& labels) const {
   return MetricSum(Metrics(), name, labels);
 }
 

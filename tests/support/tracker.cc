@@ -1,8 +1,11 @@
 #include "tests/support/tracker.h"
 
+#include <algorithm>
 #include <filesystem>
 
+#include "lib/auth/tokens.h"
 #include "tests/support/http_client.h"
+#include "tests/support/tokens.h"
 
 namespace shoal::testkit {
 
@@ -42,6 +45,13 @@ Status TrackerProcess::Launch() {
                                   "--log-level",
                                   "debug"};
   argv.insert(argv.end(), own.begin(), own.end());
+  auto has = [&](const char* flag) {
+    return std::find(args_.begin(), args_.end(), flag) != args_.end();
+  };
+  if (!has("--insecure-open") && !has("--agent-tokens-file")) {
+    argv.insert(argv.end(), {"--agent-tokens-file", Tokens().agent_file, "--operator-tokens-file",
+                             Tokens().operator_file});
+  }
   argv.insert(argv.end(), args_.begin(), args_.end());
   auto proc = Process::Start(argv, dir_->Sub("tracker." + std::to_string(launches_++) + ".log"));
   if (!proc) return proc.error();
@@ -62,6 +72,10 @@ Status TrackerProcess::Launch() {
 }
 
 std::string TrackerProcess::Url() const { return "http://" + host_ + ":" + std::to_string(port_); }
+
+std::string TrackerProcess::AnnounceUrl() const {
+  return Url() + "/announce?auth=" + auth::AnnounceKey(Tokens().agent);
+}
 
 double TrackerProcess::Metric(const std::string& name,
                               const std::map<std::string, std::string>& labels) const {

@@ -25,9 +25,11 @@ class TrackerProcess {
                                                          std::vector<std::string> extra_args = {});
   ~TrackerProcess();
 
-  // "http://127.0.0.1:PORT" and its announce URL.
+  // "http://127.0.0.1:PORT", and its announce URL with the test cluster's announce key.
+  // Unless started with --insecure-open (or its own token files) the tracker takes the test
+  // kit's tokens (tests/support/tokens.h).
   std::string Url() const;
-  std::string AnnounceUrl() const { return Url() + "/announce"; }
+  std::string AnnounceUrl() const;
   uint16_t port() const { return port_; }
   // MetricSum over the current /metrics (0 if unreachable).
   double Metric(const std::string& name,

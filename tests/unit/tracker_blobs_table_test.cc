@@ -342,16 +342,27 @@ TEST_CASE("tracker blobs: publishing under a lease makes the chunk ready and end
   CHECK(MustLease(t, D('a'), 2, "n2", kT0 + seconds(4)).kind == LeaseAnswer::Kind::kGranted);
 }
 
-TEST_CASE("tracker blobs: a chunk published by someone else ends the current holder's lease") {
+// Issue 14: publishing a leased chunk was open to anybody, who could end the holder's fetch
+// and put their own torrent in its place.
+TEST_CASE("tracker blobs: only the lease holder publishes a leased chunk; others get forbidden") {
   BlobTable t(Options(), 1);
   auto a = MustLease(t, D('a'), 0, "n1", kT0);
   auto p = t.Publish(D('a'), 0, "n2", "", Source(), Metainfo(kChunk, 1), kT0);
-  REQUIRE(p.has_value());
-  CHECK(p.value().newly_ready);
-  CHECK_FALSE(p.value().released_lease);
+  REQUIRE_FALSE(p.has_value());
+  CHECK(p.error().code == BlobErrc::kForbidden);
+  CHECK(p.error().message.find("only the lease holder") != std::string::npos);
+  auto guessed = t.Publish(D('a'), 0, "n1", "not-the-id", Source(), Metainfo(kChunk, 1), kT0);
+  CHECK(guessed.error().code == BlobErrc::kForbidden);
+  CHECK(t.totals().leases == 1);
+  CHECK(StateOf(t, D('a'), 0, kT0) == ChunkState::kLeased);
+  // The holder's own publication is taken and ends its lease.
+  auto own = t.Publish(D('a'), 0, "n1", a.lease_id, Source(), Metainfo(kChunk, 2), kT0);
+  REQUIRE(own.has_value());
+  CHECK(own.value().released_lease);
   CHECK(t.totals().leases == 0);
-  CHECK(t.Renew(D('a'), 0, "n1", a.lease_id, 0, kT0).error().code == BlobErrc::kConflict);
-  CHECK(t.Release(D('a'), 0, "n1", a.lease_id, kT0).error().code == BlobErrc::kConflict);
+  // With no lease live, an unleased publication (re-teaching a restarted tracker) is taken.
+  auto teach = t.Publish(D('a'), 1, "n2", "", Source(), Metainfo(kChunk, 3), kT0);
+  CHECK(teach.has_value());
 }
 
 TEST_CASE("tracker blobs: re-publishing without a lease rebuilds a table, the first wins") {
@@ -512,7 +523,8 @@ TEST_CASE("tracker blobs: work hands out the lowest free chunk, within the blob 
   CHECK(work("b").kind == LeaseAnswer::Kind::kDone);
 }
 
-TEST_CASE("tracker blobs: chunk 0 has a head start: other chunks wait until it is ready or it ends") {
+TEST_CASE(
+    "tracker blobs: chunk 0 has a head start: other chunks wait until it is ready or it ends") {
   BlobTableOptions o = Options();
   o.head_start = milliseconds(500);
   BlobTable t(o, 1);

@@ -42,6 +42,23 @@ std::string Body(int n) {
 
 const std::string kTag = ManifestCache::ManifestKey("r.test", "a/b", "1", false);
 
+// Publishes as the holder of key's fetch lease (taking one as "publisher" when nobody holds
+// it; an empty key stores under the digest's own reference), as an agent would.
+PublishErrc PublishAsHolder(ManifestCache& cache, const Digest& d, const std::string& type,
+                            const std::string& body, std::string key, bool is_tag, TimePoint now) {
+  if (key.empty()) key = ManifestCache::ManifestKey("r.test", "a/b", d.str(), true);
+  if (!cache.LeaseOf(key)) cache.Resolve(key, is_tag ? nullptr : &d, "publisher", now);
+  auto lease = cache.LeaseOf(key);
+  REQUIRE(lease.has_value());
+  return cache.Publish(d, type, body, key, is_tag, lease->first, lease->second, now);
+}
+
+// The lease id agent would quote: its own, or a wrong one when it does not hold the lease.
+std::string IdOf(const ManifestCache& cache, const std::string& key, const std::string& agent) {
+  auto lease = cache.LeaseOf(key);
+  return lease && lease->first == agent ? lease->second : "not-the-lease";
+}
+
 }  // namespace
 
 TEST_CASE("tracker manifest cache: the first asker fetches, a publish serves everyone") {
@@ -61,7 +78,7 @@ TEST_CASE("tracker manifest cache: the first asker fetches, a publish serves eve
 
   std::string body = Body(1);
   Digest d = Sha256::Of(body);
-  CHECK(cache.Publish(d, kType, body, kTag, true, kT0 + seconds(2)) == PublishErrc::kOk);
+  CHECK(PublishAsHolder(cache, d, kType, body, kTag, true, kT0 + seconds(2)) == PublishErrc::kOk);
   CHECK(cache.totals().leases == 0);
   ManifestAnswer f = cache.Resolve(kTag, nullptr, "node-2", kT0 + seconds(3));
   REQUIRE(f.kind == Kind::kFound);
@@ -79,7 +96,7 @@ TEST_CASE("tracker manifest cache: a tag expires after the TTL and one agent fet
   std::string body = Body(1);
   Digest d = Sha256::Of(body);
   REQUIRE(cache.Resolve(kTag, nullptr, "node-1", kT0).kind == Kind::kFetch);
-  REQUIRE(cache.Publish(d, kType, body, kTag, true, kT0) == PublishErrc::kOk);
+  REQUIRE(PublishAsHolder(cache, d, kType, body, kTag, true, kT0) == PublishErrc::kOk);
   CHECK(cache.Resolve(kTag, nullptr, "node-2", kT0 + seconds(29)).kind == Kind::kFound);
   ManifestAnswer again = cache.Resolve(kTag, nullptr, "node-2", kT0 + seconds(30));
   CHECK(again.kind == Kind::kFetch);
@@ -90,7 +107,8 @@ TEST_CASE("tracker manifest cache: a tag expires after the TTL and one agent fet
   // The new resolution may point elsewhere.
   std::string body2 = Body(2);
   Digest d2 = Sha256::Of(body2);
-  REQUIRE(cache.Publish(d2, kType, body2, kTag, true, kT0 + seconds(32)) == PublishErrc::kOk);
+  REQUIRE(PublishAsHolder(cache, d2, kType, body2, kTag, true, kT0 + seconds(32)) ==
+          PublishErrc::kOk);
   ManifestAnswer f = cache.Resolve(kTag, nullptr, "node-3", kT0 + seconds(33));
   REQUIRE(f.kind == Kind::kFound);
   CHECK(f.manifest->digest == d2);
@@ -106,8 +124,8 @@ TEST_CASE("tracker manifest cache: an expired fetch lease passes to the next ask
   // node-1 is now a waiter like any other.
   CHECK(cache.Resolve(kTag, nullptr, "node-1", kT0 + seconds(11)).kind == Kind::kWait);
   // A release hands the fetch on at once; a release by a non-holder does nothing.
-  CHECK_FALSE(cache.Release(kTag, "node-1"));
-  CHECK(cache.Release(kTag, "node-2"));
+  CHECK_FALSE(cache.Release(kTag, "node-1", IdOf(cache, kTag, "node-1")));
+  CHECK(cache.Release(kTag, "node-2", IdOf(cache, kTag, "node-2")));
   ManifestAnswer next = cache.Resolve(kTag, nullptr, "node-3", kT0 + seconds(12));
   CHECK(next.kind == Kind::kFetch);
   CHECK_FALSE(next.took_over);
@@ -120,16 +138,18 @@ TEST_CASE("tracker manifest cache: a publish whose bytes do not hash to the dige
   ManifestCache cache(Options());
   REQUIRE(cache.Resolve(kTag, nullptr, "node-1", kT0).kind == Kind::kFetch);
   Digest other = Sha256::Of(Body(2));
-  CHECK(cache.Publish(other, kType, Body(1), kTag, true, kT0) == PublishErrc::kDigestMismatch);
+  CHECK(PublishAsHolder(cache, other, kType, Body(1), kTag, true, kT0) ==
+        PublishErrc::kDigestMismatch);
   CHECK(cache.totals().manifests == 0);
   CHECK(cache.totals().tags == 0);
   CHECK(cache.totals().leases == 1);  // the fetcher still holds it
   CHECK(cache.Resolve(kTag, nullptr, "node-2", kT0).kind == Kind::kWait);
-  CHECK(cache.Publish(Sha256::Of(""), kType, "", kTag, true, kT0) == PublishErrc::kInvalid);
+  CHECK(PublishAsHolder(cache, Sha256::Of(""), kType, "", kTag, true, kT0) ==
+        PublishErrc::kInvalid);
   ManifestCacheOptions small = Options();
   small.max_manifest_bytes = 8;
   ManifestCache limited(small);
-  CHECK(limited.Publish(Sha256::Of(Body(1)), kType, Body(1), kTag, true, kT0) ==
+  CHECK(PublishAsHolder(limited, Sha256::Of(Body(1)), kType, Body(1), kTag, true, kT0) ==
         PublishErrc::kTooLarge);
 }
 
@@ -140,11 +160,11 @@ TEST_CASE("tracker manifest cache: manifests are bounded by count and bytes, lea
   std::vector<Digest> d;
   for (int i = 0; i < 3; ++i) {
     d.push_back(Sha256::Of(Body(i)));
-    REQUIRE(cache.Publish(d[i], kType, Body(i), "", false, kT0) == PublishErrc::kOk);
+    REQUIRE(PublishAsHolder(cache, d[i], kType, Body(i), "", false, kT0) == PublishErrc::kOk);
   }
   CHECK(cache.Find(d[0]) != nullptr);  // d[1] is now the least recently used
   d.push_back(Sha256::Of(Body(3)));
-  REQUIRE(cache.Publish(d[3], kType, Body(3), "", false, kT0) == PublishErrc::kOk);
+  REQUIRE(PublishAsHolder(cache, d[3], kType, Body(3), "", false, kT0) == PublishErrc::kOk);
   CHECK(cache.totals().manifests == 3);
   CHECK(cache.Find(d[1]) == nullptr);
   CHECK(cache.Find(d[0]) != nullptr);
@@ -155,7 +175,7 @@ TEST_CASE("tracker manifest cache: manifests are bounded by count and bytes, lea
   b.max_bytes = 2 * Body(0).size();
   ManifestCache by_bytes(b);
   for (int i = 0; i < 3; ++i) {
-    REQUIRE(by_bytes.Publish(d[i], kType, Body(i), "", false, kT0) == PublishErrc::kOk);
+    REQUIRE(PublishAsHolder(by_bytes, d[i], kType, Body(i), "", false, kT0) == PublishErrc::kOk);
   }
   CHECK(by_bytes.totals().manifests == 2);
   CHECK(by_bytes.totals().bytes == 2 * Body(0).size());
@@ -166,8 +186,8 @@ TEST_CASE("tracker manifest cache: manifests are bounded by count and bytes, lea
     x.max_manifests = 1;
     return x;
   }());
-  REQUIRE(one.Publish(d[0], kType, Body(0), kTag, true, kT0) == PublishErrc::kOk);
-  REQUIRE(one.Publish(d[1], kType, Body(1), "", false, kT0) == PublishErrc::kOk);
+  REQUIRE(PublishAsHolder(one, d[0], kType, Body(0), kTag, true, kT0) == PublishErrc::kOk);
+  REQUIRE(PublishAsHolder(one, d[1], kType, Body(1), "", false, kT0) == PublishErrc::kOk);
   CHECK(one.Resolve(kTag, nullptr, "node-1", kT0).kind == Kind::kFetch);
 }
 
@@ -210,6 +230,15 @@ TEST_CASE("tracker manifest api: resolve, publish with verification, then found"
   Digest d = Sha256::Of(body);
   json pub = json::parse(Ref("node-1"));
   pub["media_type"] = kType;
+  pub["manifest"] = Base64Encode(body);
+  // Only the lease holder publishes: without the lease id, or as another agent, 403.
+  auto [s0, j0] = a.Call(http::verb::put, "/v1/manifests/" + d.str(), pub.dump());
+  CHECK(s0 == 403);
+  CHECK(j0["error"].get<std::string>().find("fetch lease") != std::string::npos);
+  pub["lease_id"] = j1["lease_id"];
+  json thief = pub;
+  thief["agent"] = "node-2";
+  CHECK(a.Call(http::verb::put, "/v1/manifests/" + d.str(), thief.dump()).first == 403);
   pub["manifest"] = Base64Encode(Body(2));  // not the bytes of d
   auto [s3, j3] = a.Call(http::verb::put, "/v1/manifests/" + d.str(), pub.dump());
   CHECK(s3 == 400);
@@ -261,7 +290,8 @@ TEST_CASE("tracker manifest cache: an upstream 404 is answered to everyone for t
   REQUIRE(cache.Resolve(kTag, nullptr, "node-1", kT0).kind == Kind::kFetch);
   CHECK(cache.Resolve(kTag, nullptr, "node-2", kT0).kind == Kind::kWait);
   // node-1's fetch found nothing: its lease ends and everyone hears "missing" at once.
-  CHECK(cache.ReleaseMissing(kTag, "node-1", "manifest unknown", kT0 + seconds(1)));
+  CHECK(cache.ReleaseMissing(kTag, "node-1", IdOf(cache, kTag, "node-1"), "manifest unknown",
+                             kT0 + seconds(1)));
   CHECK(cache.totals().leases == 0);
   CHECK(cache.totals().missing == 1);
   for (const char* agent : {"node-1", "node-2", "node-3"}) {
@@ -276,14 +306,22 @@ TEST_CASE("tracker manifest cache: an upstream 404 is answered to everyone for t
   // After the TTL one agent asks upstream again (the tag may have been pushed since).
   CHECK(cache.Resolve(kTag, nullptr, "node-2", kT0 + seconds(11)).kind == Kind::kFetch);
   CHECK(cache.totals().missing == 0);
-  // A publish for the reference forgets an earlier miss at once.
-  CHECK(cache.ReleaseMissing(kTag, "node-2", "manifest unknown", kT0 + seconds(12)));
+  // The miss is remembered again, and forgotten when a later fetch publishes the tag.
+  CHECK(cache.ReleaseMissing(kTag, "node-2", IdOf(cache, kTag, "node-2"), "manifest unknown",
+                             kT0 + seconds(12)));
+  CHECK(cache.Resolve(kTag, nullptr, "node-3", kT0 + seconds(13)).kind == Kind::kMissing);
+  REQUIRE(cache.Resolve(kTag, nullptr, "node-3", kT0 + seconds(23)).kind == Kind::kFetch);
   std::string body = Body(7);
-  REQUIRE(cache.Publish(Sha256::Of(body), kType, body, kTag, true, kT0 + seconds(13)) ==
+  REQUIRE(PublishAsHolder(cache, Sha256::Of(body), kType, body, kTag, true, kT0 + seconds(23)) ==
           PublishErrc::kOk);
-  CHECK(cache.Resolve(kTag, nullptr, "node-3", kT0 + seconds(13)).kind == Kind::kFound);
+  CHECK(cache.Resolve(kTag, nullptr, "node-4", kT0 + seconds(23)).kind == Kind::kFound);
   // Sweep drops expired misses.
-  CHECK_FALSE(cache.ReleaseMissing(other, "node-9", "name unknown", kT0 + seconds(20)));
+  // Only the lease holder's "not found" counts: node-9 holds no lease on `other`, node-2 does.
+  CHECK_FALSE(cache.ReleaseMissing(other, "node-9", IdOf(cache, other, "node-9"), "name unknown",
+                                   kT0 + seconds(20)));
+  CHECK(cache.totals().missing == 0);
+  CHECK(cache.ReleaseMissing(other, "node-2", IdOf(cache, other, "node-2"), "name unknown",
+                             kT0 + seconds(20)));
   CHECK(cache.totals().missing == 1);
   cache.Sweep(kT0 + seconds(31));
   CHECK(cache.totals().missing == 0);
@@ -294,7 +332,7 @@ TEST_CASE("tracker manifest cache: with a missing TTL of 0 a 404 is not remember
   o.missing_ttl = seconds(0);
   ManifestCache cache(o);
   REQUIRE(cache.Resolve(kTag, nullptr, "node-1", kT0).kind == Kind::kFetch);
-  CHECK(cache.ReleaseMissing(kTag, "node-1", "manifest unknown", kT0));
+  CHECK(cache.ReleaseMissing(kTag, "node-1", IdOf(cache, kTag, "node-1"), "manifest unknown", kT0));
   CHECK(cache.Resolve(kTag, nullptr, "node-2", kT0).kind == Kind::kFetch);
 }
 
@@ -304,6 +342,14 @@ TEST_CASE(
   auto [s1, j1] = a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1"));
   REQUIRE(j1["state"] == "fetch");
   json rel = json::parse(Ref("node-1"));
+  rel["lease_id"] = j1["lease_id"];
+  // Another agent's "not found" is not believed (it would make the cluster answer 404).
+  json other = json::parse(Ref("node-9"));
+  other["missing"] = "manifest unknown";
+  auto [so, jo] = a.Call(http::verb::post, "/v1/manifests/release", other.dump());
+  CHECK(so == 200);
+  CHECK(jo["released"] == false);
+  CHECK(jo["missing"] == false);
   rel["missing"] = std::string(2000, 'x');  // too long
   CHECK(a.Call(http::verb::post, "/v1/manifests/release", rel.dump()).first == 400);
   rel["missing"] = "manifest unknown: manifest tagged by \"1\" is not found";
@@ -318,9 +364,11 @@ TEST_CASE(
   CHECK(j3["error"] == "manifest unknown: manifest tagged by \"1\" is not found");
   CHECK(j3["age_ms"] == 2000);
   // A plain release (a transient failure) is not remembered.
-  const std::string ref2 = Ref("node-1", "2");
-  REQUIRE(a.Call(http::verb::post, "/v1/manifests/resolve", ref2).second["state"] == "fetch");
-  CHECK(a.Call(http::verb::post, "/v1/manifests/release", ref2).second["released"] == true);
+  json ref2 = json::parse(Ref("node-1", "2"));
+  auto [s4, j4] = a.Call(http::verb::post, "/v1/manifests/resolve", ref2.dump());
+  REQUIRE(j4["state"] == "fetch");
+  ref2["lease_id"] = j4["lease_id"];
+  CHECK(a.Call(http::verb::post, "/v1/manifests/release", ref2.dump()).second["released"] == true);
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-2", "2")).second["state"] ==
         "fetch");
 }

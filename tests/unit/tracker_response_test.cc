@@ -166,7 +166,7 @@ TEST_CASE("tracker service: IPv6 peers go to peers6, failures are bencoded, scra
   CHECK(file.dict_find_int_value("incomplete") == 1);
   CHECK(Decode(service.Scrape("")).dict_find_string("failure reason"));
 
-  std::string page = service.StatusPage();
+  std::string page = service.StatusPage(true);
   CHECK(page.find("swarms 1, peers 2 (seeders 1, leechers 1)") != std::string::npos);
   CHECK(page.find(InfoHash::FromBytes(ih)->hex()) != std::string::npos);
 

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/auth/tokens.h"
 #include "lib/http/url.h"
 #include "lib/oci/reference.h"
 #include "tools/shoalctl/commands.h"
@@ -33,6 +34,8 @@ struct PrefetchFlags {
   bool cluster = false;
   std::string agent = "http://127.0.0.1:5000";
   std::vector<std::string> trackers;
+  std::string operator_token_file;  // --cluster: the operator token for the tracker
+  std::string operator_token;       // read from it
   std::vector<std::string> nodes;
   std::vector<std::string> selector;  // k=v, all must match
   int percent = -1;
@@ -49,6 +52,7 @@ struct JobHandle {
   std::string path;      // GET path of the job
   std::string flag;      // the flag that named base_url, for errors
   std::string id;
+  std::string bearer;  // the operator token, for a tracker
 };
 
 // The rows of a node job: one per blob.
@@ -154,7 +158,8 @@ std::variant<JobHandle, int> Submit(const PrefetchFlags& f, long long ttl_s, lon
   // The job lives on the first replica that takes it; every agent polls every replica.
   std::string errors;
   for (const auto& tracker : f.trackers) {
-    auto r = JsonCall(tracker, bhttp::verb::post, "/v1/prefetch/jobs", body.dump(), "--tracker");
+    auto r = JsonCall(tracker, bhttp::verb::post, "/v1/prefetch/jobs", body.dump(), "--tracker",
+                      f.operator_token);
     if (!r) {
       errors += "\n  " + tracker + ": " + r.error().ToString();
       continue;
@@ -170,7 +175,7 @@ std::variant<JobHandle, int> Submit(const PrefetchFlags& f, long long ttl_s, lon
       return 1;
     }
     std::string id = r.value().body.value("id", "");
-    return JobHandle{tracker, "/v1/prefetch/jobs/" + id, "--tracker", id};
+    return JobHandle{tracker, "/v1/prefetch/jobs/" + id, "--tracker", id, f.operator_token};
   }
   std::cerr << "shoalctl prefetch: no tracker took the job:" << errors << "\n";
   return 1;
@@ -188,6 +193,14 @@ int RunPrefetch(PrefetchFlags f) {
   if (f.cluster && f.trackers.empty()) {
     std::cerr << "shoalctl prefetch: --cluster needs --tracker URL (or SHOAL_TRACKERS)\n";
     return 2;
+  }
+  if (f.cluster && !f.operator_token_file.empty()) {
+    auto tokens = auth::ReadTokens(f.operator_token_file);
+    if (!tokens) {
+      std::cerr << "shoalctl prefetch: --operator-token-file: " << tokens.error().message << "\n";
+      return 2;
+    }
+    f.operator_token = tokens.value().front();
   }
   auto ttl = ParseDuration(f.ttl);
   if (!ttl) {
@@ -228,7 +241,7 @@ int RunPrefetch(PrefetchFlags f) {
     last_poll = std::chrono::steady_clock::now();
     const std::string target = handle.path + "?wait_ms=" + std::to_string(tty ? 500 : 2000) +
                                "&since=" + std::to_string(version);
-    auto r = JsonCall(handle.base_url, bhttp::verb::get, target, "", handle.flag);
+    auto r = JsonCall(handle.base_url, bhttp::verb::get, target, "", handle.flag, handle.bearer);
     if (!r || r.value().status != 200) {
       // A restarted agent or tracker forgets the job; give up after a few tries.
       std::string why = !r ? r.error().ToString()
@@ -320,6 +333,10 @@ void AddPrefetchCommand(CLI::App& app) {
                   "that answers")
       ->envname("SHOAL_TRACKERS")
       ->delimiter(',');
+  cmd->add_option("--operator-token-file", flags->operator_token_file,
+                  "File holding an operator token of the trackers (--cluster); the tracker "
+                  "refuses cluster jobs without one")
+      ->envname("SHOAL_OPERATOR_TOKEN_FILE");
   cmd->add_option("--nodes", flags->nodes, "Only these nodes (names, comma-separated)")
       ->envname("SHOAL_PREFETCH_NODES")
       ->delimiter(',');

@@ -18,7 +18,7 @@ std::string JsonReply::Error() const {
 
 Result<JsonReply> JsonCall(const std::string& base_url, boost::beast::http::verb method,
                            const std::string& target, const std::string& body,
-                           const std::string& flag) {
+                           const std::string& flag, const std::string& bearer) {
   auto url = http::Url::Parse(base_url);
   if (!url) return MakeError(ErrorCode::kInvalidArgument, flag + ": " + url.error().message);
   asio::io_context ioc;
@@ -31,6 +31,8 @@ Result<JsonReply> JsonCall(const std::string& base_url, boost::beast::http::verb
   req.url.target = target;
   req.body = body;
   if (!body.empty()) req.headers.set(boost::beast::http::field::content_type, "application/json");
+  if (!bearer.empty())
+    req.headers.set(boost::beast::http::field::authorization, "Bearer " + bearer);
   Result<JsonReply> out = MakeError(ErrorCode::kInternal, "not run");
   asio::co_spawn(
       ioc,

@@ -22,12 +22,13 @@ struct JsonReply {
   std::string Error() const;
 };
 
-// Sends method base_url + target (with a JSON body when body is not empty) on a fresh
-// io_context and waits for the answer. Errors: kInvalidArgument for a bad base_url (naming
-// `flag`), transport errors, kProtocol when the answer is not JSON.
+// Sends method base_url + target (with a JSON body when body is not empty, and with
+// "Authorization: Bearer <bearer>" when bearer is not empty) on a fresh io_context and waits
+// for the answer. Errors: kInvalidArgument for a bad base_url (naming `flag`), transport
+// errors, kProtocol when the answer is not JSON.
 Result<JsonReply> JsonCall(const std::string& base_url, boost::beast::http::verb method,
                            const std::string& target, const std::string& body = "",
-                           const std::string& flag = "--agent");
+                           const std::string& flag = "--agent", const std::string& bearer = "");
 
 // "90" (seconds), "90s", "15m", "24h", "7d" -> seconds. nullopt when malformed or negative.
 std::optional<long long> ParseDuration(const std::string& text);
