@@ -47,9 +47,8 @@ Result<std::vector<std::string>> ReadTokens(const std::string& path) {
   text.resize(static_cast<size_t>(in.gcount()));
   if (in.bad()) return MakeError(ErrorCode::kIo, "token file " + path + " cannot be read");
   if (text.size() > kMaxFile) {
-    return MakeError(ErrorCode::kInvalidArgument,
-                     "token file " + path + " is larger than " + std::to_string(kMaxFile) +
-                         " bytes");
+    return MakeError(ErrorCode::kInvalidArgument, "token file " + path + " is larger than " +
+                                                      std::to_string(kMaxFile) + " bytes");
   }
   std::vector<std::string> tokens;
   std::istringstream lines(text);
