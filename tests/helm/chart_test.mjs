@@ -9,12 +9,14 @@
 // SHOAL_CTL_BIN, whose --help proves that the chart only uses flags and variables they have.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { execFileSync, spawnSync } from "node:child_process";
+import { execFile, execFileSync, spawnSync } from "node:child_process";
+import http from "node:http";
 import { createRequire } from "node:module";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const chart = path.resolve(here, "../../helm/shoal");
@@ -22,6 +24,7 @@ const tools = process.env.SHOAL_TOOLS || "/opt/shoal-tools";
 const helm = path.join(tools, "bin/helm");
 const require = createRequire(path.join(tools, "node_modules/"));
 const yaml = require("js-yaml");
+const execFileAsync = promisify(execFile);
 
 // Runs helm template with the given --set/--set-string/-f arguments; returns the objects.
 function render(args = [], extra = []) {
@@ -97,6 +100,9 @@ const valueSets = {
   "created secret": ["--set-file", `credentials.dockerConfigJson=${tempFile('{"auths":{"gcr.io":{"auth":"dTpw"}}}')}`],
   "monitoring CRDs, hostIP": ["--set", "agent.shim.bind=hostIP", "--api-versions", "monitoring.coreos.com/v1/PodMonitor"],
   "2500 nodes": ["-f", path.join(here, "values-2500-nodes.yaml")],
+  "existing auth secret": ["--set", "auth.existingSecret=shoal-tokens"],
+  "given tokens, mid-rotation": ["--set-string", `auth.agentToken=${"n".repeat(40)}`,
+    "--set-string", `auth.previousAgentTokens={${"o".repeat(40)}}`, "--set-string", `auth.operatorToken=${"p".repeat(16)}`],
 };
 
 for (const [name, args] of Object.entries(valueSets)) {
@@ -226,13 +232,13 @@ test("upstream map and credentials: a created Secret, an existing one, or none",
   });
   let agent = find(objs, "DaemonSet", "-agent").spec.template.spec.containers[0];
   assert.equal(envOf(agent).SHOAL_CREDENTIALS, undefined);
-  assert.equal(find(objs, "Secret"), undefined);
+  assert.equal(find(objs, "Secret", "-upstream-credentials"), undefined);
   assert.ok(find(objs, "DaemonSet", "-agent").spec.template.spec.initContainers[0].args.includes(
     "--registry=docker.io,gcr.io"));
 
   const config = '{"auths":{"gcr.io":{"auth":"dTpw"}}}';
   objs = render(["--set-file", `credentials.dockerConfigJson=${tempFile(config)}`]);
-  const secret = find(objs, "Secret");
+  const secret = find(objs, "Secret", "-upstream-credentials");
   assert.equal(secret.type, "kubernetes.io/dockerconfigjson");
   assert.equal(Buffer.from(secret.data[".dockerconfigjson"], "base64").toString(), config);
   let ds = find(objs, "DaemonSet", "-agent");
@@ -246,9 +252,188 @@ test("upstream map and credentials: a created Secret, an existing one, or none",
   assert.notEqual(find(objs, "DaemonSet", "-agent").spec.template.metadata.annotations["checksum/credentials"], before);
 
   objs = render(["--set", "credentials.existingSecret=cluster-pull-secret"]);
-  assert.equal(find(objs, "Secret"), undefined);
+  assert.equal(find(objs, "Secret", "-upstream-credentials"), undefined);
   ds = find(objs, "DaemonSet", "-agent");
   assert.equal(ds.spec.template.spec.volumes.find((v) => v.name === "credentials").secret.secretName, "cluster-pull-secret");
+});
+
+// The cluster credentials Secret's values, decoded.
+const secretData = (secret) =>
+  Object.fromEntries(Object.entries(secret.data).map(([k, v]) => [k, Buffer.from(v, "base64").toString()]));
+// The tokens of a token file as agent and tracker read it (blank lines and # comments skipped).
+const tokensOf = (text) => text.split("\n").map((l) => l.trim()).filter((l) => l && !l.startsWith("#"));
+const authKeys = ["agent-token", "agent-tokens", "operator-token", "operator-tokens"];
+
+test("cluster credentials: a generated Secret with four keys; trackers get the accepted lists, agents only their token", () => {
+  const objs = render();
+  const secret = find(objs, "Secret", "-cluster-credentials");
+  assert.ok(secret, "the chart creates the cluster credentials Secret");
+  assert.equal(secret.metadata.name, "shoal-cluster-credentials");
+  assert.equal(secret.type, "Opaque");
+  const data = secretData(secret);
+  assert.deepEqual(Object.keys(data).sort(), authKeys);
+  for (const k of authKeys) {
+    const tokens = tokensOf(data[k]);
+    assert.ok(tokens.length >= 1, `${k} holds a token`);
+    for (const t of tokens) assert.match(t, /^[!-~]{40,512}$/, `${k}: a generated token has at least 40 printable characters`);
+  }
+  assert.deepEqual(tokensOf(data["agent-tokens"]), [data["agent-token"]]);
+  assert.deepEqual(tokensOf(data["operator-tokens"]), [data["operator-token"]]);
+  assert.notEqual(data["agent-token"], data["operator-token"], "two roles, two tokens");
+  // helm template has no cluster to look the Secret up in: every render generates new tokens.
+  assert.notEqual(secretData(find(render(), "Secret", "-cluster-credentials"))["agent-token"], data["agent-token"]);
+
+  const sts = find(objs, "StatefulSet", "-tracker");
+  const tracker = sts.spec.template.spec.containers[0];
+  const trackerEnv = envOf(tracker);
+  assert.equal(trackerEnv.SHOAL_AGENT_TOKENS_FILE, "/etc/shoal/tokens/agent-tokens");
+  assert.equal(trackerEnv.SHOAL_OPERATOR_TOKENS_FILE, "/etc/shoal/tokens/operator-tokens");
+  assert.equal(trackerEnv.SHOAL_INSECURE_OPEN, undefined);
+  const trackerMounts = tracker.volumeMounts.filter((m) => m.name === "tokens");
+  assert.deepEqual(trackerMounts, [{ name: "tokens", mountPath: "/etc/shoal/tokens", readOnly: true }],
+    "one directory mount, no subPath (subPath mounts never see a Secret update)");
+  const trackerVol = sts.spec.template.spec.volumes.find((v) => v.name === "tokens");
+  assert.deepEqual(trackerVol.secret.items, [
+    { key: "agent-tokens", path: "agent-tokens" }, { key: "operator-tokens", path: "operator-tokens" }]);
+  assert.equal(trackerVol.secret.secretName, secret.metadata.name);
+  assert.equal(trackerVol.secret.defaultMode, 0o440);
+  assert.equal(sts.spec.template.spec.securityContext.fsGroup, sts.spec.template.spec.securityContext.runAsUser,
+    "the non-root tracker can read its 0440 files");
+
+  const ds = find(objs, "DaemonSet", "-agent");
+  const pod = ds.spec.template.spec;
+  const agent = pod.containers.find((c) => c.name === "agent");
+  assert.equal(envOf(agent).SHOAL_TRACKER_TOKEN_FILE, "/etc/shoal/tokens/agent-token");
+  assert.deepEqual(agent.volumeMounts.filter((m) => m.name === "tokens"),
+    [{ name: "tokens", mountPath: "/etc/shoal/tokens", readOnly: true }]);
+  const agentVol = pod.volumes.find((v) => v.name === "tokens");
+  assert.deepEqual(agentVol.secret, { secretName: secret.metadata.name, defaultMode: 0o400, items: [{ key: "agent-token", path: "agent-token" }] },
+    "agents get only the token they present: not the accepted lists, not the operator token");
+  // No other volume of any pod the chart renders carries this Secret, and nothing mounts it with subPath.
+  for (const o of objs) {
+    const spec = o.spec?.template?.spec;
+    if (!spec) continue;
+    for (const v of spec.volumes || []) {
+      if (v.secret?.secretName !== secret.metadata.name) continue;
+      assert.ok(o === sts || o === ds, `${o.kind}/${o.metadata.name} mounts the cluster credentials`);
+      for (const c of [...(spec.initContainers || []), ...spec.containers]) {
+        for (const m of c.volumeMounts || []) {
+          if (m.name !== v.name) continue;
+          assert.equal(m.subPath, undefined, `${c.name}: no subPath on the token volume`);
+          assert.equal(c.name, o === sts ? "tracker" : "agent", `${c.name} does not need the tokens`);
+        }
+      }
+    }
+  }
+  // A rotation must not restart every pod at once: no checksum of this Secret on any pod.
+  const given = (t) => render(["--set-string", `auth.agentToken=${t}`]);
+  const a = given("a".repeat(40)), b = given("b".repeat(40));
+  for (const [kind, suffix] of [["DaemonSet", "-agent"], ["StatefulSet", "-tracker"]]) {
+    assert.deepEqual(find(a, kind, suffix).spec.template, find(b, kind, suffix).spec.template,
+      `${kind}: another token leaves the pod template unchanged`);
+  }
+});
+
+test("cluster credentials: given tokens; previous tokens accepted after the current one", () => {
+  const [cur, old1, old2, op, opOld] = ["c", "o", "q", "p", "r"].map((ch) => ch.repeat(20) + "-Tok3n!");
+  const objs = render(["--set-string", `auth.agentToken=${cur}`, "--set-string", `auth.previousAgentTokens={${old1},${old2}}`,
+    "--set-string", `auth.operatorToken=${op}`, "--set-string", `auth.previousOperatorTokens={${opOld}}`]);
+  const data = secretData(find(objs, "Secret", "-cluster-credentials"));
+  assert.equal(data["agent-token"], cur);
+  assert.deepEqual(tokensOf(data["agent-tokens"]), [cur, old1, old2], "the current token first, then the previous ones");
+  assert.equal(data["operator-token"], op);
+  assert.deepEqual(tokensOf(data["operator-tokens"]), [op, opOld]);
+  for (const k of authKeys) assert.ok(tokensOf(data[k]).every((t) => t.length >= 16), k);
+  // A previous token that is also the current one is listed once.
+  const dup = secretData(find(render(["--set-string", `auth.agentToken=${cur}`, "--set-string", `auth.previousAgentTokens={${cur},${old1}}`]),
+    "Secret", "-cluster-credentials"));
+  assert.deepEqual(tokensOf(dup["agent-tokens"]), [cur, old1]);
+  // Rotation step 3 (README): previousAgentTokens=null leaves the current token alone.
+  const done = secretData(find(render(["--set-string", `auth.agentToken=${cur}`, "--set", "auth.previousAgentTokens=null"]),
+    "Secret", "-cluster-credentials"));
+  assert.deepEqual(tokensOf(done["agent-tokens"]), [cur]);
+});
+
+test("cluster credentials: auth.existingSecret creates no Secret and mounts that one", () => {
+  const objs = render(["--set", "auth.existingSecret=shoal-tokens", "--set-string", `auth.agentToken=${"x".repeat(20)}`]);
+  assert.equal(objs.filter((o) => o.kind === "Secret").length, 0, "no Secret at all (no upstream credentials either)");
+  const sts = find(objs, "StatefulSet", "-tracker");
+  const ds = find(objs, "DaemonSet", "-agent");
+  assert.equal(sts.spec.template.spec.volumes.find((v) => v.name === "tokens").secret.secretName, "shoal-tokens");
+  assert.equal(ds.spec.template.spec.volumes.find((v) => v.name === "tokens").secret.secretName, "shoal-tokens");
+  assert.deepEqual(ds.spec.template.spec.volumes.find((v) => v.name === "tokens").secret.items, [{ key: "agent-token", path: "agent-token" }]);
+  assert.equal(envOf(sts.spec.template.spec.containers[0]).SHOAL_AGENT_TOKENS_FILE, "/etc/shoal/tokens/agent-tokens");
+});
+
+// A stand-in for the API server, enough for `helm template --dry-run=server` to run lookup: the
+// discovery of v1 and a GET of one Secret. Returns the kubeconfig path and the requests seen.
+async function fakeApiServer(secrets) {
+  const seen = [];
+  const server = http.createServer((req, res) => {
+    const url = new URL(req.url, "http://api");
+    seen.push(`${req.method} ${url.pathname}`);
+    const send = (code, body) => {
+      res.writeHead(code, { "content-type": "application/json" });
+      res.end(JSON.stringify(body));
+    };
+    if (url.pathname === "/api/v1") {
+      return send(200, { kind: "APIResourceList", groupVersion: "v1",
+        resources: [{ name: "secrets", singularName: "secret", namespaced: true, kind: "Secret", verbs: ["get"] }] });
+    }
+    const m = url.pathname.match(/^\/api\/v1\/namespaces\/([^/]+)\/secrets\/([^/]+)$/);
+    const secret = m && secrets[`${m[1]}/${m[2]}`];
+    if (secret) {
+      return send(200, { kind: "Secret", apiVersion: "v1", metadata: { name: m[2], namespace: m[1] }, type: "Opaque",
+        data: Object.fromEntries(Object.entries(secret).map(([k, v]) => [k, Buffer.from(v).toString("base64")])) });
+    }
+    send(404, { kind: "Status", apiVersion: "v1", status: "Failure", reason: "NotFound", code: 404 });
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "shoal-kubeconfig-"));
+  const kubeconfig = path.join(dir, "config");
+  fs.writeFileSync(kubeconfig, yaml.dump({
+    apiVersion: "v1", kind: "Config", "current-context": "fake",
+    clusters: [{ name: "fake", cluster: { server: `http://127.0.0.1:${server.address().port}` } }],
+    users: [{ name: "fake", user: {} }],
+    contexts: [{ name: "fake", context: { cluster: "fake", user: "fake" } }],
+  }));
+  return { kubeconfig, seen, close: () => { server.close(); fs.rmSync(dir, { recursive: true, force: true }); } };
+}
+
+test("cluster credentials: an upgrade keeps the tokens of the Secret in the cluster (lookup); given tokens win", async () => {
+  const [agentTok, opTok] = ["k".repeat(48), "m".repeat(48)];
+  const api = await fakeApiServer({
+    // As the chart wrote it, the operator token with a trailing newline as a hand-made one may have.
+    "shoal-system/shoal-cluster-credentials": { "agent-token": agentTok, "agent-tokens": `${agentTok}\n`,
+      "operator-token": `${opTok}\n`, "operator-tokens": `${opTok}\n` },
+  });
+  try {
+    // helm template --dry-run=server runs lookup against the cluster, as helm upgrade does.
+    const upgrade = async (args = []) => {
+      const { stdout } = await execFileAsync(helm, ["template", "shoal", chart, "--namespace", "shoal-system",
+        "--dry-run=server", "--show-only", "templates/cluster-credentials-secret.yaml", ...args],
+      { encoding: "utf8", env: { ...process.env, KUBECONFIG: api.kubeconfig } });
+      return secretData(yaml.load(stdout));
+    };
+    let data = await upgrade();
+    assert.ok(api.seen.includes("GET /api/v1/namespaces/shoal-system/secrets/shoal-cluster-credentials"), api.seen.join("\n"));
+    assert.equal(data["agent-token"], agentTok, "the agents' token is kept: no rotation by accident");
+    assert.equal(data["operator-token"], opTok);
+    assert.deepEqual(tokensOf(data["agent-tokens"]), [agentTok]);
+    assert.deepEqual(tokensOf(data["operator-tokens"]), [opTok]);
+    // Rotation step 1: the kept token stays what agents present; the next one is accepted too.
+    const next = "n".repeat(48);
+    data = await upgrade(["--set-string", `auth.previousAgentTokens={${next}}`]);
+    assert.equal(data["agent-token"], agentTok);
+    assert.deepEqual(tokensOf(data["agent-tokens"]), [agentTok, next]);
+    // Step 2: a token given in values wins over the one in the cluster.
+    data = await upgrade(["--set-string", `auth.agentToken=${next}`, "--set-string", `auth.previousAgentTokens={${agentTok}}`]);
+    assert.equal(data["agent-token"], next);
+    assert.deepEqual(tokensOf(data["agent-tokens"]), [next, agentTok]);
+    assert.equal(data["operator-token"], opTok, "the operator token is kept meanwhile");
+  } finally {
+    api.close();
+  }
 });
 
 test("monitoring: PodMonitor only when the CRD exists; agents scraped only off loopback", () => {
@@ -319,6 +504,12 @@ test("NOTES.txt: how to check the rollout and to prefetch, naming this release's
   assert.match(notes, /rollout status statefulset\/shoal-tracker/);
   assert.match(notes, /rollout status daemonset\/shoal-agent/);
   assert.match(notes, /shoalctl prefetch gcr.io\/proj\/trainer:v7 --cluster/);
+  // The operator token from the chart's Secret, on stdin.
+  assert.ok(notes.includes(
+    "kubectl -n shoal-system get secret shoal-cluster-credentials -o jsonpath='{.data.operator-token}' | base64 -d | \\\n" +
+    "  kubectl -n shoal-system exec -i shoal-tracker-0 -- \\\n"), notes);
+  assert.match(notes, /--operator-token-file \/dev\/stdin --tracker http:/);
+  assert.match(renderNotes(["--set", "auth.existingSecret=shoal-tokens"]), /get secret shoal-tokens -o jsonpath='\{\.data\.operator-token\}'/);
   assert.ok(notes.includes("http://shoal-tracker-0.shoal-tracker.shoal-system.svc:7070,http://shoal-tracker-1."));
   assert.match(notes, /dockerd: registry-mirrors and max-concurrent-downloads merged/);
   assert.match(notes, /config_path/);
@@ -338,7 +529,13 @@ test("values.schema.json rejects wrong values with a clear message", () => {
     [["--set", "nodeSetup.crio.dropIn=/etc/crio.conf"], "nodeSetup.crio.dropIn: Does not match pattern"],
     [["--set", "nodeSetup.dockerd.enable=true"], "Additional property enable is not allowed"],
     [["--set", "tracker.antiAffinity=none"], "tracker.antiAffinity must be one of the following"],
-    [["--set", "clusterCredentials.token=x"], "clusterCredentials: Must have at most 0 properties"],
+    [["--set", "clusterCredentials.token=x"], "Additional property clusterCredentials is not allowed"],
+    [["--set-string", "auth.previousAgentTokens=" + "o".repeat(40)], "auth.previousAgentTokens: Invalid type. Expected: array, given: string"],
+    [["--set-string", "auth.agentToken=short"], "auth.agentToken: Does not match pattern"],
+    [["--set-string", "auth.agentToken=has a space in the middle"], "auth.agentToken: Does not match pattern"],
+    [["--set-string", `auth.operatorToken=#${"c".repeat(30)}`], "auth.operatorToken: Does not match pattern"],
+    [["--set-string", "auth.previousOperatorTokens={tooshort}"], "auth.previousOperatorTokens.0: Does not match pattern"],
+    [["--set", "auth.existingSecret=Not_A_Name"], "auth.existingSecret: Does not match pattern"],
     [["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy must be one of the following"],
   ];
   for (const [args, message] of cases) {

@@ -5,7 +5,13 @@
 //   - the StatefulSet controller: tracker Pod "-0" from the StatefulSet's template;
 //   - the node: every hostPath is moved under HOST (a temp dir standing for the node's /);
 //   - the downward API (podman fills no fieldRef): NODE_IP = 127.0.0.1, SHOAL_NODE_NAME = NODE;
-//   - cluster DNS (the trackers' headless-Service names): SHOAL_TRACKERS = TRACKER_URL.
+//   - cluster DNS (the trackers' headless-Service names): SHOAL_TRACKERS = TRACKER_URL;
+//   - Secret volumes (podman 4.3 plays none): each pod's Secret volume becomes a ConfigMap of
+//     its own holding only the items that volume selects, so a pod still sees exactly the files
+//     Kubernetes would mount (the agent its agent-token, the tracker the accepted lists) and the
+//     tracker still refuses calls without a token. Podman applies no defaultMode or fsGroup to
+//     them: its files are 0644. The chart's ConfigMaps are played along (podman reads them from
+//     the same YAML).
 // Usage: node pods.mjs RENDERED.yaml HOST TRACKER_URL TRACKER_PORT > pods.yaml
 import fs from "node:fs";
 import path from "node:path";
@@ -20,6 +26,8 @@ const objs = yaml.loadAll(fs.readFileSync(rendered, "utf8")).filter((o) => o);
 const isHook = (o) => (o.metadata.annotations || {})["helm.sh/hook"];
 const ds = objs.find((o) => o.kind === "DaemonSet" && !isHook(o));
 const sts = objs.find((o) => o.kind === "StatefulSet");
+const secrets = new Map(objs.filter((o) => o.kind === "Secret" && !isHook(o)).map((o) => [o.metadata.name, o]));
+const configMaps = objs.filter((o) => o.kind === "ConfigMap" && !isHook(o));
 
 function fixEnv(containers) {
   for (const c of containers || []) {
@@ -36,6 +44,22 @@ function pod(name, template) {
   const spec = structuredClone(template.spec);
   for (const v of spec.volumes || []) {
     if (v.hostPath) v.hostPath.path = path.join(host, v.hostPath.path);
+    if (v.secret) {
+      const secret = secrets.get(v.secret.secretName);
+      if (!secret) throw new Error(`pod ${name}: volume ${v.name} names Secret ${v.secret.secretName}, which the chart did not render`);
+      const decoded = Object.fromEntries(
+        Object.entries(secret.data || {}).map(([k, b64]) => [k, Buffer.from(b64, "base64").toString("utf8")]));
+      const items = v.secret.items || Object.keys(decoded).map((key) => ({ key, path: key }));
+      const data = {};
+      for (const { key, path: file } of items) {
+        if (!(key in decoded)) throw new Error(`pod ${name}: Secret ${secret.metadata.name} has no key ${key}`);
+        data[file] = decoded[key];
+      }
+      const cmName = `${name}-${v.name}`;
+      configMaps.push({ apiVersion: "v1", kind: "ConfigMap", metadata: { name: cmName }, data });
+      v.configMap = { name: cmName };
+      delete v.secret;
+    }
   }
   fixEnv(spec.initContainers);
   fixEnv(spec.containers);
@@ -50,4 +74,4 @@ tracker.spec.containers[0].ports[0].hostPort = Number(trackerPort);
 tracker.spec.containers[0].ports[0].hostIP = "127.0.0.1";
 delete tracker.spec.affinity;
 const agent = pod(`${ds.metadata.name}-kube-play-node`, ds.spec.template);
-process.stdout.write(yaml.dump(tracker) + "---\n" + yaml.dump(agent));
+process.stdout.write([...configMaps, tracker, agent].map((o) => yaml.dump(o)).join("---\n"));

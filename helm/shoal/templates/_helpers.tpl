@@ -89,6 +89,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret with the cluster's tokens (agent-token, agent-tokens, operator-token,
+     operator-tokens): auth.existingSecret, or the one the chart creates. */}}
+{{- define "shoal.authSecret" -}}
+{{- default (printf "%s-cluster-credentials" (include "shoal.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* Where the token files are mounted (a Secret volume with items, never subPath: kubelet
+     updates those files in place, and agent and tracker re-read them). */}}
+{{- define "shoal.tokenDir" -}}
+/etc/shoal/tokens
+{{- end -}}
+
 {{/* The upstream map file (--upstream-map-file). */}}
 {{- define "shoal.upstreamMap" -}}
 {{- dict "upstreams" .Values.upstreams.map "unmapped" .Values.upstreams.unmapped | toPrettyJson -}}
