@@ -188,7 +188,7 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
   json j;
   try {
     j = json::parse(req.body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
     return Rejection{400, std::string("request body is not valid JSON: ") + e.what()};
   }
   if (!j.is_object()) return Rejection{400, "request body is not a JSON object"};

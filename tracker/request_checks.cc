@@ -68,7 +68,7 @@ std::optional<Rejection> Body::Parse(std::string_view text, Body& out) {
   if (text.empty()) return Rejection{400, "request body is empty; a JSON object is required"};
   try {
     out.json_ = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
     return Rejection{400, std::string("request body is not valid JSON: ") + e.what()};
   }
   if (!out.json_.is_object()) return Rejection{400, "request body is not a JSON object"};

@@ -1,5 +1,7 @@
 #include "lib/oci/reference.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 
 #include "lib/oci/quote.h"
@@ -131,9 +133,11 @@ Status ValidateRegistryHost(std::string_view host) {
     size_t close = host.find(']');
     if (close == std::string_view::npos) return fail("has \"[\" without \"]\"");
     std::string_view addr = host.substr(1, close - 1);
-    if (addr.empty() || !std::all_of(addr.begin(), addr.end(), [](char c) {
+    // Hex digits and colons are not enough ("[cfff]" is none): it must parse as an address.
+    in6_addr parsed{};
+    if (addr.empty() || addr.size() > 45 || !std::all_of(addr.begin(), addr.end(), [](char c) {
           return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') || c == ':';
-        })) {
+        }) || ::inet_pton(AF_INET6, std::string(addr).c_str(), &parsed) != 1) {
       return fail("has an invalid IPv6 address in brackets");
     }
     std::string_view after = host.substr(close + 1);

@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <string>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -74,7 +76,9 @@ TEST_CASE(
                                          "/etc/docker/daemon.json",
                                          "--dockerd-pid-file",
                                          "/var/run/docker.pid"};
-  auto [code, out] = Ctl(args);
+  int code = 0;
+  std::string out;
+  std::tie(code, out) = Ctl(args);
   CAPTURE(out);
   CHECK(code == 0);
   // containerd: one managed hosts.toml per registry, pointing at the agent, then the registry.
@@ -110,7 +114,9 @@ TEST_CASE(
   // Idempotent: a second run (a restarted pod) changes nothing, not even a file's inode.
   auto ino_before = StatOf(host.Sub("etc/docker/daemon.json")).st_ino;
   auto gcr_before = StatOf(host.Sub("etc/containerd/certs.d/gcr.io/hosts.toml")).st_ino;
-  auto [code2, out2] = Ctl(args);
+  int code2 = 0;
+  std::string out2;
+  std::tie(code2, out2) = Ctl(args);
   CAPTURE(out2);
   CHECK(code2 == 0);
   CHECK(out2.find("created") == std::string::npos);
@@ -123,7 +129,9 @@ TEST_CASE(
   WriteFile(host.Sub("etc/docker/daemon.json"), daemon.dump());
   std::vector<std::string> cleanup = args;
   cleanup.insert(cleanup.begin() + 1, "--cleanup");
-  auto [code3, out3] = Ctl(cleanup);
+  int code3 = 0;
+  std::string out3;
+  std::tie(code3, out3) = Ctl(cleanup);
   CAPTURE(out3);
   CHECK(code3 == 0);
   CHECK_FALSE(fs::exists(host.Sub("etc/containerd/certs.d/gcr.io")));
@@ -141,14 +149,18 @@ TEST_CASE(
 
 TEST_CASE("node-setup: nothing enabled writes nothing; bad daemon.json is left alone") {
   TempDir host("shoal-host");
-  auto [code, out] = Ctl({"node-setup", "--root", host.path()});
+  int code = 0;
+  std::string out;
+  std::tie(code, out) = Ctl({"node-setup", "--root", host.path()});
   CHECK(code == 0);
   CHECK(out.find("nothing enabled") != std::string::npos);
   CHECK(fs::is_empty(host.path()));
 
   fs::create_directories(host.Sub("etc/docker"));
   WriteFile(host.Sub("etc/docker/daemon.json"), "{not json");
-  auto [code2, out2] =
+  int code2 = 0;
+  std::string out2;
+  std::tie(code2, out2) =
       Ctl({"node-setup", "--root", host.path(), "--dockerd-config", "/etc/docker/daemon.json"});
   CAPTURE(out2);
   CHECK(code2 == 1);
@@ -162,14 +174,18 @@ TEST_CASE("node-setup: ARP thresholds are raised, never lowered") {
   WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh1"), "128\n");
   WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh2"), "512\n");
   WriteFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh3"), "200000\n");
-  auto [code, out] =
+  int code = 0;
+  std::string out;
+  std::tie(code, out) =
       Ctl({"node-setup", "--proc", proc.path(), "--arp-gc-thresh", "80000,90000,100000"});
   CAPTURE(out);
   CHECK(code == 0);
   CHECK(ReadFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh1")) == "80000\n");
   CHECK(ReadFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh2")) == "90000\n");
   CHECK(ReadFile(proc.Sub("sys/net/ipv4/neigh/default/gc_thresh3")) == "200000\n");
-  auto [bad, bad_out] = Ctl({"node-setup", "--proc", proc.path(), "--arp-gc-thresh", "1,2"});
+  int bad = 0;
+  std::string bad_out;
+  std::tie(bad, bad_out) = Ctl({"node-setup", "--proc", proc.path(), "--arp-gc-thresh", "1,2"});
   CHECK(bad == 2);
 }
 
@@ -220,7 +236,9 @@ TEST_CASE(
   CHECK(before.value().find(w.agent->HostPort()) == std::string::npos);
 
   // --root "/" with absolute paths: the test's dockerd files stand where a node's would be.
-  auto [code, out] =
+  int code = 0;
+  std::string out;
+  std::tie(code, out) =
       Ctl({"node-setup", "--root", "/", "--agent", w.agent->HostPort(), "--dockerd-config",
            d.DaemonJsonPath(), "--dockerd-pid-file", d.PidFilePath()});
   CAPTURE(out);
@@ -249,7 +267,9 @@ TEST_CASE(
   CHECK(w.proxy->BlobBytes() == image.total_blob_bytes);
 
   // Cleanup: the mirror goes, by SIGHUP again.
-  auto [code2, out2] =
+  int code2 = 0;
+  std::string out2;
+  std::tie(code2, out2) =
       Ctl({"node-setup", "--cleanup", "--root", "/", "--agent", w.agent->HostPort(),
            "--dockerd-config", d.DaemonJsonPath(), "--dockerd-pid-file", d.PidFilePath()});
   CAPTURE(out2);
@@ -270,7 +290,9 @@ TEST_CASE(
   World w;
   BuiltImage image = w.Push("proj/img", "1", 7101);
   TempDir host("shoal-host");
-  auto [code, out] =
+  int code = 0;
+  std::string out;
+  std::tie(code, out) =
       Ctl({"node-setup", "--root", host.path(), "--agent", w.agent->HostPort(), "--registry",
            "gcr.io", "--containerd-certs-dir", "/etc/containerd/certs.d"});
   CAPTURE(out);

@@ -343,7 +343,10 @@ Tree SnapshotTree(const std::string& dir) {
 std::vector<std::string> DiffTrees(const Tree& a, const Tree& b, bool compare_dir_mtimes,
                                    bool compare_hardlinks) {
   std::vector<std::string> out;
-  for (const auto& [p, n] : a) {
+  for (const auto& entry : a) {
+    // Named references, not a structured binding: clang 14 cannot capture those in a lambda.
+    const std::string& p = entry.first;
+    const NodeInfo& n = entry.second;
     auto it = b.find(p);
     if (it == b.end()) {
       out.push_back("only in first: " + p);
@@ -386,7 +389,9 @@ Tree MergeLayers(const std::vector<Tree>& layers) {
   Tree merged;
   for (const Tree& layer : layers) {
     // Opaque directories first: they hide everything below them in lower layers.
-    for (const auto& [p, n] : layer) {
+    for (const auto& entry : layer) {
+      const std::string& p = entry.first;
+      const NodeInfo& n = entry.second;
       if (n.type != 'd') continue;
       auto opaque = [&](const char* key) {
         auto it = n.xattrs.find(key);

@@ -265,7 +265,9 @@ TEST_CASE("oci registry host: validates names, IPs, IPv6 and ports") {
   }
   for (const char* host :
        {"", ".io", "a..b", "a.", "-a.io", "a-.io", "a_b.io", "a.io:", "a.io:65536", "a.io:0",
-        "a.io:1:2", "[]", "[::1", "[::1]:", "[::1]a", "a.io:+80"}) {
+        "a.io:1:2", "[]", "[::1", "[::1]:", "[::1]a", "a.io:+80",
+        // Hex digits without the shape of an address (found by the connect_target fuzzer).
+        "[cfff]:7", "[c:::f]", "[1:2:3:4:5:6:7:8:9]"}) {
     CAPTURE(host);
     auto s = ValidateRegistryHost(host);
     REQUIRE_FALSE(s.has_value());

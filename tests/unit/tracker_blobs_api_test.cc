@@ -305,3 +305,16 @@ TEST_CASE("tracker blobs api: bad reports are limited per source address, with 4
 }
 
 }  // namespace shoal::tracker
+
+namespace shoal::tracker {
+
+// Found by the tracker_api fuzzer under ASan: a number too large for a double ("313e540") threw
+// nlohmann's out_of_range past the parse_error handler, and the request got no answer.
+TEST_CASE("tracker blobs api: a JSON number out of range is a 400, not an exception") {
+  Api a;
+  auto reply = a.Call(http::verb::post, kBlob, "", R"({"agent":"n","size":313e540})");
+  CHECK(reply.first == 400);
+  CHECK(reply.second.value("error", "").find("not valid JSON") != std::string::npos);
+}
+
+}  // namespace shoal::tracker

@@ -262,6 +262,7 @@ TEST_CASE("tracker manifest api: bad requests get 4xx with a message") {
   Api a;
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", "").first == 400);
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", "[1]").first == 400);
+  CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", R"({"agent":1e999})").first == 400);
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1", "bad tag!")).first == 400);
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1", "sha256:12")).first == 400);
   CHECK(a.Call(http::verb::post, "/v1/manifests/resolve", Ref("node-1"), kT0, "wait_ms=x").first ==
