@@ -70,10 +70,10 @@ shim::AdminReply JsonReply(unsigned status, const nlohmann::json& body) {
 }
 
 shim::AdminReply ErrorReply(const Error& e) {
-  unsigned status = e.code == ErrorCode::kNotFound          ? 404
-                    : e.code == ErrorCode::kInvalidArgument ? 400
-                    : e.code == ErrorCode::kUnavailable     ? 503
-                                                            : 500;
+  unsigned status = e.code == ErrorCode::kNotFound || e.code == ErrorCode::kRefused ? 404
+                    : e.code == ErrorCode::kInvalidArgument                         ? 400
+                    : e.code == ErrorCode::kUnavailable                             ? 503
+                                                                                    : 500;
   return JsonReply(status, {{"error", e.ToString()}});
 }
 

@@ -130,14 +130,15 @@ int RunAgent(const AgentConfig& config) {
     if (!loaded) return fail(loaded.error());
     credentials = std::move(loaded.value());
   }
-  // The upstream map: the file, then --upstream entries, then the unmapped policy flags.
+  // The upstream map: the file, then --upstream entries, then the unmapped policy flags (a
+  // --unmapped left at its default does not override the file's policy).
   upstream::UpstreamMap upstreams;
   if (!config.upstream_map_file.empty()) {
     if (auto st = upstreams.LoadFile(config.upstream_map_file, credentials); !st)
       return fail(st.error());
   }
   if (auto st = upstreams.AddSpecs(config.upstreams); !st) return fail(st.error());
-  if (config.unmapped != "https" || config.upstream_map_file.empty()) {
+  if (config.unmapped != AgentConfig{}.unmapped || config.upstream_map_file.empty()) {
     if (auto st = upstreams.SetUnmapped(config.unmapped); !st) return fail(st.error());
   }
   if (config.strict_upstreams) (void)upstreams.SetUnmapped("error");

@@ -75,8 +75,9 @@ awaitable<void> Sleep(asio::io_context& ioc, std::chrono::milliseconds d) {
 
 bool Fatal(const Error& e) {
   return e.code == ErrorCode::kNotFound || e.code == ErrorCode::kDenied ||
-         e.code == ErrorCode::kUnauthorized || e.code == ErrorCode::kIo ||
-         e.code == ErrorCode::kDigestMismatch || e.code == ErrorCode::kInvalidArgument;
+         e.code == ErrorCode::kRefused || e.code == ErrorCode::kUnauthorized ||
+         e.code == ErrorCode::kIo || e.code == ErrorCode::kDigestMismatch ||
+         e.code == ErrorCode::kInvalidArgument;
 }
 
 // The fetch of one blob's chunks. Owned by the coroutines working on it.

@@ -23,8 +23,9 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
                  "\"unmapped\": ...}; --upstream entries override it")
       ->envname("SHOAL_UPSTREAM_MAP_FILE");
   app.add_option("--unmapped", c.unmapped,
-                 "Registries not in the upstream map: https (https://REGISTRY), error (refused "
-                 "with NAME_UNKNOWN) or a URL that serves them all")
+                 "Registries not in the upstream map: error (refused with NAME_UNKNOWN), https "
+                 "(https://REGISTRY, only at global addresses: never loopback, link-local or "
+                 "private) or a URL that serves them all; overrides the map file's unless error")
       ->envname("SHOAL_UNMAPPED")
       ->capture_default_str();
   app.add_option("--default-registry", c.default_registry,
@@ -32,7 +33,8 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_DEFAULT_REGISTRY")
       ->capture_default_str();
   app.add_flag("--strict-upstreams", c.strict_upstreams,
-               "Refuse registries that are not in the upstream map (same as --unmapped error)")
+               "Refuse registries that are not in the upstream map, whatever --unmapped and the "
+               "map file say")
       ->envname("SHOAL_STRICT_UPSTREAMS");
   app.add_option("--credentials", c.credentials_file,
                  "docker config.json with upstream credentials per registry")

@@ -18,7 +18,7 @@ struct AgentConfig {
   std::vector<std::string> upstreams;          // "registry=url", e.g. docker.io=https://...
   std::string default_registry = "docker.io";  // for names without a registry
   std::string upstream_map_file;               // JSON map file (upstreams, auths, unmapped)
-  std::string unmapped = "https";              // unmapped registries: https, error or a URL
+  std::string unmapped = "error";              // unmapped registries: error, https or a URL
   bool strict_upstreams = false;               // same as unmapped = "error"
   std::string credentials_file;                // docker config.json with per-registry auth
   std::string ca_file;                         // extra CA bundle for upstream TLS

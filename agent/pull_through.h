@@ -71,11 +71,11 @@ class PullThrough : public shim::Backend {
   boost::asio::awaitable<Result<shim::ListingResult>> GetListing(
       const shim::RepoRef& repo, const std::string& endpoint, const std::string& query) override;
 
-  // Refuses registries the upstream map does not serve (kNotFound), before any other work.
+  // Refuses registries the upstream map does not serve (kRefused), before any other work.
   Status CheckRegistry(const shim::RepoRef& repo) const override;
 
-  // The upstream endpoint for a registry host, from the upstream map. Errors: kNotFound for an
-  // unmapped registry under the "error" policy.
+  // The upstream endpoint for a registry host, from the upstream map. Errors: kRefused for an
+  // unmapped registry the policy does not serve (UpstreamMap::Resolve).
   Result<upstream::RegistryEndpoint> EndpointFor(const std::string& registry) const;
   // Blobs currently being fetched.
   size_t inflight() const { return inflight_.size(); }

@@ -69,7 +69,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   // Whether this node serves the repository's registry at all (e.g. it is in the upstream map).
-  // Called before GetManifest/OpenBlob; errors (kNotFound) are answered as NAME_UNKNOWN.
+  // Called before GetManifest/OpenBlob; errors are answered as NAME_UNKNOWN (kRefused: see
+  // MakeErrorReply).
   virtual Status CheckRegistry(const RepoRef& repo) const {
     (void)repo;
     return Ok();

@@ -122,6 +122,7 @@ unsigned HttpStatusFor(ErrorCode code) {
     case ErrorCode::kInvalidArgument:
       return 400;
     case ErrorCode::kNotFound:
+    case ErrorCode::kRefused:
       return 404;
     case ErrorCode::kUnauthorized:
       return 401;
@@ -172,6 +173,9 @@ ErrorReply MakeErrorReply(const Error& err, std::string_view oci_code) {
     case ErrorCode::kRangeNotSatisfiable:
       code = "RANGE_INVALID";
       break;
+    case ErrorCode::kRefused:
+      code = "NAME_UNKNOWN";
+      break;
     case ErrorCode::kIo:
     case ErrorCode::kInsufficientStorage:
     case ErrorCode::kInternal:
@@ -185,7 +189,8 @@ ErrorReply MakeErrorReply(const Error& err, std::string_view oci_code) {
       break;
   }
   if (code.empty()) code = "UNKNOWN";
-  std::string message = RedactAddresses(err.message);
+  std::string message = err.code == ErrorCode::kRefused ? std::string(kRefusedRegistryMessage)
+                                                        : RedactAddresses(err.message);
   const bool redacted = message != err.message;
   nlohmann::json detail = {{"reason", ErrorCodeName(err.code)}};
   nlohmann::json body = {

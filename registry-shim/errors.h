@@ -13,16 +13,23 @@ struct ErrorReply {
   unsigned status;        // HTTP status code
   std::string body;       // {"errors":[{"code":...,"message":...,"detail":...}]}
   int retry_after_s = 0;  // for 429/503, 0 when none
-  // The message named an upstream URL or an IP address, which the body does not show: the
-  // caller should log err.message, so that the operator still sees it.
+  // The message named an upstream URL or an IP address, which the body does not show, or was
+  // replaced (kRefused): the caller should log err.message, so that the operator still sees it.
   bool redacted = false;
 };
 
 // Builds the reply for err. oci_code is the OCI code that fits the request when the error is
 // about the thing requested (e.g. "BLOB_UNKNOWN" for a missing blob, "DIGEST_INVALID" for a bad
 // digest); codes that do not depend on the request (UNAUTHORIZED, DENIED, TOOMANYREQUESTS,
-// UNSUPPORTED) are chosen from err.code. The message is shown through RedactAddresses.
+// UNSUPPORTED) are chosen from err.code. The message is shown through RedactAddresses, except
+// for kRefused: 404 NAME_UNKNOWN with kRefusedRegistryMessage whatever the reason (not mapped,
+// a non-global address, a name that does not resolve), so that a client cannot probe which
+// addresses or ports the node can reach.
 ErrorReply MakeErrorReply(const Error& err, std::string_view oci_code);
+
+// The one message a client sees for a refused registry (kRefused).
+inline constexpr std::string_view kRefusedRegistryMessage =
+    "registry not served: not in this agent's upstream map";
 
 // The HTTP status for an error code.
 unsigned HttpStatusFor(ErrorCode code);

@@ -33,12 +33,20 @@ Metrics Metrics::Create(prometheus::Registry& registry) {
                          .Name("shoal_proxy_tls_handshake_failures_total")
                          .Help("Terminated CONNECTs whose TLS handshake failed")
                          .Register(registry);
+  auto& refused = prometheus::BuildCounter()
+                      .Name("shoal_shim_refused_registries_total")
+                      .Help(
+                          "Requests refused because their registry is not served: not in the "
+                          "upstream map and, under --unmapped https, not at a global address "
+                          "(the log says which)")
+                      .Register(registry);
   return Metrics{requests,
                  bytes.Add({{"source", "cache"}}),
                  bytes.Add({{"source", "upstream"}}),
                  aborted,
                  connects,
-                 handshakes.Add({})};
+                 handshakes.Add({}),
+                 refused.Add({})};
 }
 
 void Metrics::CountAborted(std::string_view reason) {

@@ -18,6 +18,9 @@ struct Metrics {
   prometheus::Family<prometheus::Counter>& aborted_responses;
   prometheus::Family<prometheus::Counter>& proxy_connects;  // shoal_proxy_connects_total{mode}
   prometheus::Counter& proxy_handshake_failures;  // shoal_proxy_tls_handshake_failures_total
+  // shoal_shim_refused_registries_total: answers for registries not served (kRefused). No
+  // reason label: /metrics is open to the shim's clients, and the reason is what must not show.
+  prometheus::Counter& refused_registries;
 
   // Registers the families on registry.
   static Metrics Create(prometheus::Registry& registry);

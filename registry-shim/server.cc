@@ -167,10 +167,10 @@ class Connection {
         Request dummy;
         dummy.version(11);
         dummy.keep_alive(false);
-        auto res = MakeError(dummy,
-                             shoal::MakeError(ErrorCode::kInvalidArgument,
-                                              "malformed HTTP request: " + ec.message()),
-                             "UNSUPPORTED");
+        auto res = ErrorResponse(dummy,
+                                 shoal::MakeError(ErrorCode::kInvalidArgument,
+                                                  "malformed HTTP request: " + ec.message()),
+                                 "UNSUPPORTED");
         res.keep_alive(false);
         co_await Write(std::move(res));
         break;
@@ -190,6 +190,12 @@ class Connection {
 
  private:
   beast::tcp_stream& Lowest() { return beast::get_lowest_layer(stream_); }
+
+  // MakeError, counting refused registries: every error answer of a connection is built here.
+  StringResponse ErrorResponse(const Request& req, const Error& err, std::string_view oci_code) {
+    if (err.code == ErrorCode::kRefused) metrics_.refused_registries.Increment();
+    return MakeError(req, err, oci_code);
+  }
 
   awaitable<bool> Write(StringResponse res) {
     beast::error_code ec;
@@ -252,7 +258,7 @@ class Connection {
       co_return co_await HandleAdmin(req);
     auto route = ParseRoute(req.target());
     if (!route) {
-      StringResponse reply_ = MakeError(req, route.error(), "NAME_INVALID");
+      StringResponse reply_ = ErrorResponse(req, route.error(), "NAME_INVALID");
       co_return co_await Reply(Route::Kind::kNotFound, std::move(reply_));
     }
     Route r = route.value();
@@ -270,12 +276,12 @@ class Connection {
     }
     if (r.kind == Route::Kind::kPush || (!read_only && r.kind != Route::Kind::kNotFound)) {
       {
-        StringResponse reply_ =
-            MakeError(req,
-                      shoal::MakeError(ErrorCode::kUnsupported,
-                                       "shoal is a pull-only mirror; " +
-                                           std::string(req.method_string()) + " is not supported"),
-                      "UNSUPPORTED");
+        StringResponse reply_ = ErrorResponse(
+            req,
+            shoal::MakeError(ErrorCode::kUnsupported, "shoal is a pull-only mirror; " +
+                                                          std::string(req.method_string()) +
+                                                          " is not supported"),
+            "UNSUPPORTED");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
     }
@@ -304,11 +310,11 @@ class Connection {
       default: {
         // Not NAME_UNKNOWN: the repository may well exist (docker-registry answers a plain 404).
         StringResponse reply_ =
-            MakeError(req,
-                      shoal::MakeError(ErrorCode::kNotFound,
-                                       "no such endpoint in the pull API this mirror serves: " +
-                                           std::string(req.target().substr(0, 200))),
-                      "UNSUPPORTED");
+            ErrorResponse(req,
+                          shoal::MakeError(ErrorCode::kNotFound,
+                                           "no such endpoint in the pull API this mirror serves: " +
+                                               std::string(req.target().substr(0, 200))),
+                          "UNSUPPORTED");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
     }
@@ -318,7 +324,7 @@ class Connection {
     std::string_view oci_code;
     auto repo = ServedRepo(r, oci_code);
     if (!repo) {
-      StringResponse reply_ = MakeError(req, repo.error(), oci_code);
+      StringResponse reply_ = ErrorResponse(req, repo.error(), oci_code);
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     auto ref = oci::ParseManifestRef(r.reference);
@@ -326,7 +332,7 @@ class Connection {
       bool looks_digest = r.reference.find(':') != std::string::npos;
       if (looks_digest) {
         ref.error().code = ErrorCode::kInvalidArgument;
-        StringResponse reply_ = MakeError(req, ref.error(), "DIGEST_INVALID");
+        StringResponse reply_ = ErrorResponse(req, ref.error(), "DIGEST_INVALID");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
       // No manifest can have an invalid tag: the distribution spec's answer for a manifest that
@@ -334,7 +340,7 @@ class Connection {
       Error unknown = ref.error();
       unknown.code = ErrorCode::kNotFound;
       unknown.message = "manifest unknown: " + unknown.message;
-      StringResponse reply_ = MakeError(req, unknown, "MANIFEST_UNKNOWN");
+      StringResponse reply_ = ErrorResponse(req, unknown, "MANIFEST_UNKNOWN");
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     std::string accept_header;
@@ -348,7 +354,7 @@ class Connection {
     auto manifest = co_await backend_.GetManifest(repo.value(), r.reference, accept);
     if (!manifest) {
       {
-        StringResponse reply_ = MakeError(req, manifest.error(), "MANIFEST_UNKNOWN");
+        StringResponse reply_ = ErrorResponse(req, manifest.error(), "MANIFEST_UNKNOWN");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
     }
@@ -360,7 +366,7 @@ class Connection {
       const std::string child_ref = chosen.child->str();
       auto child = co_await backend_.GetManifest(repo.value(), child_ref, accept);
       if (!child) {
-        StringResponse reply_ = MakeError(req, child.error(), "MANIFEST_UNKNOWN");
+        StringResponse reply_ = ErrorResponse(req, child.error(), "MANIFEST_UNKNOWN");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
       if (!oci::Accepts(accept, child.value().media_type)) {
@@ -373,11 +379,11 @@ class Connection {
     }
     if (chosen.kind == oci::Negotiation::Kind::kRefuse) {
       StringResponse reply_ =
-          MakeError(req,
-                    shoal::MakeError(ErrorCode::kNotFound, "manifest " + repo.value().str() + ":" +
-                                                               r.reference +
-                                                               " is not served: " + chosen.reason),
-                    "MANIFEST_UNKNOWN");
+          ErrorResponse(req,
+                        shoal::MakeError(ErrorCode::kNotFound,
+                                         "manifest " + repo.value().str() + ":" + r.reference +
+                                             " is not served: " + chosen.reason),
+                        "MANIFEST_UNKNOWN");
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     bool head = req.method() == http::verb::head;
@@ -394,7 +400,7 @@ class Connection {
     std::string_view oci_code;
     auto repo = ServedRepo(r, oci_code);
     if (!repo) {
-      StringResponse reply_ = MakeError(req, repo.error(), oci_code);
+      StringResponse reply_ = ErrorResponse(req, repo.error(), oci_code);
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     auto digest = Digest::Parse(r.reference);
@@ -403,13 +409,13 @@ class Connection {
       Error e = digest.error();
       e.code = ErrorCode::kInvalidArgument;
       {
-        StringResponse reply_ = MakeError(req, e, "DIGEST_INVALID");
+        StringResponse reply_ = ErrorResponse(req, e, "DIGEST_INVALID");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
     }
     auto opened = co_await backend_.OpenBlob(repo.value(), digest.value());
     if (!opened) {
-      StringResponse reply_ = MakeError(req, opened.error(), "BLOB_UNKNOWN");
+      StringResponse reply_ = ErrorResponse(req, opened.error(), "BLOB_UNKNOWN");
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     std::shared_ptr<BlobReader> reader = opened.value();
@@ -422,7 +428,7 @@ class Connection {
         // Several ranges (RFC 9110 lets a server ignore Range) or a unit other than bytes (it
         // must ignore the header): send the whole blob.
       } else if (!range) {
-        StringResponse res = MakeError(req, range.error(), "RANGE_INVALID");
+        StringResponse res = ErrorResponse(req, range.error(), "RANGE_INVALID");
         if (range.error().code == ErrorCode::kRangeNotSatisfiable) {
           res.set(http::field::content_range, "bytes */" + std::to_string(size));
         }
@@ -440,7 +446,7 @@ class Connection {
       // not with a 200 cut short: the runtime then reports why.
       auto ready = co_await reader->WaitReadable(first);
       if (!ready) {
-        StringResponse res = MakeError(req, ready.error(), "BLOB_UNKNOWN");
+        StringResponse res = ErrorResponse(req, ready.error(), "BLOB_UNKNOWN");
         co_return co_await Reply(r.kind, std::move(res));
       }
     }
@@ -476,7 +482,7 @@ class Connection {
     std::string_view oci_code;
     auto repo = ServedRepo(r, oci_code);
     if (!repo) {
-      StringResponse reply_ = MakeError(req, repo.error(), oci_code);
+      StringResponse reply_ = ErrorResponse(req, repo.error(), oci_code);
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     const bool tags = r.kind == Route::Kind::kTags;
@@ -486,7 +492,7 @@ class Connection {
       if (!digest) {
         Error e = digest.error();
         e.code = ErrorCode::kInvalidArgument;
-        StringResponse reply_ = MakeError(req, e, "DIGEST_INVALID");
+        StringResponse reply_ = ErrorResponse(req, e, "DIGEST_INVALID");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
       endpoint = "referrers/" + digest.value().str();
@@ -494,12 +500,13 @@ class Connection {
     auto query =
         tags ? ForwardedQuery(r.query, {"n", "last"}) : ForwardedQuery(r.query, {"artifactType"});
     if (!query) {
-      StringResponse reply_ = MakeError(req, query.error(), "UNSUPPORTED");
+      StringResponse reply_ = ErrorResponse(req, query.error(), "UNSUPPORTED");
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     auto listed = co_await backend_.GetListing(repo.value(), endpoint, query.value());
     if (!listed) {
-      StringResponse reply_ = MakeError(req, listed.error(), tags ? "NAME_UNKNOWN" : "UNSUPPORTED");
+      StringResponse reply_ =
+          ErrorResponse(req, listed.error(), tags ? "NAME_UNKNOWN" : "UNSUPPORTED");
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     ListingResult& l = listed.value();
@@ -514,7 +521,7 @@ class Connection {
           std::string(tags ? "tags of " : "referrers in ") + repo.value().str() +
               (l.error_code.empty() ? ": the upstream answered 404"
                                     : ": the upstream answered 404 " + l.error_code));
-      StringResponse reply_ = MakeError(req, missing, code);
+      StringResponse reply_ = ErrorResponse(req, missing, code);
       co_return co_await Reply(r.kind, std::move(reply_));
     }
     const bool head = req.method() == http::verb::head;
@@ -691,7 +698,7 @@ class Connection {
 
   // Answers a CONNECT that is refused or failed, and ends the connection.
   awaitable<void> RefuseConnect(const Request& req, const Error& err) {
-    StringResponse res = MakeError(req, err, "");
+    StringResponse res = ErrorResponse(req, err, "");
     res.keep_alive(false);
     if (res.result() == http::status::method_not_allowed) res.set(http::field::allow, "GET, HEAD");
     metrics_.CountRequest("connect", res.result_int());

@@ -8,6 +8,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kNotFound: return "not_found";
     case ErrorCode::kUnauthorized: return "unauthorized";
     case ErrorCode::kDenied: return "denied";
+    case ErrorCode::kRefused: return "refused";
     case ErrorCode::kRangeNotSatisfiable: return "range_not_satisfiable";
     case ErrorCode::kDigestMismatch: return "digest_mismatch";
     case ErrorCode::kTooManyRequests: return "too_many_requests";

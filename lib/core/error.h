@@ -17,6 +17,7 @@ enum class ErrorCode {
   kNotFound,          // the thing does not exist (upstream 404, cache miss)
   kUnauthorized,      // credentials missing or rejected
   kDenied,            // credentials fine, access refused
+  kRefused,           // a registry or address this node will not fetch from for the caller
   kRangeNotSatisfiable,
   kDigestMismatch,    // bytes do not hash to the digest they were requested by
   kTooManyRequests,   // upstream quota (429)

@@ -21,6 +21,8 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include "lib/http/address_policy.h"
+
 namespace shoal::http {
 
 namespace net = boost::asio;
@@ -342,7 +344,7 @@ struct Client::Impl {
   // Resolves, connects and (for https) handshakes; runs on `strand`, which the new
   // connection keeps. Wrapped in optional because co_spawn needs a default-constructible value.
   net::awaitable<std::optional<Result<std::unique_ptr<Connection>>>> Connect(
-      Url url, net::any_io_executor strand);
+      Url url, AddressPolicy addresses, net::any_io_executor strand);
 };
 
 Client::Client(net::any_io_executor executor, ClientConfig config)
@@ -369,16 +371,29 @@ Client::Client(net::any_io_executor executor, ClientConfig config)
 Client::~Client() = default;
 
 net::awaitable<std::optional<Result<std::unique_ptr<Connection>>>> Client::Impl::Connect(
-    Url url, net::any_io_executor strand) {
+    Url url, AddressPolicy addresses, net::any_io_executor strand) {
   tcp::resolver resolver(strand);
   beast::error_code ec;
   auto flags = IsIpLiteral(url.host) ? tcp::resolver::numeric_host : tcp::resolver::flags();
   auto endpoints = co_await resolver.async_resolve(url.host, std::to_string(url.port), flags,
                                                    net::redirect_error(net::use_awaitable, ec));
+  const bool global_only = addresses == AddressPolicy::kGlobalOnly;
   if (ec) {
     // The host only inside the URL, which the shim redacts from what clients see.
-    co_return MakeError(ErrorCode::kUnavailable,
+    co_return MakeError(global_only ? ErrorCode::kRefused : ErrorCode::kUnavailable,
                         "cannot resolve the host of " + url.Redacted() + ": " + ec.message());
+  }
+  if (global_only) {
+    // Every address is checked, and the connect below uses these very results: no second lookup
+    // that a short-TTL DNS answer could rebind to a private address.
+    for (const auto& entry : endpoints) {
+      const net::ip::address address = entry.endpoint().address();
+      if (!IsGlobalAddress(address)) {
+        co_return MakeError(ErrorCode::kRefused, "not connecting to " + url.Redacted() + ": " +
+                                                     address.to_string() +
+                                                     " is not a global address");
+      }
+    }
   }
   auto conn = std::make_unique<Connection>();
   conn->strand = strand;
@@ -436,7 +451,10 @@ net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& re
     req.body() = request.body;
     req.prepare_payload();
   }
-  const std::string key = url.scheme + "://" + url.HostPort();
+  // A connection checked for kGlobalOnly may serve kAny, but not the other way round: keep the
+  // two apart.
+  const std::string key = url.scheme + "://" + url.HostPort() +
+                          (request.addresses == AddressPolicy::kGlobalOnly ? " global" : "");
   const bool idempotent = request.method == bhttp::verb::get || request.method == bhttp::verb::head;
 
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -445,8 +463,8 @@ net::awaitable<Result<std::unique_ptr<Response>>> Client::Open(const Request& re
     const bool reused = conn != nullptr;
     if (!conn) {
       net::any_io_executor strand = net::make_strand(impl->executor);
-      auto connected =
-          co_await net::co_spawn(strand, impl->Connect(url, strand), net::use_awaitable);
+      auto connected = co_await net::co_spawn(strand, impl->Connect(url, request.addresses, strand),
+                                              net::use_awaitable);
       if (!connected) co_return MakeError(ErrorCode::kInternal, "connect lost its result");
       if (!connected->has_value()) co_return connected->error();
       conn = std::move(*connected).value();

@@ -17,6 +17,7 @@
 #include <boost/beast/http/verb.hpp>
 
 #include "lib/core/error.h"
+#include "lib/http/address_policy.h"
 #include "lib/http/url.h"
 
 namespace shoal::http {
@@ -42,6 +43,7 @@ struct Request {
   Url url;
   boost::beast::http::fields headers;
   std::string body;
+  AddressPolicy addresses = AddressPolicy::kAny;
 };
 
 namespace detail {
@@ -104,10 +106,12 @@ class Client {
   ~Client();
 
   // Sends the request and reads the response head (following no redirects). Reuses a pooled
-  // connection when possible, and retries once on a fresh connection when a reused one turns out
-  // to be closed (GET/HEAD only). Errors: kInvalidArgument (bad request or CA file),
-  // kUnavailable (resolve, connect, TLS handshake I/O, timeout, reset), kProtocol (TLS
-  // verification failure, malformed HTTP).
+  // connection made under the same AddressPolicy when possible, and retries once on a fresh
+  // connection when a reused one turns out to be closed (GET/HEAD only). The host is resolved
+  // once per connection and only the addresses checked are connected to. Errors:
+  // kInvalidArgument (bad request or CA file), kRefused (kGlobalOnly: the host did not resolve
+  // or has a non-global address; nothing was connected to), kUnavailable (resolve, connect, TLS
+  // handshake I/O, timeout, reset), kProtocol (TLS verification failure, malformed HTTP).
   boost::asio::awaitable<Result<std::unique_ptr<Response>>> Open(const Request& request);
 
  private:

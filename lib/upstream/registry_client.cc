@@ -250,19 +250,21 @@ struct RegistryClient::Impl : std::enable_shared_from_this<RegistryClient::Impl>
   };
 
   net::awaitable<Result<ResponsePtr>> Send(const RegistryEndpoint& ep, const Call& call);
+  // `addresses` applies to every hop: a registry's redirect targets and token realms are as
+  // far from the operator's say as the registry itself.
   net::awaitable<Result<ResponsePtr>> FollowRedirects(http::Url url, bhttp::verb method,
                                                       const bhttp::fields& headers,
-                                                      const std::string& authorization);
-  net::awaitable<Result<std::string>> GetToken(const std::string& registry,
+                                                      const std::string& authorization,
+                                                      http::AddressPolicy addresses);
+  net::awaitable<Result<std::string>> GetToken(const RegistryEndpoint& ep,
                                                const std::string& cache_scope,
                                                const Challenge& challenge);
   net::awaitable<std::optional<Result<std::string>>> TokenOnStrand(std::string key,
-                                                                   std::string registry,
+                                                                   RegistryEndpoint ep,
                                                                    std::string realm,
                                                                    std::string service,
                                                                    std::string scope);
-  net::awaitable<Result<std::string>> FetchToken(const std::string& key,
-                                                 const std::string& registry,
+  net::awaitable<Result<std::string>> FetchToken(const std::string& key, const RegistryEndpoint& ep,
                                                  const std::string& realm,
                                                  const std::string& service,
                                                  const std::string& scope);
@@ -340,7 +342,8 @@ void RegistryClient::Impl::StoreToken(const std::string& key, std::string value,
 }
 
 void RegistryClient::Impl::LogFailure(const Error& e) const {
-  if (e.code == ErrorCode::kNotFound) {
+  // A refused address is the agent's own choice, not an upstream failure.
+  if (e.code == ErrorCode::kNotFound || e.code == ErrorCode::kRefused) {
     spdlog::info("upstream: {}", e.message);
   } else {
     spdlog::error("upstream: {}", e.ToString());
@@ -349,10 +352,10 @@ void RegistryClient::Impl::LogFailure(const Error& e) const {
 
 net::awaitable<Result<ResponsePtr>> RegistryClient::Impl::FollowRedirects(
     http::Url url, bhttp::verb method, const bhttp::fields& headers,
-    const std::string& authorization) {
+    const std::string& authorization, http::AddressPolicy addresses) {
   const http::Url origin = url;
   for (int hop = 0;; ++hop) {
-    http::Request req{method, url, headers, ""};
+    http::Request req{method, url, headers, "", addresses};
     // Credentials go only to the host they were meant for, never to a redirect target.
     if (!authorization.empty() && url.SameOrigin(origin)) {
       req.headers.set(bhttp::field::authorization, authorization);
@@ -393,7 +396,7 @@ net::awaitable<Result<ResponsePtr>> RegistryClient::Impl::Send(const RegistryEnd
   std::string cached_token;
   std::string authorization = CachedAuthorization(ep.name, call.scope, &cached_token);
   for (int round = 0;; ++round) {
-    auto r = co_await FollowRedirects(url, call.method, headers, authorization);
+    auto r = co_await FollowRedirects(url, call.method, headers, authorization, ep.addresses);
     if (!r) co_return r;
     http::Response& resp = *r.value();
     // Only the registry itself may ask for credentials, and only once per call.
@@ -413,7 +416,7 @@ net::awaitable<Result<ResponsePtr>> RegistryClient::Impl::Send(const RegistryEnd
     if (bearer) {
       co_await resp.Drain(kMaxErrorBody);
       if (!cached_token.empty()) ForgetToken(TokenKey(ep.name, call.scope), cached_token);
-      auto token = co_await GetToken(ep.name, call.scope, *bearer);
+      auto token = co_await GetToken(ep, call.scope, *bearer);
       if (!token) co_return token.error();
       authorization = "Bearer " + token.value();
     } else if (basic) {
@@ -433,7 +436,7 @@ net::awaitable<Result<ResponsePtr>> RegistryClient::Impl::Send(const RegistryEnd
   }
 }
 
-net::awaitable<Result<std::string>> RegistryClient::Impl::GetToken(const std::string& registry,
+net::awaitable<Result<std::string>> RegistryClient::Impl::GetToken(const RegistryEndpoint& ep,
                                                                    const std::string& cache_scope,
                                                                    const Challenge& challenge) {
   auto param = [&](const char* name) -> std::string {
@@ -444,15 +447,15 @@ net::awaitable<Result<std::string>> RegistryClient::Impl::GetToken(const std::st
   if (scope.empty()) scope = cache_scope;
   std::optional<Result<std::string>> r = co_await net::co_spawn(
       token_strand,
-      shared_from_this()->TokenOnStrand(TokenKey(registry, cache_scope), registry,
-                                        param("realm"), param("service"), scope),
+      shared_from_this()->TokenOnStrand(TokenKey(ep.name, cache_scope), ep, param("realm"),
+                                        param("service"), scope),
       net::use_awaitable);
-  if (!r) co_return MakeError(ErrorCode::kInternal, "token fetch for " + registry + " vanished");
+  if (!r) co_return MakeError(ErrorCode::kInternal, "token fetch for " + ep.name + " vanished");
   co_return std::move(*r);
 }
 
 net::awaitable<std::optional<Result<std::string>>> RegistryClient::Impl::TokenOnStrand(
-    std::string key, std::string registry, std::string realm, std::string service,
+    std::string key, RegistryEndpoint ep, std::string realm, std::string service,
     std::string scope) {
   // Runs on token_strand, so `inflight` needs no lock.
   {
@@ -470,7 +473,7 @@ net::awaitable<std::optional<Result<std::string>>> RegistryClient::Impl::TokenOn
   }
   auto fetch = std::make_shared<TokenFetch>(token_strand);
   inflight[key] = fetch;
-  auto r = co_await FetchToken(key, registry, realm, service, scope);
+  auto r = co_await FetchToken(key, ep, realm, service, scope);
   fetch->result = r;
   inflight.erase(key);
   fetch->done.cancel();
@@ -478,15 +481,15 @@ net::awaitable<std::optional<Result<std::string>>> RegistryClient::Impl::TokenOn
 }
 
 net::awaitable<Result<std::string>> RegistryClient::Impl::FetchToken(const std::string& key,
-                                                                     const std::string& registry,
+                                                                     const RegistryEndpoint& ep,
                                                                      const std::string& realm,
                                                                      const std::string& service,
                                                                      const std::string& scope) {
   auto url = http::Url::Parse(realm);
   if (!url) {
-    co_return MakeError(ErrorCode::kProtocol,
-                        "registry " + registry + " named an unusable token realm: " +
-                            url.error().message);
+    co_return MakeError(
+        ErrorCode::kProtocol,
+        "registry " + ep.name + " named an unusable token realm: " + url.error().message);
   }
   http::Url token_url = std::move(url).value();
   std::string query;
@@ -498,10 +501,11 @@ net::awaitable<Result<std::string>> RegistryClient::Impl::FetchToken(const std::
   bhttp::fields headers;
   headers.set(bhttp::field::user_agent, options.user_agent);
   std::string authorization;
-  if (auto creds = credentials.For(registry)) authorization = BasicAuthHeader(*creds);
-  const std::string what = "token for " + registry + " scope " + Printable(scope, 200);
+  if (auto creds = credentials.For(ep.name)) authorization = BasicAuthHeader(*creds);
+  const std::string what = "token for " + ep.name + " scope " + Printable(scope, 200);
 
-  auto r = co_await FollowRedirects(token_url, bhttp::verb::get, headers, authorization);
+  auto r =
+      co_await FollowRedirects(token_url, bhttp::verb::get, headers, authorization, ep.addresses);
   if (!r) co_return r.error();
   http::Response& resp = *r.value();
   if (resp.status() == 401 || resp.status() == 403) {

@@ -15,6 +15,7 @@
 
 #include "lib/core/digest.h"
 #include "lib/core/error.h"
+#include "lib/http/address_policy.h"
 #include "lib/http/url.h"
 #include "lib/upstream/credentials.h"
 
@@ -24,6 +25,9 @@ namespace shoal::upstream {
 struct RegistryEndpoint {
   std::string name;  // "docker.io", "gcr.io", "127.0.0.1:5000"; keys credentials and tokens
   http::Url base;    // e.g. https://registry-1.docker.io; only scheme, host and port are used
+  // Where the client may connect for this registry: for every hop (base, redirect targets,
+  // token realms). kGlobalOnly for an endpoint a client's request chose (UpstreamMap, "https").
+  http::AddressPolicy addresses = http::AddressPolicy::kAny;
 };
 
 // Settings of a RegistryClient.

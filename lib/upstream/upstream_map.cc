@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/http/address_policy.h"
 #include "lib/oci/reference.h"
 #include "lib/upstream/docker_auth_json.h"
 
@@ -154,22 +155,31 @@ Status UpstreamMap::LoadFile(const std::string& path, Credentials& credentials) 
 Result<RegistryEndpoint> UpstreamMap::Resolve(std::string_view registry) const {
   std::string key = Key(registry);
   if (auto it = entries_.find(key); it != entries_.end()) return RegistryEndpoint{key, it->second};
+  std::string mapped;
+  for (const auto& [name, url] : entries_) mapped += (mapped.empty() ? "" : ", ") + name;
+  const std::string unmapped =
+      "registry " + key + " is not in this agent's upstream map (mapped: " + mapped + ")";
   switch (unmapped_) {
     case Unmapped::kEndpoint:
+      // The operator's endpoint: it is reached wherever it is, as a map entry is.
       return RegistryEndpoint{key, unmapped_endpoint_};
     case Unmapped::kHttps: {
       auto url = http::Url::Parse("https://" + key);
       if (!url) return url.error();
-      return RegistryEndpoint{key, url.value()};
+      // The client chose this host: an IP literal is checked here, before any other work; a
+      // name is checked by the HTTP client once resolved.
+      if (http::IsGlobalLiteral(url.value().host) == false) {
+        return MakeError(ErrorCode::kRefused,
+                         unmapped +
+                             " and is not a global address (--unmapped https reaches "
+                             "public registries only)");
+      }
+      return RegistryEndpoint{key, url.value(), http::AddressPolicy::kGlobalOnly};
     }
     case Unmapped::kError:
       break;
   }
-  std::string mapped;
-  for (const auto& [name, url] : entries_) mapped += (mapped.empty() ? "" : ", ") + name;
-  return MakeError(
-      ErrorCode::kNotFound,
-      "registry " + key + " is not in this agent's upstream map (mapped: " + mapped + ")");
+  return MakeError(ErrorCode::kRefused, unmapped);
 }
 
 bool UpstreamMap::Contains(std::string_view registry) const {

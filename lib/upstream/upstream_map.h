@@ -16,7 +16,7 @@ namespace shoal::upstream {
 
 // Registry host -> endpoint. A value type; const methods are safe to call concurrently.
 // Starts with docker.io -> https://registry-1.docker.io (Docker Hub's API host) and the
-// "https" policy for unmapped registries.
+// "error" policy for unmapped registries.
 //
 // Map file (JSON; every key optional):
 //   {"upstreams": {"gcr.io": "https://gcr.io",
@@ -28,8 +28,8 @@ class UpstreamMap {
  public:
   // How a registry without an entry is reached.
   enum class Unmapped {
-    kHttps,     // https://<registry>
-    kError,     // refused: kNotFound naming the registry and the mapped ones
+    kHttps,     // https://<registry>, at global addresses only (http::AddressPolicy::kGlobalOnly)
+    kError,     // refused: kRefused naming the registry and the mapped ones
     kEndpoint,  // one configured endpoint serves every unmapped registry
   };
 
@@ -49,8 +49,9 @@ class UpstreamMap {
   // Sets the unmapped policy from "https", "error" or an http(s) URL. Errors: kInvalidArgument.
   Status SetUnmapped(std::string_view policy);
 
-  // The endpoint for a registry, by entry or by the unmapped policy. Errors: kNotFound for an
-  // unmapped registry under the "error" policy, with a message naming it and the mapped ones.
+  // The endpoint for a registry, by entry (any address) or by the unmapped policy. Errors:
+  // kRefused for an unmapped registry under "error", or under "https" when it is an IP literal
+  // that is not global; the message names it and the mapped ones (for the log, not clients).
   Result<RegistryEndpoint> Resolve(std::string_view registry) const;
   // Whether the registry has an entry of its own.
   bool Contains(std::string_view registry) const;
@@ -66,7 +67,7 @@ class UpstreamMap {
 
  private:
   std::map<std::string, http::Url> entries_;
-  Unmapped unmapped_ = Unmapped::kHttps;
+  Unmapped unmapped_ = Unmapped::kError;
   http::Url unmapped_endpoint_;
 };
 

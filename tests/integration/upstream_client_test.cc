@@ -759,4 +759,51 @@ TEST_CASE("upstream client: speaks TLS with verification, SNI and connection reu
   CHECK(none.empty());
 }
 
+TEST_CASE(
+    "upstream client: a global-only endpoint is refused on loopback, and never reuses a mapped "
+    "endpoint's connection") {
+  std::atomic<int> requests{0};
+  auto server = SyncHttpServer::Start([&](const SyncHttpServer::Request&) {
+    ++requests;
+    auto res = Answer(200);
+    res.content_length(42);
+    return res;
+  });
+  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  const std::string host_port = server.value()->HostPort();
+  const Digest digest = Sha256::Of("x");
+  net::io_context ioc;
+  RegistryClient client(ioc.get_executor(), FastRetries(), Credentials());
+
+  // The operator's entry (kAny) reaches loopback; its connection goes back to the pool.
+  RegistryEndpoint mapped = Endpoint(host_port);
+  auto size = Run(ioc, client.StatBlob(mapped, "demo/app", digest));
+  REQUIRE_MESSAGE(size.has_value(), size.error().ToString());
+  CHECK(size.value() == 42);
+  CHECK(requests.load() == 1);
+
+  // The same host:port for a registry a client named: refused at once, not retried, and the
+  // pooled connection is not used either.
+  RegistryEndpoint unmapped = mapped;
+  unmapped.addresses = http::AddressPolicy::kGlobalOnly;
+  auto refused = Run(ioc, client.StatBlob(unmapped, "demo/app", digest));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == ErrorCode::kRefused);
+  CHECK(refused.error().message.find("127.0.0.1 is not a global address") != std::string::npos);
+  // A name is resolved once and every address checked: localhost is loopback.
+  RegistryEndpoint by_name = unmapped;
+  by_name.base =
+      http::Url::Parse("http://localhost:" + std::to_string(server.value()->port())).value();
+  auto named = Run(ioc, client.StatBlob(by_name, "demo/app", digest));
+  REQUIRE_FALSE(named.has_value());
+  CHECK(named.error().code == ErrorCode::kRefused);
+  // A name that does not resolve cannot be checked: refused too (not kUnavailable, not retried).
+  by_name.base = http::Url::Parse("http://no-such-registry.invalid").value();
+  auto unresolved = Run(ioc, client.StatBlob(by_name, "demo/app", digest));
+  REQUIRE_FALSE(unresolved.has_value());
+  CHECK(unresolved.error().code == ErrorCode::kRefused);
+  CHECK(client.stats().retries == 0);
+  CHECK(requests.load() == 1);
+}
+
 }  // namespace shoal::upstream

@@ -50,4 +50,30 @@ TEST_CASE("shim errors: the reply body is redacted and says so; status and code 
   CHECK_FALSE(plain.redacted);
 }
 
+TEST_CASE("shim errors: every refused registry gets one reply, whatever the reason") {
+  const std::string reasons[] = {
+      "registry quay.io is not in this agent's upstream map (mapped: docker.io)",
+      "registry 127.0.0.1:17998 is not in this agent's upstream map (mapped: docker.io) and is "
+      "not a global address (--unmapped https reaches public registries only)",
+      "manifest a:1: not connecting to https://localhost:5000/v2/a/manifests/1: 127.0.0.1 is not "
+      "a global address",
+      "cannot resolve the host of https://nowhere.invalid/v2/: Host not found"};
+  const ErrorReply first = MakeErrorReply(MakeError(ErrorCode::kRefused, reasons[0]), "");
+  CHECK(first.status == 404);
+  CHECK(first.retry_after_s == 0);
+  CHECK(first.redacted);  // the caller logs the reason
+  auto body = nlohmann::json::parse(first.body);
+  CHECK(body["errors"][0]["code"] == "NAME_UNKNOWN");
+  CHECK(body["errors"][0]["message"] == std::string(kRefusedRegistryMessage));
+  for (const std::string& reason : reasons) {
+    for (const char* oci_code : {"", "NAME_UNKNOWN", "MANIFEST_UNKNOWN", "BLOB_UNKNOWN"}) {
+      CAPTURE(reason);
+      CAPTURE(oci_code);
+      ErrorReply r = MakeErrorReply(MakeError(ErrorCode::kRefused, reason), oci_code);
+      CHECK(r.status == first.status);
+      CHECK(r.body == first.body);
+    }
+  }
+}
+
 }  // namespace shoal::shim

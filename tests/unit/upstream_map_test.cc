@@ -67,21 +67,50 @@ TEST_CASE("upstream map: bad specs are refused with the spec in the message") {
   CHECK_FALSE(map.AddSpecs({"bad host=http://x"}).has_value());
 }
 
-TEST_CASE("upstream map: unmapped registries follow the policy") {
+TEST_CASE("upstream map: unmapped registries are refused by default, else follow the policy") {
   UpstreamMap map;
-  CHECK(map.Resolve("quay.io").value().base.str() == "https://quay.io/");
-  REQUIRE(map.SetUnmapped("error").has_value());
+  CHECK(map.unmapped() == UpstreamMap::Unmapped::kError);
   auto refused = map.Resolve("quay.io");
   REQUIRE_FALSE(refused.has_value());
-  CHECK(refused.error().code == ErrorCode::kNotFound);
+  CHECK(refused.error().code == ErrorCode::kRefused);
   CHECK(refused.error().message.find("quay.io") != std::string::npos);
   CHECK(refused.error().message.find("docker.io") != std::string::npos);  // lists the mapped
   CHECK(map.Resolve("docker.io").has_value());
+  REQUIRE(map.SetUnmapped("https").has_value());
+  auto https = map.Resolve("quay.io").value();
+  CHECK(https.base.str() == "https://quay.io/");
+  CHECK(https.addresses == http::AddressPolicy::kGlobalOnly);  // checked again once resolved
   REQUIRE(map.SetUnmapped("http://127.0.0.1:6000").has_value());
   auto fallback = map.Resolve("quay.io").value();
   CHECK(fallback.name == "quay.io");  // credentials and tokens stay keyed by the registry
   CHECK(fallback.base.str() == "http://127.0.0.1:6000/");
+  CHECK(fallback.addresses == http::AddressPolicy::kAny);  // the operator's own endpoint
   CHECK_FALSE(map.SetUnmapped("sometimes").has_value());
+}
+
+TEST_CASE("upstream map: under https, unmapped IP literals that are not global are refused") {
+  UpstreamMap map;
+  REQUIRE(map.SetUnmapped("https").has_value());
+  REQUIRE(map.AddSpecs({"127.0.0.1:5000=http://127.0.0.1:5000", "lab.local=http://10.0.0.9"})
+              .has_value());
+  for (const char* registry :
+       {"127.0.0.1:17998", "127.0.0.1", "10.1.2.3", "10.1.2.3:443", "172.20.0.1:5000",
+        "192.168.1.10:5000", "100.64.0.1", "169.254.169.254", "0.0.0.0:5000", "[::1]:5000", "[::1]",
+        "[fd00::1]:5000", "[fe80::1]:5000", "[::ffff:7f00:1]:5000", "[ff02::1]"}) {
+    CAPTURE(registry);
+    auto r = map.Resolve(registry);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == ErrorCode::kRefused);
+  }
+  // The operator's entries go anywhere, loopback included; mapping is by name, not by address.
+  auto mapped = map.Resolve("127.0.0.1:5000").value();
+  CHECK(mapped.base.str() == "http://127.0.0.1:5000/");
+  CHECK(mapped.addresses == http::AddressPolicy::kAny);
+  CHECK(map.Resolve("lab.local").value().addresses == http::AddressPolicy::kAny);
+  CHECK(map.Resolve("127.0.0.1:5001").error().code == ErrorCode::kRefused);
+  // Global literals and names pass here; names are checked by the HTTP client once resolved.
+  CHECK(map.Resolve("8.8.8.8:5000").value().addresses == http::AddressPolicy::kGlobalOnly);
+  CHECK(map.Resolve("localhost:5000").value().addresses == http::AddressPolicy::kGlobalOnly);
 }
 
 TEST_CASE("upstream map: a map file gives endpoints, credentials and the unmapped policy") {
@@ -122,7 +151,7 @@ TEST_CASE("upstream map: a bad map file changes nothing and never quotes secrets
   CHECK(st.error().code == ErrorCode::kInvalidArgument);
   CHECK(st.error().message.find("ghcr.io") != std::string::npos);
   CHECK(st.error().message.find("s3cret") == std::string::npos);
-  CHECK(map.Resolve("gcr.io").value().base.host == "gcr.io");  // the good entry was not kept
+  CHECK_FALSE(map.Contains("gcr.io"));  // the good entry was not kept
   CHECK(creds.size() == 0);
 
   TempFile junk("{\"upstreams\": [1, 2], \"password\": \"s3cret\"");
