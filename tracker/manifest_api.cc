@@ -219,10 +219,10 @@ Digest WaitKey(const std::string& key) { return Sha256::Of("manifest|" + key); }
 }  // namespace
 
 ManifestApi::ManifestApi(ManifestApiOptions options, prometheus::Registry& registry,
-                         std::string tracker_id)
+                         std::string tracker_id, uint64_t seed)
     : options_(std::move(options)),
       tracker_id_(std::move(tracker_id)),
-      cache_(options_.cache),
+      cache_(options_.cache, seed),
       requests_(prometheus::BuildCounter()
                     .Name("shoal_tracker_manifest_api_requests_total")
                     .Help("Manifest API requests, by route and status")

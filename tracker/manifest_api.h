@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <random>
 #include <string>
 #include <string_view>
 
@@ -45,7 +46,9 @@ struct ManifestApiOptions {
 class ManifestApi {
  public:
   // Registers its metrics on registry, which must outlive the API.
-  ManifestApi(ManifestApiOptions options, prometheus::Registry& registry, std::string tracker_id);
+  // seed feeds the fetch lease ids (tests and fuzzers pass a fixed one).
+  ManifestApi(ManifestApiOptions options, prometheus::Registry& registry, std::string tracker_id,
+              uint64_t seed = std::random_device{}());
 
   // Whether the server routes path here (/v1/manifests and everything below it).
   static bool Owns(std::string_view path);

@@ -207,19 +207,6 @@ int RunTracker(const TrackerConfig& config) {
       manifests.Sweep(TrackerClock::now());
       prefetch.Sweep(TrackerClock::now());
       schedule_sweep();
-
-      // Token files: re-read when they change (a Secret volume is updated in place), so tokens
-      // rotate without a restart.
-      asio::steady_timer reload(ioc);
-      std::function<void()> schedule_reload = [&] {
-        reload.expires_after(std::chrono::seconds(2));
-        reload.async_wait([&](boost::system::error_code ec) {
-          if (ec) return;
-          access.value().Reload();
-          schedule_reload();
-        });
-      };
-      schedule_reload();
     });
   };
   schedule_sweep();

@@ -107,7 +107,7 @@ struct Apis {
 
   Apis()
       : blobs(BlobOptions(), registry, std::string(kTrackerId), 1),
-        manifests(ManifestOptions(), registry, std::string(kTrackerId)),
+        manifests(ManifestOptions(), registry, std::string(kTrackerId), 3),
         prefetch(PrefetchOptions(), registry, std::string(kTrackerId), 2) {}
 
   // Routes like tracker/server.cc: nullopt for a path none of the APIs owns.

@@ -112,13 +112,10 @@ TEST_CASE("cache budget: LRU eviction spares pinned and in-use blobs, and pins s
   REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
   Registry& registry = *reg.value();
   auto push = [&](const std::string& name, uint64_t seed, uint64_t big) {
-    ImageSpec spec;
-    spec.layers.push_back(LayerSpec{Compression::kGzip, 4, {big}, seed});
-    std::string layout = dir.Sub("layout-" + std::to_string(seed));
-    auto built = BuildImage(spec, layout, "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
-    REQUIRE(PushImage(registry, layout, "1", name).has_value());
-    return built.value();
+    auto pushed =
+        PushOneLayerImage(registry, dir.Sub("layout-" + std::to_string(seed)), name, big, seed);
+    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    return pushed.value();
   };
   BuiltImage a = push("proj/a", 801, 1ull << 20);
   BuiltImage b = push("proj/b", 802, 1ull << 20);

@@ -352,7 +352,8 @@ TEST_CASE(
 
   // The same through the tracker: the node's part fails with the agent's error.
   auto cluster = Shoalctl({"prefetch", "gcr.io/proj/none:1", "--cluster", "--tracker",
-                           w.tracker->Url(), "--timeout", "25s"});
+                           w.tracker->Url(), "--timeout", "25s", "--operator-token-file",
+                           Tokens().operator_file});
   REQUIRE_FALSE(cluster.has_value());
   CHECK(cluster.error().message.find("node0") != std::string::npos);
   CHECK(cluster.error().message.find("failed") != std::string::npos);

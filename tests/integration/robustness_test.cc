@@ -51,13 +51,9 @@ struct World {
   // Pushes demo/<name>:1: one layer with a big file of `big` bytes (about half of it once
   // compressed) and a few small files.
   BuiltImage Push(const std::string& name, uint64_t big, uint64_t seed) {
-    ImageSpec spec;
-    spec.layers.push_back(LayerSpec{Compression::kGzip, 4, {big}, seed});
-    auto built = BuildImage(spec, dir.Sub("layout-" + name), "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
-    auto pushed = PushImage(*registry, built.value().layout_dir, "1", "demo/" + name);
+    auto pushed = PushOneLayerImage(*registry, dir.Sub("layout-" + name), "demo/" + name, big, seed);
     REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
-    return built.value();
+    return pushed.value();
   }
 
   Agent& AddAgent(std::string cache_dir, std::vector<std::string> extra = {}) {

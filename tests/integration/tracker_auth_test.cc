@@ -45,13 +45,9 @@ struct World {
   }
 
   BuiltImage Push(const std::string& name, uint64_t big, uint64_t seed) {
-    ImageSpec spec;
-    spec.layers.push_back(LayerSpec{Compression::kGzip, 4, {big}, seed});
-    auto built = BuildImage(spec, dir.Sub("layout-" + name), "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
-    auto pushed = PushImage(*registry, built.value().layout_dir, "1", "demo/" + name);
+    auto pushed = PushOneLayerImage(*registry, dir.Sub("layout-" + name), "demo/" + name, big, seed);
     REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
-    return built.value();
+    return pushed.value();
   }
 
   Agent& AddAgent(const std::string& id, const std::string& tracker,

@@ -167,4 +167,14 @@ Status PushImage(const Registry& reg, const std::string& layout_dir, const std::
   return Ok();
 }
 
+Result<BuiltImage> PushOneLayerImage(const Registry& reg, const std::string& layout_dir,
+                                     const std::string& dest_name, uint64_t big, uint64_t seed) {
+  ImageSpec spec;
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 4, {big}, seed});
+  auto built = BuildImage(spec, layout_dir, "1");
+  if (!built) return built.error();
+  if (auto pushed = PushImage(reg, layout_dir, "1", dest_name); !pushed) return pushed.error();
+  return built.value();
+}
+
 }  // namespace shoal::testkit

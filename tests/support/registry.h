@@ -9,6 +9,7 @@
 
 #include "lib/core/digest.h"
 #include "lib/core/error.h"
+#include "tests/support/image.h"
 #include "tests/support/process.h"
 
 namespace shoal::testkit {
@@ -85,5 +86,11 @@ Status PushImage(const Registry& reg, const std::string& layout_dir, const std::
 // Same, pushing under a different destination tag.
 Status PushImage(const Registry& reg, const std::string& layout_dir, const std::string& tag,
                  const std::string& dest_name, const std::string& dest_tag);
+
+// Builds an image of one gzip layer (four small files and one of `big` bytes, all from `seed`)
+// into the layout at layout_dir, tag "1", and pushes it as dest_name:1. Errors: as BuildImage
+// and PushImage.
+Result<BuiltImage> PushOneLayerImage(const Registry& reg, const std::string& layout_dir,
+                                     const std::string& dest_name, uint64_t big, uint64_t seed);
 
 }  // namespace shoal::testkit
