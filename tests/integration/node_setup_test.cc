@@ -147,7 +147,7 @@ TEST_CASE(
   CHECK_FALSE(fs::exists(host.Sub("etc/docker/daemon.json.shoal-backup")));
 }
 
-TEST_CASE("node-setup: nothing enabled writes nothing; bad daemon.json is left alone") {
+TEST_CASE("node-setup: nothing enabled writes nothing, bad daemon.json is left alone") {
   TempDir host("shoal-host");
   int code = 0;
   std::string out;

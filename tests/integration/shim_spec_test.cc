@@ -350,7 +350,7 @@ TEST_CASE("spec: every 405 carries Allow, as a pull-only docker-registry mirror 
   CHECK(options.Header("allow") == "GET, HEAD");
 }
 
-TEST_CASE("spec: tags/list and referrers are proxied; an unknown endpoint is not NAME_UNKNOWN") {
+TEST_CASE("spec: tags/list and referrers are proxied, an unknown endpoint is not NAME_UNKNOWN") {
   SpecWorld w;
   SpecWorld::Pushed image = w.PushSchema2("v1", "amd64", 1);
   w.PushSchema2("v2", "amd64", 1);
@@ -430,7 +430,7 @@ TEST_CASE("spec: tags/list and referrers are proxied; an unknown endpoint is not
 
 TEST_CASE(
     "spec: a schema2-only client gets a manifest list's linux/amd64 child, as from "
-    "docker-registry; an OCI index is refused") {
+    "docker-registry, an OCI index is refused") {
   SpecWorld w;
   SpecWorld::Pushed arm = w.PushSchema2("arm", "arm64", 2);
   SpecWorld::Pushed amd = w.PushSchema2("amd", "amd64", 3);
@@ -484,7 +484,7 @@ TEST_CASE(
   (void)arm_only;
 }
 
-TEST_CASE("spec: client-visible error messages name no upstream URL or address; the log does") {
+TEST_CASE("spec: client-visible error messages name no upstream URL or address, the log does") {
   SpecWorld w;
   const std::vector<std::string> hidden = {w.registry->HostPort(), w.proxy->HostPort(), "http://",
                                            "127.0.0.1"};

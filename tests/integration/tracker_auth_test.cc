@@ -222,7 +222,7 @@ TEST_CASE("access: a tag can be rebound by nobody but the holder of its fetch le
   CHECK(got.layer_digests != evil.layer_digests);
 }
 
-TEST_CASE("access: tokens rotate without a restart; the old token stops working") {
+TEST_CASE("access: tokens rotate without a restart, the old token stops working") {
   World w;
   w.Push("one", 4ull << 20, 91);
   BuiltImage two = w.Push("two", 4ull << 20, 92);

@@ -35,7 +35,7 @@ struct Dir {
 
 }  // namespace
 
-TEST_CASE("auth tokens: a token file lists tokens; comments and blank lines are skipped") {
+TEST_CASE("auth tokens: a token file lists tokens, comments and blank lines are skipped") {
   Dir d;
   auto tokens = ReadTokens(d.Write("t", "# agents\n\n  " + kA + "  \r\n" + kB + "\n"));
   REQUIRE(tokens.has_value());
@@ -94,7 +94,7 @@ TEST_CASE("auth tokens: a server's set accepts its tokens only, and follows its 
   CHECK(set.value().size() == 1);
 }
 
-TEST_CASE("auth tokens: a client's token follows its file; a broken file keeps the last one") {
+TEST_CASE("auth tokens: a client's token follows its file, a broken file keeps the last one") {
   Dir d;
   std::string path = d.Write("mine", kA + "\n");
   auto token = ClientToken::Open(path);

@@ -42,7 +42,7 @@ TEST_CASE("address policy: loopback, private, link-local and special ranges are 
   }
 }
 
-TEST_CASE("address policy: literals are judged, bracketed or not; names are left to the resolver") {
+TEST_CASE("address policy: literals are judged, bracketed or not, names are left to the resolver") {
   CHECK(IsGlobalLiteral("127.0.0.1") == false);
   CHECK(IsGlobalLiteral("[::1]") == false);
   CHECK(IsGlobalLiteral("::1") == false);

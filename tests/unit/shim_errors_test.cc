@@ -35,7 +35,7 @@ TEST_CASE("shim errors: digests, tags, names, versions and sizes are kept") {
   }
 }
 
-TEST_CASE("shim errors: the reply body is redacted and says so; status and code are kept") {
+TEST_CASE("shim errors: the reply body is redacted and says so, status and code are kept") {
   Error e = MakeError(ErrorCode::kUnavailable,
                       "manifest a:1: http://10.0.0.5:5000/v2/a/manifests/1 answered 503");
   ErrorReply r = MakeErrorReply(e, "MANIFEST_UNKNOWN");

@@ -344,7 +344,7 @@ TEST_CASE("tracker blobs: publishing under a lease makes the chunk ready and end
 
 // Issue 14: publishing a leased chunk was open to anybody, who could end the holder's fetch
 // and put their own torrent in its place.
-TEST_CASE("tracker blobs: only the lease holder publishes a leased chunk; others get forbidden") {
+TEST_CASE("tracker blobs: only the lease holder publishes a leased chunk, others get forbidden") {
   BlobTable t(Options(), 1);
   auto a = MustLease(t, D('a'), 0, "n1", kT0);
   auto p = t.Publish(D('a'), 0, "n2", "", Source(), Metainfo(kChunk, 1), kT0);
