@@ -234,7 +234,8 @@ class Connection {
       verdict = access_.Check(needed, req[http::field::authorization]);
     }
     if (verdict == Access::Verdict::kAllowed) return std::nullopt;
-    access_.CountRefused(RouteLabel(path), verdict);
+    const std::string_view label = RouteLabel(path);
+    access_.CountRefused(label, verdict);
     std::string text = RefusalText(verdict, needed);
     if (announce && key.empty() && verdict == Access::Verdict::kMissing) {
       text = "this tracker needs an agent's announce key: /announce?auth=<key>";
@@ -245,8 +246,7 @@ class Connection {
     if (announce) {
       res =
           MakeResponse(req.version(), req.keep_alive(), status, EncodeFailure(text), "text/plain");
-    } else if (RouteLabel(path) == "blobs" || RouteLabel(path) == "manifests" ||
-               RouteLabel(path) == "prefetch") {
+    } else if (label == "blobs" || label == "manifests" || label == "prefetch") {
       BlobResponse answer = blobs_.Error(static_cast<unsigned>(status), text);
       res = MakeResponse(req.version(), req.keep_alive(), status, std::move(answer.body),
                          "application/json");

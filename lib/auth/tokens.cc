@@ -147,24 +147,18 @@ void TokenSet::Take(std::vector<std::string> tokens) {
   for (std::string& t : tokens) OPENSSL_cleanse(t.data(), t.size());
 }
 
-bool TokenSet::Accepts(std::string_view token) const {
-  if (token.empty()) return false;
-  Hash h = HashOf(token);
+bool TokenSet::Matches(const std::vector<Hash>& known, std::string_view presented) {
+  if (presented.empty()) return false;
+  Hash h = HashOf(presented);
   bool found = false;
   // Every entry is compared (no early exit), each in constant time.
-  for (const Hash& known : hashes_) found |= CRYPTO_memcmp(h.data(), known.data(), h.size()) == 0;
+  for (const Hash& k : known) found |= CRYPTO_memcmp(h.data(), k.data(), h.size()) == 0;
   return found;
 }
 
-bool TokenSet::AcceptsAnnounceKey(std::string_view key) const {
-  if (key.empty()) return false;
-  Hash h = HashOf(key);
-  bool found = false;
-  for (const Hash& known : key_hashes_) {
-    found |= CRYPTO_memcmp(h.data(), known.data(), h.size()) == 0;
-  }
-  return found;
-}
+bool TokenSet::Accepts(std::string_view token) const { return Matches(hashes_, token); }
+
+bool TokenSet::AcceptsAnnounceKey(std::string_view key) const { return Matches(key_hashes_, key); }
 
 bool TokenSet::Reload() {
   FileStamp stamp = StampOf(path_);

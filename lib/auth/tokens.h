@@ -72,6 +72,8 @@ class TokenSet {
  private:
   using Hash = std::array<unsigned char, 32>;
   void Take(std::vector<std::string> tokens);
+  // Whether presented hashes to one of known (all compared, in constant time).
+  static bool Matches(const std::vector<Hash>& known, std::string_view presented);
 
   std::string path_;
   FileStamp stamp_;
