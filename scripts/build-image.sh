@@ -50,9 +50,12 @@ podman_() {
 
 t0=$(date +%s)
 BASE_TAR="$OUT/debian-bookworm-slim.tar"
-if [ "$FRESH_BASE" = 1 ] || [ ! -s "$BASE_TAR" ]; then
+if [ "$FRESH_BASE" = 1 ] || [ ! -f "$BASE_TAR" ] || [ ! -s "$BASE_TAR" ]; then
   echo "build-image: mmdebstrap bookworm -> $BASE_TAR"
-  nice -n 10 mmdebstrap --variant=apt --include=ca-certificates \
+  rm -rf "$BASE_TAR.tmp"
+  # --format=tar: mmdebstrap picks the format from the target's extension, and ".tmp" would
+  # make it a directory.
+  nice -n 10 mmdebstrap --variant=apt --format=tar --include=ca-certificates \
     --aptopt='Acquire::Languages "none"' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \

@@ -10,11 +10,17 @@
 # per-pod ConfigMaps with the same items (pods.mjs). Then:
 #   0. the tracker pod refuses an operator route without a token and with the agent token, and
 #      with the operator token lists the agent pod, which polled with its agent-token file;
+#      its /healthz and /metrics answer without a token;
 # and through the agent pod:
 #   1. skopeo (a real client) copies an image by the registry-prefix name;
 #   2. a real containerd pulls it with the hosts.toml the init container wrote into the "host";
 #   3. a real dockerd, whose daemon.json the init container merged into and sent SIGHUP, lists
-#      the mirror in `docker info` without a restart and pulls a Docker Hub name through it.
+#      the mirror in `docker info` without a restart and pulls a Docker Hub name through it;
+#   4. the agent's /metrics (the shim port, on the node's network) answers from the host with
+#      shoal_ metrics that counted those pulls;
+#   5. `shoalctl doctor`, run in the agent pod as NOTES.txt says, finds the agent (/healthz) and
+#      the tracker (/healthz) healthy without any token.
+# Stops at the first step that fails (exit 1, "FAIL" and what it saw).
 # Usage: scripts/kube-play-proof.sh     (as root; keeps nothing unless SHOAL_KEEP_TMP=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,16 +31,23 @@ IMAGE="localhost/shoal:$VERSION"
 SHOAL_TOOLS="${SHOAL_TOOLS:-/opt/shoal-tools}"
 HELM="$SHOAL_TOOLS/bin/helm"
 export CONTAINERS_CONF="$OUT/containers.conf"
-podman_() { podman --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay "$@"; }
+# DOCKER_CONFIG (exported below for the docker client) would make podman look for its auth file
+# there: "Error: stat .../docker-client/config.json: no such file or directory".
+podman_() { env -u DOCKER_CONFIG podman --root "$OUT/storage" --runroot "$OUT/run" --storage-driver overlay "$@"; }
 podman_ image exists "$IMAGE" || { echo "kube-play: no $IMAGE: run scripts/build-image.sh" >&2; exit 2; }
 
 WORK="$(mktemp -d /tmp/shoal-kube-play-XXXXXX)"
 HOST="$WORK/host"
 mkdir -p "$HOST"
 pids=()
+PASSED=0
 cleanup() {
   set +e
-  [ -f "$WORK/pods.yaml" ] && podman_ kube down "$WORK/pods.yaml" >/dev/null 2>&1
+  # The pods, then the volumes their ConfigMaps became (podman keeps those after kube down).
+  if [ -f "$WORK/pods/pods.json" ]; then
+    for f in $(jq -r '.[].file' "$WORK/pods/pods.json"); do podman_ kube down "$f" >/dev/null 2>&1; done
+    for v in $(jq -r '.[].configMaps[]' "$WORK/pods/pods.json"); do podman_ volume rm -f "$v" >/dev/null 2>&1; done
+  fi
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
   sleep 1
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
@@ -43,8 +56,10 @@ cleanup() {
 }
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() { for _ in $(seq 1 "${2:-300}"); do curl -fsS -o /dev/null "$1" && return 0; sleep 0.2; done; return 1; }
+wait_http() { for _ in $(seq 1 "${2:-300}"); do curl -fs -o /dev/null "$1" && return 0; sleep 0.2; done; return 1; }
 step() { echo "kube-play: $*"; }
+pass() { PASSED=$((PASSED + 1)); echo "kube-play: ok $*"; }
+fail() { echo "kube-play: FAIL $* ($PASSED passed before it)" >&2; exit 1; }
 
 REG_PORT=$(free_port); SHIM_PORT=$(free_port); SWARM_PORT=$(free_port); TRACKER_PORT=$(free_port)
 
@@ -95,35 +110,59 @@ step "dockerd pid $DOCKERD_PID, mirrors before: $(/usr/bin/docker info --format 
   --set nodeSetup.dockerd.enabled=true --set nodeSetup.crio.enabled=true \
   --set agent.logFormat=text >"$WORK/rendered.yaml"
 node tests/kube-play/pods.mjs "$WORK/rendered.yaml" "$HOST" "http://127.0.0.1:$TRACKER_PORT" \
-  "$TRACKER_PORT" >"$WORK/pods.yaml"
-podman_ kube play "$WORK/pods.yaml"
-wait_http "http://127.0.0.1:$TRACKER_PORT/healthz" || { podman_ pod logs shoal-tracker-0 | tail; exit 1; }
-wait_http "http://127.0.0.1:$SHIM_PORT/healthz" 600 || { podman_ pod logs shoal-agent-kube-play-node | tail -30; exit 1; }
-step "tracker pod and agent pod are up; the init container said:"
+  "$TRACKER_PORT" "$WORK/pods"
+# A pod with hostPID: podman 4.3 plays that field not, so this pod's containers get the host
+# PID namespace from containers.conf (pods.mjs says why); checked below.
+sed 's/^\[containers\]$/[containers]\npidns = "host"/' "$OUT/containers.conf" >"$WORK/containers-hostpid.conf"
+grep -q '^pidns = "host"$' "$WORK/containers-hostpid.conf" || fail "no [containers] table in $OUT/containers.conf"
+for i in $(seq 0 $(($(jq length "$WORK/pods/pods.json") - 1))); do
+  f="$(jq -r ".[$i].file" "$WORK/pods/pods.json")"
+  for v in $(jq -r ".[$i].configMaps[]" "$WORK/pods/pods.json"); do podman_ volume rm -f "$v" >/dev/null 2>&1 || true; done
+  if [ "$(jq -r ".[$i].hostPID" "$WORK/pods/pods.json")" = true ]; then
+    CONTAINERS_CONF="$WORK/containers-hostpid.conf" podman_ kube play "$f"
+  else
+    podman_ kube play "$f"
+  fi
+done
+wait_http "http://127.0.0.1:$TRACKER_PORT/healthz" || { podman_ pod logs shoal-tracker-0 | tail; fail "the tracker pod's /healthz never answered on 127.0.0.1:$TRACKER_PORT"; }
+wait_http "http://127.0.0.1:$SHIM_PORT/healthz" 600 || { podman_ pod logs shoal-agent-kube-play-node | tail -30; fail "the agent pod's /healthz never answered on 127.0.0.1:$SHIM_PORT"; }
+AGENT_PIDNS="$(podman_ inspect --format '{{.HostConfig.PidMode}}' shoal-agent-kube-play-node-agent)"
+[ "$AGENT_PIDNS" = host ] || fail "the agent pod (hostPID: true) got PID mode $AGENT_PIDNS"
+# The liveness probes, as the healthchecks podman made of them: no systemd here to run them on
+# their timers, so once each, by hand.
+for c in shoal-tracker-0-tracker shoal-agent-kube-play-node-agent; do
+  podman_ healthcheck run "$c" >/dev/null 2>&1 || fail "the liveness probe of $c: $(podman_ healthcheck run "$c" 2>&1 | tail -1)"
+done
+step "tracker pod and agent pod are up (agent: PID mode $AGENT_PIDNS; both liveness probes healthy); the init container said:"
 podman_ logs shoal-agent-kube-play-node-node-setup 2>&1 | sed 's/^/  /'
 
 # 0. The tracker takes only the tokens of the rendered Secret, each for its role.
 secret_key() { awk -v k="$1:" '$1 == k {print $2; exit}' "$WORK/rendered.yaml" | base64 -d; }
 OPERATOR_TOKEN="$(secret_key operator-token)"; AGENT_TOKEN="$(secret_key agent-token)"
-if [ -z "$OPERATOR_TOKEN" ] || [ -z "$AGENT_TOKEN" ]; then echo "kube-play: no tokens in the rendered Secret" >&2; exit 1; fi
+if [ -z "$OPERATOR_TOKEN" ] || [ -z "$AGENT_TOKEN" ]; then fail "0. no tokens in the rendered Secret"; fi
 AGENTS_URL="http://127.0.0.1:$TRACKER_PORT/v1/prefetch/agents"
 http_status() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
-[ "$(http_status "$AGENTS_URL")" = 401 ] || { echo "kube-play: the tracker answered $AGENTS_URL without a token" >&2; exit 1; }
-[ "$(http_status -H "Authorization: Bearer $AGENT_TOKEN" "$AGENTS_URL")" = 403 ] ||
-  { echo "kube-play: the tracker did not refuse the agent token on an operator route" >&2; exit 1; }
+s="$(http_status "$AGENTS_URL")"; [ "$s" = 401 ] || fail "0. the tracker answered $AGENTS_URL without a token: $s"
+s="$(http_status -H "Authorization: Bearer $AGENT_TOKEN" "$AGENTS_URL")"
+[ "$s" = 403 ] || fail "0. the tracker answered the agent token on an operator route: $s"
+s="$(http_status "http://127.0.0.1:$TRACKER_PORT/healthz")"; [ "$s" = 200 ] || fail "0. tracker /healthz without a token: $s"
+curl -fsS "http://127.0.0.1:$TRACKER_PORT/metrics" >"$WORK/tracker-metrics.txt" || fail "0. tracker /metrics without a token: $(http_status "http://127.0.0.1:$TRACKER_PORT/metrics")"
+TRACKER_METRICS="$(grep -oE '^shoal_tracker_[a-z_]+' "$WORK/tracker-metrics.txt" | sort -u | wc -l)"
+[ "$TRACKER_METRICS" -gt 0 ] || fail "0. tracker /metrics has no shoal_tracker_ metric"
 for _ in $(seq 1 150); do
   curl -fsS -H "Authorization: Bearer $OPERATOR_TOKEN" "$AGENTS_URL" | grep -q '"kube-play-node"' && break
   sleep 0.2
 done
 curl -fsS -H "Authorization: Bearer $OPERATOR_TOKEN" "$AGENTS_URL" | grep -q '"kube-play-node"' ||
-  { echo "kube-play: the agent pod never polled the tracker with its token" >&2; podman_ pod logs shoal-agent-kube-play-node | tail -30; exit 1; }
-step "0. the tracker refused /v1/prefetch/agents without a token (401) and with the agent token (403); with the operator token it lists the agent pod"
+  { podman_ pod logs shoal-agent-kube-play-node | tail -30; fail "0. the agent pod never polled the tracker with its token"; }
+pass "0. the tracker refused /v1/prefetch/agents without a token (401) and with the agent token (403); with the operator token it lists the agent pod; /healthz (200) and /metrics ($TRACKER_METRICS shoal_tracker_ metrics) need no token"
 
 # 1. A real client through the agent pod.
-skopeo copy -q --src-tls-verify=false "docker://127.0.0.1:$SHIM_PORT/gcr.io/proj/shoal:1" "oci:$WORK/skopeo-out:1"
+skopeo copy -q --src-tls-verify=false "docker://127.0.0.1:$SHIM_PORT/gcr.io/proj/shoal:1" "oci:$WORK/skopeo-out:1" ||
+  fail "1. skopeo copy docker://127.0.0.1:$SHIM_PORT/gcr.io/proj/shoal:1"
 GOT="sha256:$(sha256sum "$WORK/skopeo-out/blobs/sha256/$(jq -r '.manifests[0].digest' "$WORK/skopeo-out/index.json" | cut -d: -f2)" | cut -d' ' -f1)"
-[ "$(jq -r '.manifests[0].digest' "$WORK/skopeo-out/index.json")" = "$UP_DIGEST" ] || { echo "kube-play: skopeo got another manifest" >&2; exit 1; }
-step "1. skopeo copied gcr.io/proj/shoal:1 through the agent pod: $UP_DIGEST"
+[ "$(jq -r '.manifests[0].digest' "$WORK/skopeo-out/index.json")" = "$UP_DIGEST" ] || fail "1. skopeo got another manifest"
+pass "1. skopeo copied gcr.io/proj/shoal:1 through the agent pod: $UP_DIGEST"
 
 # 2. containerd with the hosts.toml the init container wrote into the host's certs.d.
 cat "$HOST/etc/containerd/certs.d/gcr.io/hosts.toml" | sed 's/^/  /'
@@ -140,10 +179,10 @@ EOF
 containerd --config "$WORK/containerd.toml" >"$WORK/containerd.log" 2>&1 & pids+=($!)
 for _ in $(seq 1 150); do ctr --address "$WORK/containerd.sock" version >/dev/null 2>&1 && break; sleep 0.2; done
 ctr --address "$WORK/containerd.sock" images pull --snapshotter native \
-  --hosts-dir "$HOST/etc/containerd/certs.d" gcr.io/proj/shoal:1 >/dev/null
+  --hosts-dir "$HOST/etc/containerd/certs.d" gcr.io/proj/shoal:1 >/dev/null || fail "2. ctr images pull gcr.io/proj/shoal:1"
 CTR_DIGEST="$(ctr --address "$WORK/containerd.sock" images ls | awk '$1 == "gcr.io/proj/shoal:1" {print $3}')"
-[ "$CTR_DIGEST" = "$UP_DIGEST" ] || { echo "kube-play: containerd has $CTR_DIGEST" >&2; exit 1; }
-step "2. containerd pulled gcr.io/proj/shoal:1 through the agent pod with the written hosts.toml"
+[ "$CTR_DIGEST" = "$UP_DIGEST" ] || fail "2. containerd has $CTR_DIGEST"
+pass "2. containerd pulled gcr.io/proj/shoal:1 through the agent pod with the written hosts.toml"
 
 # 3. dockerd: merged daemon.json, SIGHUP, no restart, pulls a Docker Hub name through the mirror.
 MIRRORS=""
@@ -152,11 +191,31 @@ for _ in $(seq 1 50); do
   case "$MIRRORS" in *"127.0.0.1:$SHIM_PORT"*) break ;; esac
   sleep 0.2
 done
-case "$MIRRORS" in *"127.0.0.1:$SHIM_PORT"*) ;; *) echo "kube-play: dockerd mirrors: $MIRRORS" >&2; exit 1 ;; esac
-[ "$(cat "$HOST/var/run/docker.pid")" = "$DOCKERD_PID" ] && kill -0 "$DOCKERD_PID" || { echo "kube-play: dockerd restarted" >&2; exit 1; }
+case "$MIRRORS" in *"127.0.0.1:$SHIM_PORT"*) ;; *) fail "3. dockerd mirrors: $MIRRORS" ;; esac
+[ "$(cat "$HOST/var/run/docker.pid")" = "$DOCKERD_PID" ] && kill -0 "$DOCKERD_PID" || fail "3. dockerd restarted"
 diff <(jq -S 'del(."registry-mirrors", ."insecure-registries", ."max-concurrent-downloads")' "$HOST/etc/docker/daemon.json") \
-     <(jq -S . "$WORK/daemon.json.before") >/dev/null || { echo "kube-play: daemon.json lost keys" >&2; exit 1; }
-/usr/bin/docker pull -q shoal:1 >/dev/null
-step "3. dockerd (pid $DOCKERD_PID, not restarted) lists $MIRRORS and pulled docker.io/library/shoal:1 through it"
-step "agent metrics: $(curl -fsS "http://127.0.0.1:$SHIM_PORT/metrics" | grep -E '^shoal_shim_blob_bytes_total' | head -3 | tr '\n' ' ')"
-echo "kube-play: 4 passed, 0 failed"
+     <(jq -S . "$WORK/daemon.json.before") >/dev/null || fail "3. daemon.json lost keys"
+/usr/bin/docker pull -q shoal:1 >/dev/null || fail "3. docker pull shoal:1"
+pass "3. dockerd (pid $DOCKERD_PID, not restarted) lists $MIRRORS and pulled docker.io/library/shoal:1 through it"
+
+# 4. The agent's /metrics from outside the pod: the host (the pod is on the node's network, and
+# the shim binds 127.0.0.1 by default; agent.shim.bind=hostIP is what lets Prometheus in).
+curl -fsS "http://127.0.0.1:$SHIM_PORT/metrics" >"$WORK/agent-metrics.txt" || fail "4. agent /metrics from the host: $(http_status "http://127.0.0.1:$SHIM_PORT/metrics")"
+AGENT_METRICS="$(grep -oE '^shoal_[a-z_]+' "$WORK/agent-metrics.txt" | sort -u | wc -l)"
+for m in shoal_shim_requests_total shoal_shim_blob_bytes_total shoal_manifest_requests_total; do
+  grep -qE "^$m(\{| )" "$WORK/agent-metrics.txt" || fail "4. agent /metrics has no $m"
+done
+BLOB_BYTES="$(awk '/^shoal_shim_blob_bytes_total/ {s += $NF} END {printf "%d", s}' "$WORK/agent-metrics.txt")"
+[ "$BLOB_BYTES" -gt 0 ] || fail "4. shoal_shim_blob_bytes_total is 0 after three pulls"
+pass "4. agent /metrics from the host: $AGENT_METRICS shoal_ metrics, shoal_shim_blob_bytes_total $BLOB_BYTES"
+
+# 5. shoalctl doctor in the agent pod (the NOTES.txt command): the agent and tracker checks ask
+# /healthz only, with no token. The node checks (kubelet...) fail here: this "node" has none.
+podman_ exec shoal-agent-kube-play-node-agent shoalctl doctor --root /host --json >"$WORK/doctor.json" || true
+jq -e . "$WORK/doctor.json" >/dev/null || fail "5. doctor printed no JSON: $(head -c 300 "$WORK/doctor.json")"
+DOCTOR_AGENT="$(jq -r '[.findings[] | select(.check == "agent") | .status + ": " + .message] | join("; ")' "$WORK/doctor.json")"
+DOCTOR_TRACKER="$(jq -r '[.findings[] | select(.check == "tracker") | .status + ": " + .message] | join("; ")' "$WORK/doctor.json")"
+jq -e '[.findings[] | select(.check == "agent" or .check == "tracker")] | length >= 2 and all(.status == "ok")' "$WORK/doctor.json" >/dev/null ||
+  fail "5. doctor: agent: $DOCTOR_AGENT; tracker: $DOCTOR_TRACKER"
+pass "5. doctor in the agent pod: agent $DOCTOR_AGENT; tracker $DOCTOR_TRACKER (other checks: $(jq -r '[.findings[] | select(.check != "agent" and .check != "tracker") | .check + "=" + .status] | join(" ")' "$WORK/doctor.json"))"
+echo "kube-play: $PASSED passed, 0 failed"
