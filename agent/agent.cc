@@ -28,6 +28,7 @@
 #include "agent/pull_through.h"
 #include "agent/seed_book.h"
 #include "agent/swarm_metrics.h"
+#include "agent/swarm_setup.h"
 #include "agent/tracker_client.h"
 #include "lib/auth/tokens.h"
 #include "lib/core/log.h"
@@ -176,12 +177,10 @@ int RunAgent(const AgentConfig& config) {
   std::unique_ptr<SeedBook> seeds;
   std::unique_ptr<SwarmMetrics> swarm_metrics;
   if (tracker.enabled()) {
-    swarm::SwarmOptions swarm_options;
-    swarm_options.listen_interface = config.swarm_listen;
-    swarm_options.allow_multiple_connections_per_ip = true;
-    swarm_options.unchoke_slots = config.unchoke_slots;
-    swarm_options.libtorrent_settings = config.libtorrent_settings;
-    swarm = std::make_unique<swarm::Swarm>(ioc, swarm_options);
+    auto swarm_options =
+        MakeSwarmOptions(config, tracker_options.trackers.front(), tracker.agent_id());
+    if (!swarm_options) return fail(swarm_options.error());
+    swarm = std::make_unique<swarm::Swarm>(ioc, std::move(swarm_options.value()));
     if (auto st = swarm->Start(); !st) return fail(st.error());
     seeds =
         std::make_unique<SeedBook>(config.cache_dir + "/swarm", *store.value(), *swarm, &tracker);

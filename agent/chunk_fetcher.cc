@@ -123,6 +123,15 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   std::string ChunkName(uint32_t k) const {
     return fetch_->digest().hex() + "." + std::to_string(k);
   }
+  // The root certificate this swarm's chunk torrents carry (empty: plain peers, or no swarm).
+  std::string_view RootCert() const {
+    return s_.swarm != nullptr ? std::string_view(s_.swarm->root_cert()) : std::string_view();
+  }
+  // Chunk k's metainfo, checked against the layout and this swarm's root certificate.
+  Result<swarm::ChunkTorrent> Parse(uint32_t k, std::string_view metainfo) const {
+    return swarm::ParseChunkTorrent(metainfo, layout_.chunk_length(k), layout_.piece_size_of(k),
+                                    RootCert());
+  }
 
   FetchServices& s_;
   std::shared_ptr<BlobFetch> fetch_;
@@ -405,7 +414,7 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
 
 awaitable<void> ChunkFetcher::EnsureSeeding(uint32_t k) {
   auto torrent =
-      swarm::ParseChunkTorrent(metainfo_[k], layout_.chunk_length(k), layout_.piece_size_of(k));
+      Parse(k, metainfo_[k]);
   if (!torrent || s_.swarm == nullptr || !file_) co_return;
   if (s_.swarm->HasChunk(torrent.value().info_hash)) co_return;
   swarm::ChunkSpec spec;
@@ -494,7 +503,7 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   auto hashes = hasher->Finish();
   if (!hashes) co_return hashes.error();
   auto torrent = swarm::BuildChunkTorrent(ChunkName(k), length, layout_.piece_size_of(k),
-                                          std::move(hashes.value()));
+                                          std::move(hashes.value()), RootCert());
   if (!torrent) co_return torrent.error();
   metainfo_[k] = torrent.value().metainfo;
   swarm::ChunkSpec seed_spec;
@@ -542,7 +551,7 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
   auto self = shared_from_this();
   const uint64_t begin = layout_.chunk_begin(k);
   auto torrent =
-      swarm::ParseChunkTorrent(metainfo, layout_.chunk_length(k), layout_.piece_size_of(k));
+      Parse(k, metainfo);
   if (!torrent) co_return torrent.error();
   if (s_.swarm == nullptr || !file_)
     co_return MakeError(ErrorCode::kUnsupported, "this agent has no swarm session");
@@ -699,7 +708,7 @@ awaitable<void> ChunkFetcher::Finish() {
     for (uint32_t k = 0; k < origin_.size(); ++k) {
       if (origin_[k] != Origin::kPeers) continue;
       auto t =
-          swarm::ParseChunkTorrent(metainfo_[k], layout_.chunk_length(k), layout_.piece_size_of(k));
+          Parse(k, metainfo_[k]);
       if (!t) continue;
       const std::string info_hash = swarm::Sha1Hex(t.value().info_hash);
       auto reported = co_await s_.tracker->ReportBad(fetch_->digest(), k, info_hash);

@@ -96,10 +96,26 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
   app.add_option("--agent-id", c.agent_id, "This agent's identity in leases (default host-pid)")
       ->envname("SHOAL_AGENT_ID");
   app.add_option("--swarm-listen", c.swarm_listen,
-                 "BitTorrent listen address IP:port; use the node IP (0.0.0.0 announces once "
-                 "per interface)")
+                 "BitTorrent listen address IP:port. IP \"auto\": the address this node reaches "
+                 "the first tracker from (the node's own address); 0.0.0.0 listens on every "
+                 "interface and announces once per interface")
       ->envname("SHOAL_SWARM_LISTEN")
       ->capture_default_str();
+  app.add_option("--peer-ca-cert", c.peer_ca_cert,
+                 "The cluster's peer CA certificate (PEM). Chunk torrents carry it, and peers "
+                 "connect over TLS with certificates issued by it: only the cluster's agents "
+                 "take part in the swarm")
+      ->envname("SHOAL_PEER_CA_CERT")
+      ->check(CLI::ExistingFile);
+  app.add_option("--peer-ca-key", c.peer_ca_key,
+                 "The peer CA's private key (PEM): this agent mints its own peer certificate "
+                 "from it at start (CN = --agent-id, valid 1 year)")
+      ->envname("SHOAL_PEER_CA_KEY")
+      ->check(CLI::ExistingFile);
+  app.add_flag("--insecure-peers", c.insecure_peers,
+               "Run the swarm without --peer-ca-cert/--peer-ca-key: plain TCP peers, and anyone "
+               "who reaches the swarm port and knows a chunk's info-hash can download it")
+      ->envname("SHOAL_INSECURE_PEERS");
   app.add_option("--lease-wait-ms", c.lease_wait_ms, "Long-poll per lease request")
       ->envname("SHOAL_LEASE_WAIT_MS")
       ->check(CLI::Range(0, 10000))

@@ -34,7 +34,12 @@ struct AgentConfig {
   std::vector<std::string> trackers;          // tracker replica base URLs; empty = no swarm
   std::string tracker_token_file;             // the cluster's agent token (re-read when it changes)
   std::string agent_id;                       // identity in leases; default hostname-pid
-  std::string swarm_listen = "0.0.0.0:6881";  // libtorrent listen address (use the node IP)
+  // libtorrent listen address IP:port; "auto" as IP: the address this node reaches the first
+  // tracker from (the node's own address, not every interface)
+  std::string swarm_listen = "auto:6881";
+  std::string peer_ca_cert;      // the cluster's peer CA certificate (PEM): peers use TLS
+  std::string peer_ca_key;       // its key: this agent mints its peer certificate from it
+  bool insecure_peers = false;   // no peer CA: plain, unauthenticated peers (tests, trials)
   int lease_wait_ms = 5000;                   // long-poll per lease request
   int tracker_grace_ms = 10000;  // tracker errors tolerated before fetching upstream directly
   int manifest_wait_ms = 20000;  // longest wait on the tracker's manifest cache, then upstream

@@ -89,7 +89,7 @@ Status SeedBook::Seed(const SeedEntry& entry) {
   auto file = adopted.value();
   for (uint32_t k = 0; k < entry.layout.chunk_count(); ++k) {
     auto torrent = swarm::ParseChunkTorrent(entry.metainfo[k], entry.layout.chunk_length(k),
-                                            entry.layout.piece_size_of(k));
+                                            entry.layout.piece_size_of(k), swarm_.root_cert());
     if (!torrent) return torrent.error();
     swarm::ChunkSpec spec;
     spec.torrent = std::move(torrent.value());
@@ -108,7 +108,7 @@ void SeedBook::Forget(const Digest& digest) {
   const SeedEntry& entry = it->second;
   for (uint32_t k = 0; k < entry.metainfo.size(); ++k) {
     auto torrent = swarm::ParseChunkTorrent(entry.metainfo[k], entry.layout.chunk_length(k),
-                                            entry.layout.piece_size_of(k));
+                                            entry.layout.piece_size_of(k), swarm_.root_cert());
     if (torrent) swarm_.RemoveChunk(torrent.value().info_hash);
   }
   std::error_code ec;

@@ -25,6 +25,10 @@ SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
                                  "Pieces from peers that failed their hash check")),
       banned_(MakeCounter(registry, "shoal_swarm_peers_banned_total",
                           "Peers banned for sending corrupt data")),
+      tls_refused_(MakeCounter(registry, "shoal_swarm_peer_tls_refused_total",
+                               "Peer connections that ended in their TLS handshake: no "
+                               "certificate or one not from the cluster's peer CA, or a plain "
+                               "client on the TLS port")),
       announces_(prometheus::BuildCounter()
                      .Name("shoal_swarm_announces_total")
                      .Help("Tracker announces of chunk torrents, by result (ok, error)")
@@ -53,6 +57,7 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   AddDelta(uploaded_, s.uploaded, last_.uploaded);
   AddDelta(hash_failures_, s.hash_failures, last_.hash_failures);
   AddDelta(banned_, s.peers_banned, last_.peers_banned);
+  AddDelta(tls_refused_, s.peer_tls_refused, last_.peer_tls_refused);
   AddDelta(announces_ok_, s.announce_replies, last_.announce_replies);
   AddDelta(announces_error_, s.announce_errors, last_.announce_errors);
   torrents_.Set(static_cast<double>(s.torrents));
@@ -63,6 +68,7 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   last_.uploaded = s.uploaded;
   last_.hash_failures = s.hash_failures;
   last_.peers_banned = s.peers_banned;
+  last_.peer_tls_refused = s.peer_tls_refused;
   last_.announce_replies = s.announce_replies;
   last_.announce_errors = s.announce_errors;
 }

@@ -24,6 +24,7 @@ class SwarmMetrics {
   prometheus::Counter& uploaded_;
   prometheus::Counter& hash_failures_;
   prometheus::Counter& banned_;
+  prometheus::Counter& tls_refused_;
   prometheus::Family<prometheus::Counter>& announces_;  // shoal_swarm_announces_total{result}
   prometheus::Counter& announces_ok_;
   prometheus::Counter& announces_error_;

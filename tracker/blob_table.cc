@@ -287,7 +287,8 @@ BlobResult<PublishAnswer> BlobTable::Publish(const Digest& digest, uint32_t k,
   auto checked = CheckChunk(digest, source, k);
   if (!checked) return checked.error();
   const swarm::ChunkLayout& layout = checked.value();
-  auto parsed = swarm::ParseChunkTorrent(metainfo, layout.chunk_length(k), layout.piece_size_of(k));
+  auto parsed = swarm::ParseChunkTorrent(metainfo, layout.chunk_length(k), layout.piece_size_of(k),
+                                         options_.root_cert);
   if (!parsed) {
     return Fail(BlobErrc::kInvalid,
                 "metainfo of " + ChunkName(digest, k) + ": " + parsed.error().message);

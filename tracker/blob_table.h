@@ -52,6 +52,9 @@ struct BlobTableOptions {
   size_t max_blobs = 100'000;                    // tables kept; beyond, the LRU lease-free one goes
   uint32_t max_chunks_per_blob = 1u << 20;       // larger blobs are refused (bounds one table)
   size_t max_chunks = 4u << 20;                  // chunks over all tables, also evicts LRU tables
+  // The root certificate published chunk torrents must carry: the cluster's peer CA (canonical
+  // PEM), or empty when agents run plain peers (then SSL torrents are refused).
+  std::string root_cert;
 };
 
 // Why a call failed; the blob API maps each to one HTTP status (400, 404, 409, 503).

@@ -60,6 +60,12 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
                "Run without token files: anyone who reaches the tracker may rebind tags, read "
                "chunk tables and force upstream re-fetches (throwaway test trackers only)")
       ->envname("SHOAL_INSECURE_OPEN");
+  app.add_option("--peer-ca-cert", c.peer_ca_cert,
+                 "The cluster's peer CA certificate (PEM), as the agents' --peer-ca-cert: "
+                 "published chunk torrents must carry it (without it, only plain torrents are "
+                 "accepted)")
+      ->envname("SHOAL_PEER_CA_CERT")
+      ->check(CLI::ExistingFile);
   app.add_option("--bad-reports-per-minute", c.bad_reports_per_minute,
                  "Bad-chunk reports accepted per source address and minute (a burst of as many); "
                  "each one accepted makes the cluster fetch the chunk upstream again")

@@ -46,6 +46,7 @@ struct TrackerConfig {
   // Who may call what (tracker/access.h): token files, re-read when they change.
   std::string agent_tokens_file;     // tokens the cluster's agents present
   std::string operator_tokens_file;  // tokens operators present (shoalctl)
+  std::string peer_ca_cert;          // published chunk torrents must carry this CA (PEM file)
   bool insecure_open = false;        // no token files: anyone who reaches the tracker may call it
   uint32_t bad_reports_per_minute = 6;  // per source address; a burst of as many is allowed
   std::string log_format = "json";

@@ -20,6 +20,7 @@
 #include "lib/core/error.h"
 #include "lib/core/log.h"
 #include "lib/swarm/chunk_torrent.h"
+#include "lib/tls/node_ca.h"
 #include "tracker/access.h"
 #include "tracker/blob_api.h"
 #include "tracker/manifest_api.h"
@@ -103,6 +104,12 @@ int RunTracker(const TrackerConfig& config) {
   blob_options.table.lease_ttl = std::chrono::seconds(config.lease_ttl_s);
   blob_options.table.max_blobs = config.max_blobs;
   blob_options.bad_reports_per_minute = config.bad_reports_per_minute;
+  if (!config.peer_ca_cert.empty()) {
+    auto pem = tls::ReadCertPemFile(config.peer_ca_cert);
+    if (!pem) return fail(pem.error());
+    blob_options.table.root_cert = std::move(pem.value());
+    spdlog::info("chunk torrents must carry the peer CA of {}", config.peer_ca_cert);
+  }
   swarm::ChunkLayout layout{1, blob_options.table.chunk_size, blob_options.table.piece_size, 0};
   if (Status valid = layout.Validate(); !valid) {
     return fail(MakeError(ErrorCode::kInvalidArgument,

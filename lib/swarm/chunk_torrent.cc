@@ -170,7 +170,8 @@ Result<std::vector<Sha1>> PieceHasher::Finish() {
 }
 
 Result<ChunkTorrent> BuildChunkTorrent(std::string name, uint64_t length, uint32_t piece_size,
-                                       std::vector<Sha1> piece_hashes) {
+                                       std::vector<Sha1> piece_hashes,
+                                       std::string_view root_cert) {
   if (length == 0) return MakeError(ErrorCode::kInvalidArgument, "chunk length is 0");
   if (piece_size < kMinPieceSize || (piece_size & (piece_size - 1)) != 0) {
     return MakeError(ErrorCode::kInvalidArgument,
@@ -193,8 +194,10 @@ Result<ChunkTorrent> BuildChunkTorrent(std::string name, uint64_t length, uint32
     }
     ct.set_priv(true);
     ct.set_creator("shoal");
+    if (!root_cert.empty()) ct.set_root_cert(lt::string_view(root_cert.data(), root_cert.size()));
     std::vector<char> buf = ct.generate_buf();
-    return ParseChunkTorrent(std::string_view(buf.data(), buf.size()), length, piece_size);
+    return ParseChunkTorrent(std::string_view(buf.data(), buf.size()), length, piece_size,
+                             root_cert);
   } catch (const std::exception& e) {
     return MakeError(ErrorCode::kInvalidArgument,
                      std::string("cannot build chunk torrent: ") + e.what());
@@ -202,7 +205,7 @@ Result<ChunkTorrent> BuildChunkTorrent(std::string name, uint64_t length, uint32
 }
 
 Result<ChunkTorrent> ParseChunkTorrent(std::string_view metainfo, uint64_t length,
-                                       uint32_t piece_size) {
+                                       uint32_t piece_size, std::string_view root_cert) {
   if (metainfo.size() > kMaxMetainfo) {
     return MakeError(ErrorCode::kProtocol, "chunk metainfo of " + std::to_string(metainfo.size()) +
                                                " bytes is larger than " +
@@ -232,6 +235,19 @@ Result<ChunkTorrent> ParseChunkTorrent(std::string_view metainfo, uint64_t lengt
                                                std::to_string(ti.piece_length()) +
                                                " bytes, the layout says " +
                                                std::to_string(piece_size));
+  }
+  lt::string_view carried = ti.ssl_cert();
+  if (std::string_view(carried.data(), carried.size()) != root_cert) {
+    if (root_cert.empty()) {
+      return MakeError(ErrorCode::kProtocol,
+                       "chunk metainfo is an SSL torrent; this swarm has plain peers (no peer CA)");
+    }
+    return MakeError(ErrorCode::kProtocol,
+                     carried.empty()
+                         ? "chunk metainfo is a plain torrent; this swarm's peers use TLS (it must "
+                           "carry the cluster's peer CA)"
+                         : "chunk metainfo carries another root certificate than the cluster's "
+                           "peer CA");
   }
   ChunkTorrent out;
   out.metainfo = std::string(metainfo);

@@ -87,14 +87,19 @@ struct ChunkTorrent {
 
 // Builds a private v1 single-file torrent named `name` (e.g. "<digest hex>.<k>") over a chunk of
 // `length` bytes from its piece hashes. No announce URL is embedded: agents add trackers
-// themselves. Errors: kInvalidArgument when the hash count does not match length/piece_size.
+// themselves. With a root_cert (the cluster's peer CA, canonical PEM) it is an SSL torrent
+// (lib/tls/peer_tls.h): the certificate is in its info dict, and so in its info-hash. Errors:
+// kInvalidArgument when the hash count does not match length/piece_size.
 Result<ChunkTorrent> BuildChunkTorrent(std::string name, uint64_t length, uint32_t piece_size,
-                                       std::vector<Sha1> piece_hashes);
+                                       std::vector<Sha1> piece_hashes,
+                                       std::string_view root_cert = {});
 
 // Parses metainfo from a peer or the tracker and checks that it is a private v1 single-file
-// torrent of exactly `length` bytes with pieces of `piece_size` bytes. Errors: kProtocol with
-// the reason (not bencode, v2-only, multi-file, wrong length, wrong piece size, too large).
+// torrent of exactly `length` bytes with pieces of `piece_size` bytes, carrying exactly
+// `root_cert` (empty: a plain torrent, no certificate). Errors: kProtocol with the reason (not
+// bencode, v2-only, multi-file, wrong length, wrong piece size, too large, another or no root
+// certificate).
 Result<ChunkTorrent> ParseChunkTorrent(std::string_view metainfo, uint64_t length,
-                                       uint32_t piece_size);
+                                       uint32_t piece_size, std::string_view root_cert = {});
 
 }  // namespace shoal::swarm

@@ -66,7 +66,9 @@ const char* SocketTypeName(lt::socket_type_t t) {
 lt::settings_pack MakeSettings(const SwarmOptions& o) {
   lt::settings_pack s = lt::high_performance_seed();
   s.set_str(lt::settings_pack::user_agent, "shoal/0.1 libtorrent/" LIBTORRENT_VERSION);
-  s.set_str(lt::settings_pack::listen_interfaces, o.listen_interface);
+  // With peer TLS the one listen socket is a TLS one ("IP:port" + "s"): SSL torrents take no
+  // plain peer, so a plain socket would only be one more port open to outsiders.
+  s.set_str(lt::settings_pack::listen_interfaces, o.listen_interface + (o.tls ? "s" : ""));
   s.set_bool(lt::settings_pack::enable_dht, false);
   s.set_bool(lt::settings_pack::enable_lsd, false);
   s.set_bool(lt::settings_pack::enable_upnp, false);
@@ -182,6 +184,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     uint32_t reported_count = 0;
     bool complete = false;
     bool errored = false;
+    bool has_cert = false;  // peer TLS: this agent's certificate given (the torrent resumed)
     ChunkAnnounces announces;
     std::function<void(uint32_t, uint64_t, uint64_t)> on_piece;
     std::function<void()> on_complete;
@@ -205,6 +208,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   uint64_t peers_banned = 0;
   uint64_t announce_replies = 0;
   uint64_t announce_errors = 0;
+  uint64_t peer_tls_refused = 0;
   bool announces_failing = false;  // the last announce of this session failed
   std::vector<lt::alert*> alerts;
   // Session counters sampled every second (post_session_stats): ses.waste_piece_* by reason.
@@ -212,6 +216,11 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   std::array<int, kWasteReasons.size()> waste_index{};
   std::array<uint64_t, kWasteReasons.size()> wasted{};
   std::vector<int64_t> last_counters;  // the latest sample of every session counter
+
+  const std::string& root_cert() const {
+    static const std::string kNone;
+    return options.tls ? options.tls->ca_pem : kNone;
+  }
 
   Chunk* Find(const lt::torrent_handle& h) {
     auto it = by_handle.find(h);
@@ -330,9 +339,34 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
           wasted[i] = static_cast<uint64_t>(std::max<int64_t>(0, counters[idx]));
         }
       }
+    } else if (auto* nc = lt::alert_cast<lt::torrent_need_cert_alert>(a)) {
+      OnNeedCert(nc->handle);
+    } else if (auto* pe = lt::alert_cast<lt::peer_error_alert>(a)) {
+      OnPeerError(*pe);
     } else if (auto* perf = lt::alert_cast<lt::performance_alert>(a)) {
       spdlog::debug("swarm: {}", perf->message());
     }
+  }
+
+  // An SSL torrent asks for this agent's certificate before it connects to any peer.
+  void OnNeedCert(const lt::torrent_handle& h) {
+    Chunk* c = Find(h);
+    if (!c || !options.tls || c->has_cert) return;
+    c->has_cert = true;
+    const tls::PeerTls& t = *options.tls;
+    lt::torrent_handle handle = h;  // set_ssl_certificate_buffer is not const
+    handle.set_ssl_certificate_buffer(t.cert_pem, t.key_pem, t.dh_pem);
+    handle.resume();
+    handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+    spdlog::debug("swarm: gave chunk {} this agent's peer certificate", c->name);
+  }
+
+  void OnPeerError(const lt::peer_error_alert& a) {
+    if (a.op != lt::operation_t::ssl_handshake) return;
+    ++peer_tls_refused;
+    // At debug: an outsider probing the port would otherwise fill the log.
+    spdlog::debug("swarm: peer {}: TLS handshake failed: {}", Endpoint(a.endpoint),
+                  a.error.message());
   }
 
   void OnPiece(const lt::torrent_handle& h, int piece) {
@@ -381,8 +415,14 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     }
   }
 
-  // After lost alerts: report pieces libtorrent has that we did not report yet.
+  // After lost alerts: report pieces libtorrent has that we did not report yet, and give the
+  // certificate to SSL torrents whose torrent_need_cert_alert was lost (they stay paused).
   void Resync() {
+    std::vector<lt::torrent_handle> need_cert;
+    for (auto& [k, c] : chunks) {
+      if (options.tls && !c.has_cert) need_cert.push_back(c.handle);
+    }
+    for (const lt::torrent_handle& h : need_cert) OnNeedCert(h);
     std::vector<Sha1> keys;
     for (auto& [k, c] : chunks) {
       if (!c.complete) keys.push_back(k);
@@ -421,7 +461,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       waste_index[i] = lt::find_metric_idx(std::string("ses.waste_piece_") + kWasteReasons[i]);
     }
     SampleStats();
-    port = session->listen_port();
+    port = options.tls ? session->ssl_listen_port() : session->listen_port();
     if (port == 0) {
       // Collect libtorrent's reason before giving up.
       std::string why = "no listen socket";
@@ -434,7 +474,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       return MakeError(ErrorCode::kUnavailable,
                        "swarm cannot listen on " + options.listen_interface + ": " + why);
     }
-    spdlog::info("swarm: started, peers port {}", port);
+    spdlog::info("swarm: started, peers port {} ({})", port,
+                 options.tls ? "TLS, cluster CA" : "plain TCP");
     return Ok();
   }
 
@@ -510,6 +551,15 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       return MakeError(ErrorCode::kInvalidArgument,
                        "chunk " + t.name + ": metainfo does not match its parsed fields");
     }
+    lt::string_view carried = ti->ssl_cert();
+    if (std::string_view(carried.data(), carried.size()) != root_cert()) {
+      // A plain torrent in a TLS swarm would take any peer; an SSL one without TLS never runs.
+      return MakeError(ErrorCode::kInvalidArgument,
+                       "chunk " + t.name + (options.tls ? " is not an SSL torrent of this "
+                                                          "swarm's peer CA"
+                                                        : " is an SSL torrent; this swarm has "
+                                                          "plain peers"));
+    }
 
     Chunk c;
     c.name = t.name;
@@ -529,6 +579,10 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     atp.ti = std::move(ti);
     atp.save_path = ".";  // unused: range_disk_io maps the torrent onto spec.range
     atp.flags &= ~(lt::torrent_flags::auto_managed | lt::torrent_flags::paused);
+    // An SSL torrent starts paused: connecting before it has this agent's certificate makes the
+    // peer refuse the handshake, and libtorrent then waits min_reconnect_time to try that peer
+    // again. OnNeedCert gives the certificate, resumes it and announces.
+    if (options.tls) atp.flags |= lt::torrent_flags::paused;
     atp.flags |= lt::torrent_flags::duplicate_is_error;
     if (spec.sequential) atp.flags |= lt::torrent_flags::sequential_download;
     if (c.reported_count > 0) {
@@ -549,7 +603,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       return MakeError(ErrorCode::kInternal,
                        "libtorrent refused chunk " + t.name + ": " + ec.message());
     }
-    if (!spec.tracker_urls.empty()) {
+    if (!spec.tracker_urls.empty() && !options.tls) {
       h.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
     }
     c.handle = h;
@@ -583,6 +637,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     out.peers_banned = peers_banned;
     out.announce_replies = announce_replies;
     out.announce_errors = announce_errors;
+    out.peer_tls_refused = peer_tls_refused;
     out.wasted = wasted;
     out.torrents = chunks.size();
     if (!session) return out;
@@ -618,6 +673,7 @@ Swarm::~Swarm() { Stop(); }
 
 Status Swarm::Start() { return impl_->Start(); }
 uint16_t Swarm::listen_port() const { return impl_->port; }
+const std::string& Swarm::root_cert() const { return impl_->root_cert(); }
 void Swarm::Stop() { impl_->Stop(); }
 Result<ChunkHandle> Swarm::AddChunk(ChunkSpec spec) { return impl_->AddChunk(std::move(spec)); }
 void Swarm::RemoveChunk(const Sha1& info_hash) { impl_->RemoveChunk(info_hash); }

@@ -12,6 +12,9 @@
 // caller for about a millisecond; Stop() blocks until the session has shut down (up to the
 // stop-announce timeout of 2 s when a tracker does not answer).
 //
+// Peer TLS (SwarmOptions::tls): chunks are SSL torrents, each given this agent's certificate
+// when libtorrent asks (torrent_need_cert_alert); the session has only a TLS listen socket.
+//
 // Settings (private LAN): no DHT, LSD, UPnP or NAT-PMP; TCP only (uTP is far slower on a
 // LAN); LAN peers are *not* put in libtorrent's unlimited "local" peer class, so unchoke slots
 // apply to them; tuned from lt::high_performance_seed(); torrents are never auto-managed
@@ -32,6 +35,7 @@
 #include "lib/core/error.h"
 #include "lib/swarm/chunk_torrent.h"
 #include "lib/swarm/file_range.h"
+#include "lib/tls/peer_tls.h"
 
 namespace shoal::swarm {
 
@@ -61,6 +65,10 @@ struct SwarmOptions {
   // libtorrent settings_pack overrides as "name=value" (settings_pack names, e.g.
   // "max_out_request_queue=64"), applied last. Start fails on an unknown name or a bad value.
   std::vector<std::string> libtorrent_settings;
+  // Peer TLS (lib/tls/peer_tls.h): the session listens for TLS only, every chunk must be an SSL
+  // torrent of tls->ca_pem, and peers must present certificates from that CA. Without it,
+  // plain TCP peers, and every chunk must be a plain torrent.
+  std::optional<tls::PeerTls> tls;
 };
 
 // One chunk torrent to download or seed.
@@ -132,6 +140,9 @@ struct SwarmStats {
   uint64_t peers_banned = 0;      // peers banned for sending bad data
   uint64_t announce_replies = 0;  // tracker announces answered
   uint64_t announce_errors = 0;   // tracker announces that failed
+  // Peer connections that ended in their TLS handshake (no certificate, one from another CA, a
+  // plain BitTorrent client on the TLS port): with peer TLS on, every outsider's attempt.
+  uint64_t peer_tls_refused = 0;
   size_t torrents = 0;            // chunks currently added
   std::vector<ChunkStats> chunks;
 };
@@ -149,8 +160,11 @@ class Swarm {
   // cannot be bound (libtorrent's message), kInvalidArgument for a malformed one, kInternal
   // when already started.
   Status Start();
-  // The bound TCP port; 0 before Start() or after Stop().
+  // The bound TCP port (the TLS one with peer TLS); 0 before Start() or after Stop().
   uint16_t listen_port() const;
+  // The root certificate chunk torrents of this swarm carry: options.tls->ca_pem, or empty
+  // (plain peers). Pass it to BuildChunkTorrent and ParseChunkTorrent.
+  const std::string& root_cert() const;
   // Graceful shutdown: pauses every torrent, sends stop announces, aborts the session and stops
   // the disk threads. Blocks until done. Idempotent. Chunks are forgotten without callbacks.
   void Stop();

@@ -187,10 +187,11 @@ std::string NodeName() {
   return host;
 }
 
-Result<std::pair<KeyPtr, CertPtr>> CreateCa() {
+Result<std::pair<KeyPtr, CertPtr>> CreateCa(const std::string& common_name) {
   auto key = NewP256Key();
   if (!key) return key.error();
-  auto cert = NewCert(key.value().get(), nullptr, "shoal node CA (" + NodeName() + ")",
+  auto cert = NewCert(key.value().get(), nullptr,
+                      common_name.empty() ? "shoal node CA (" + NodeName() + ")" : common_name,
                       std::chrono::duration_cast<std::chrono::seconds>(kCaValidity));
   if (!cert) return cert.error();
   X509* c = cert.value().get();
@@ -244,7 +245,7 @@ Result<std::unique_ptr<NodeCa>> NodeCa::Load(const std::string& cert_file,
   }
   struct stat st {};
   if (::stat(key_file.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    spdlog::warn("proxy CA key {} is readable by group or others (mode {:o}); make it 0600",
+    spdlog::warn("CA key {} is readable by group or others (mode {:o}); make it 0600",
                  key_file, st.st_mode & 0777);
   }
   auto impl = std::make_unique<Impl>();
@@ -257,7 +258,8 @@ Result<std::unique_ptr<NodeCa>> NodeCa::Load(const std::string& cert_file,
   return ca;
 }
 
-Result<std::unique_ptr<NodeCa>> NodeCa::LoadOrCreate(const std::string& dir) {
+Result<std::unique_ptr<NodeCa>> NodeCa::LoadOrCreate(const std::string& dir,
+                                                     const std::string& common_name) {
   const std::string cert_file = dir + "/ca.crt";
   const std::string key_file = dir + "/ca.key";
   std::error_code ec;
@@ -268,14 +270,14 @@ Result<std::unique_ptr<NodeCa>> NodeCa::LoadOrCreate(const std::string& dir) {
     return MakeError(ErrorCode::kInvalidArgument,
                      "found " + (has_cert ? cert_file : key_file) + " without " +
                          (has_cert ? key_file : cert_file) +
-                         "; remove it to create a new proxy CA (clients must then trust the new "
+                         "; remove it to create a new CA (clients must then trust the new "
                          "certificate)");
   }
   std::filesystem::create_directories(dir, ec);
   if (ec) return MakeError(ErrorCode::kIo, "cannot create " + dir + ": " + ec.message());
   if (::chmod(dir.c_str(), 0700) != 0)
     return MakeError(ErrorCode::kIo, "cannot chmod " + dir + ": " + std::strerror(errno));
-  auto created = CreateCa();
+  auto created = CreateCa(common_name);
   if (!created) return created.error();
   auto key_pem = KeyToPem(created.value().first.get());
   if (!key_pem) return key_pem.error();
@@ -286,7 +288,7 @@ Result<std::unique_ptr<NodeCa>> NodeCa::LoadOrCreate(const std::string& dir) {
   OPENSSL_cleanse(key_pem.value().data(), key_pem.value().size());
   if (!wrote) return wrote.error();
   if (auto st = WriteFileAtomic(cert_file, cert_pem.value(), 0644); !st) return st.error();
-  spdlog::info("created the HTTPS proxy CA {} (key {}, mode 0600)", cert_file, key_file);
+  spdlog::info("created the CA {} (key {}, mode 0600)", cert_file, key_file);
   auto impl = std::make_unique<Impl>();
   impl->key = std::move(created.value().first);
   impl->cert = std::move(created.value().second);
@@ -295,38 +297,54 @@ Result<std::unique_ptr<NodeCa>> NodeCa::LoadOrCreate(const std::string& dir) {
   return ca;
 }
 
+namespace {
+
+// A leaf signed by ca_cert/ca_key: CN = common_name, SAN = san ("DNS:..." or "IP:..."), the
+// given extended key usage, valid for `validity`, with a new P-256 key.
+Result<std::pair<KeyPtr, CertPtr>> MintLeaf(X509* ca_cert, EVP_PKEY* ca_key,
+                                            const std::string& common_name, const std::string& san,
+                                            const std::string& ext_key_usage,
+                                            std::chrono::seconds validity) {
+  auto key = NewP256Key();
+  if (!key) return key.error();
+  auto cert = NewCert(key.value().get(), ca_cert, common_name, validity);
+  if (!cert) return cert.error();
+  X509* c = cert.value().get();
+  const std::pair<int, std::string> extensions[] = {{NID_basic_constraints, "critical,CA:FALSE"},
+                                                    {NID_key_usage, "critical,digitalSignature"},
+                                                    {NID_ext_key_usage, ext_key_usage},
+                                                    {NID_subject_alt_name, san},
+                                                    {NID_authority_key_identifier, "keyid:always"}};
+  for (const auto& [nid, value] : extensions) {
+    if (auto st = AddExtension(c, ca_cert, nid, value); !st) return st.error();
+  }
+  if (X509_sign(c, ca_key, EVP_sha256()) <= 0)
+    return SslError("signing the leaf certificate for " + common_name);
+  return std::make_pair(std::move(key.value()), std::move(cert.value()));
+}
+
+}  // namespace
+
 Result<const NodeCa::Leaf*> NodeCa::LeafFor(const std::string& host) {
   const auto now = std::chrono::system_clock::now();
   auto it = leaves_.find(host);
   if (it != leaves_.end() && it->second->not_after - now > std::chrono::hours(24))
     return it->second.get();
 
-  auto key = NewP256Key();
-  if (!key) return key.error();
-  auto cert = NewCert(key.value().get(), impl_->cert.get(), host,
-                      std::chrono::duration_cast<std::chrono::seconds>(kLeafValidity));
-  if (!cert) return cert.error();
-  X509* c = cert.value().get();
   boost::system::error_code ip_ec;
   boost::asio::ip::make_address(host, ip_ec);
-  const std::string san = (ip_ec ? "DNS:" : "IP:") + host;
-  const std::pair<int, std::string> extensions[] = {{NID_basic_constraints, "critical,CA:FALSE"},
-                                                    {NID_key_usage, "critical,digitalSignature"},
-                                                    {NID_ext_key_usage, "serverAuth"},
-                                                    {NID_subject_alt_name, san},
-                                                    {NID_authority_key_identifier, "keyid:always"}};
-  for (const auto& [nid, value] : extensions) {
-    if (auto st = AddExtension(c, impl_->cert.get(), nid, value); !st) return st.error();
-  }
-  if (X509_sign(c, impl_->key.get(), EVP_sha256()) <= 0)
-    return SslError("signing the leaf certificate for " + host);
+  auto minted = MintLeaf(impl_->cert.get(), impl_->key.get(), host,
+                         (ip_ec ? "DNS:" : "IP:") + host, "serverAuth",
+                         std::chrono::duration_cast<std::chrono::seconds>(kLeafValidity));
+  if (!minted) return minted.error();
+  X509* c = minted.value().second.get();
+  EVP_PKEY* key = minted.value().first.get();
 
   auto context = std::make_shared<ssl::context>(ssl::context::tls_server);
   context->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
                        ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
   SSL_CTX* native = context->native_handle();
-  if (SSL_CTX_use_certificate(native, c) != 1 ||
-      SSL_CTX_use_PrivateKey(native, key.value().get()) != 1 ||
+  if (SSL_CTX_use_certificate(native, c) != 1 || SSL_CTX_use_PrivateKey(native, key) != 1 ||
       SSL_CTX_add1_chain_cert(native, impl_->cert.get()) != 1) {
     return SslError("building the TLS context for " + host);
   }
@@ -342,6 +360,20 @@ Result<const NodeCa::Leaf*> NodeCa::LeafFor(const std::string& host) {
   return out;
 }
 
+Result<NodeCa::IssuedLeaf> NodeCa::IssueLeaf(const std::string& common_name,
+                                             const std::string& dns_name,
+                                             std::chrono::seconds validity) {
+  auto minted = MintLeaf(impl_->cert.get(), impl_->key.get(), common_name, "DNS:" + dns_name,
+                         "serverAuth,clientAuth", validity);
+  if (!minted) return minted.error();
+  auto cert_pem = CertToPem(minted.value().second.get());
+  if (!cert_pem) return cert_pem.error();
+  auto key_pem = KeyToPem(minted.value().first.get());
+  if (!key_pem) return key_pem.error();
+  return IssuedLeaf{std::move(cert_pem.value()), std::move(key_pem.value()),
+                    std::chrono::system_clock::now() + validity};
+}
+
 Result<std::shared_ptr<ssl::context>> NodeCa::ServerContext(const std::string& host) {
   auto leaf = LeafFor(host);
   if (!leaf) return leaf.error();
@@ -352,6 +384,14 @@ Result<std::string> NodeCa::LeafCertPem(const std::string& host) {
   auto leaf = LeafFor(host);
   if (!leaf) return leaf.error();
   return leaf.value()->cert_pem;
+}
+
+Result<std::string> ReadCertPemFile(const std::string& file) {
+  auto pem = ReadWholeFile(file);
+  if (!pem) return pem.error();
+  auto cert = ParseCert(pem.value(), file);
+  if (!cert) return cert.error();
+  return CertToPem(cert.value().get());
 }
 
 }  // namespace shoal::tls

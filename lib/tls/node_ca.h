@@ -1,7 +1,9 @@
 #pragma once
-// A node-local certificate authority for the HTTPS proxy mode: it signs short-lived leaf
-// certificates for the registry hosts the agent terminates. Its key stays on the node: it is
-// read from or created in a file of mode 0600 and never written anywhere else or served.
+// A certificate authority held in memory that signs leaf certificates. Two uses: the node-local
+// CA of the HTTPS proxy mode (short-lived leaves for the registry hosts the agent terminates;
+// its key stays on the node, read from or created in a file of mode 0600 and never written
+// anywhere else or served), and the cluster's peer CA, from which each agent mints its own
+// swarm peer certificate at start (lib/tls/peer_tls.h).
 
 #include <utility>
 
@@ -26,7 +28,9 @@ class NodeCa {
   // key (mode 0600, directory 0700) and a self-signed CA certificate valid for 10 years.
   // Errors: kIo naming the path; kInvalidArgument when only one of the files exists, when they
   // do not parse, or when the key does not belong to the certificate.
-  static Result<std::unique_ptr<NodeCa>> LoadOrCreate(const std::string& dir);
+  // common_name: the CA's subject CN (default "shoal node CA (<hostname>)").
+  static Result<std::unique_ptr<NodeCa>> LoadOrCreate(const std::string& dir,
+                                                      const std::string& common_name = "");
   // Loads a CA from the given PEM files (e.g. --proxy-ca-cert/--proxy-ca-key). Errors: as
   // LoadOrCreate, plus kInvalidArgument when the certificate is not a CA.
   static Result<std::unique_ptr<NodeCa>> Load(const std::string& cert_file,
@@ -46,6 +50,17 @@ class NodeCa {
   // tests and diagnostics. Errors: as ServerContext.
   Result<std::string> LeafCertPem(const std::string& host);
 
+  // A new leaf for both TLS roles (serverAuth and clientAuth), CN = common_name, one DNS SAN
+  // `dns_name`, valid for `validity`, with a new ECDSA P-256 key; not cached. Errors: kInternal
+  // when OpenSSL fails.
+  struct IssuedLeaf {
+    std::string cert_pem;
+    std::string key_pem;
+    std::chrono::system_clock::time_point not_after;
+  };
+  Result<IssuedLeaf> IssueLeaf(const std::string& common_name, const std::string& dns_name,
+                               std::chrono::seconds validity);
+
  private:
   struct Impl;
   struct Leaf;
@@ -56,5 +71,10 @@ class NodeCa {
   std::string cert_pem_;
   std::map<std::string, std::unique_ptr<Leaf>> leaves_;  // by host
 };
+
+// The first certificate in `file` re-encoded as PEM: the one form in which chunk torrents carry
+// the cluster's peer CA (the tracker checks published ones against it). Errors: kIo when the
+// file cannot be read, kInvalidArgument when it holds no certificate.
+Result<std::string> ReadCertPemFile(const std::string& file);
 
 }  // namespace shoal::tls

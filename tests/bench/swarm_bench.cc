@@ -1,7 +1,9 @@
 // shoal-bench-swarm: N nodes pull the same image at once over shaped links, in three scenarios
 // measured in the same run with the same N, links and image:
 //
-//   shoal:   shoal-tracker + one shoal-agent per node; every node pulls through its own agent.
+//   shoal:   shoal-tracker + one shoal-agent per node; every node pulls through its own agent,
+//            its peers connected over TLS with certificates from the cluster's peer CA.
+//   shoal-plain: the same with plain TCP peers (--insecure-peers): what peer TLS costs.
 //   direct:  every node pulls straight from the upstream registry.
 //   central: one docker-registry in proxy mode (pull-through cache) in front of the upstream;
 //            every node pulls through it.
@@ -499,7 +501,7 @@ struct ShoalCluster {
 std::string LayoutOf(const Endpoint& tracker_ep, const Digest& digest) {
   std::string url =
       "http://" + tracker_ep.ip + ":" + std::to_string(kTrackerPort) + "/v1/blobs/" + digest.str();
-  auto r = InNetns(tracker_ep.ns, [&] { return HttpGet(url, {}, std::chrono::seconds(10)); });
+  auto r = InNetns(tracker_ep.ns, [&] { return HttpGet(url, AgentAuth(), std::chrono::seconds(10)); });
   if (!r || r.value().status != 200) return "";
   json j = json::parse(r.value().body, nullptr, false);
   if (j.is_discarded() || !j.contains("chunk_size") || !j.contains("chunks")) return "";
@@ -539,7 +541,7 @@ struct Options {
 
 ShoalCluster StartShoal(const Options& o, const Paths& p, const std::vector<Endpoint>& nodes,
                         const Endpoint& tracker_ep, const std::string& upstream_url,
-                        const std::string& tag) {
+                        const std::string& tag, bool plain_peers = false) {
   ShoalCluster c;
   std::string tdir = p.dir + "/" + tag + "-tracker";
   fs::create_directories(tdir);
@@ -550,6 +552,7 @@ ShoalCluster StartShoal(const Options& o, const Paths& p, const std::vector<Endp
       "--piece-size-kib", std::to_string(o.piece_kib),
       // The cluster's tokens, as deployed (issue 14).
       "--agent-tokens-file", Tokens().agent_file, "--operator-tokens-file", Tokens().operator_file};
+  if (!plain_peers) targv.insert(targv.end(), {"--peer-ca-cert", Tokens().peer_ca_cert});
   targv.insert(targv.end(), o.tracker_args.begin(), o.tracker_args.end());
   CheckInterrupted();
   auto tproc = Process::Start(targv, p.logs + "/" + tag + "-tracker.log");
@@ -591,6 +594,12 @@ ShoalCluster StartShoal(const Options& o, const Paths& p, const std::vector<Endp
                                      "node" + std::to_string(i + 1),
                                      "--log-format",
                                      "text"};
+    if (plain_peers) {
+      argv.push_back("--insecure-peers");
+    } else {
+      argv.insert(argv.end(), {"--peer-ca-cert", Tokens().peer_ca_cert, "--peer-ca-key",
+                               Tokens().peer_ca_key});
+    }
     argv.insert(argv.end(), o.agent_args.begin(), o.agent_args.end());
     CheckInterrupted();
     auto proc = Process::Start(argv, p.logs + "/" + name + ".log");
@@ -1183,7 +1192,7 @@ int Main(int argc, char** argv) {
                  "(default: 4096, the tracker's default, or the chunk size if smaller)");
   app.add_option("--scenarios", o.scenarios, "Scenarios to run, in this order")
       ->delimiter(',')
-      ->check(CLI::IsMember({"shoal", "direct", "central"}))
+      ->check(CLI::IsMember({"shoal", "shoal-plain", "direct", "central"}))
       ->capture_default_str();
   app.add_flag("!--no-first-byte", o.first_byte, "Skip shoal's separate cold first-byte run");
   app.add_option("--timeout-s", o.timeout_s,
@@ -1233,7 +1242,8 @@ int Main(int argc, char** argv) {
       throw HarnessError(std::string(tool) + " is not installed (scripts/setup.sh installs it)");
     }
   }
-  bool want_shoal = std::count(o.scenarios.begin(), o.scenarios.end(), "shoal") > 0;
+  bool want_shoal = std::count(o.scenarios.begin(), o.scenarios.end(), "shoal") > 0 ||
+                    std::count(o.scenarios.begin(), o.scenarios.end(), "shoal-plain") > 0;
   bool want_central = std::count(o.scenarios.begin(), o.scenarios.end(), "central") > 0;
   if (want_shoal) {
     for (const auto& bin : {o.agent_bin, o.tracker_bin}) {
@@ -1426,9 +1436,10 @@ int Main(int argc, char** argv) {
   size_t problem_count = 0;
   for (const auto& scenario : o.scenarios) {
     CheckInterrupted();
-    if (scenario == "shoal") {
+    if (scenario == "shoal" || scenario == "shoal-plain") {
+      const bool plain = scenario == "shoal-plain";
       std::vector<CpuGroup> groups;
-      if (o.first_byte) {
+      if (o.first_byte && !plain) {
         // A cold cluster; every node first GETs the manifest (as a runtime does), then all GET
         // the largest layer at once with a client that notes its first body byte.
         std::printf("shoal, cold first-byte run: %zu agents GET the %s layer at once ... ", o.nodes,
@@ -1473,9 +1484,10 @@ int Main(int argc, char** argv) {
         for (size_t i = 0; i < o.nodes; ++i)
           fs::remove_all(p.dir + "/fb-node" + std::to_string(i + 1) + "-cache");
       }
-      std::printf("shoal: tracker + %zu agents, %zu skopeo pulls at once ... ", o.nodes, o.nodes);
+      std::printf("%s: tracker + %zu agents (%s peers), %zu skopeo pulls at once ... ",
+                  scenario.c_str(), o.nodes, plain ? "plain TCP" : "TLS", o.nodes);
       std::fflush(stdout);
-      ShoalCluster cl = StartShoal(o, p, nodes, *tracker_ep, upstream_url, "shoal");
+      ShoalCluster cl = StartShoal(o, p, nodes, *tracker_ep, upstream_url, scenario, plain);
       for (std::istringstream log(cl.tracker->Log()); std::getline(log, tracker_settings);) {
         if (tracker_settings.find("upstream leases") != std::string::npos) break;
       }
@@ -1484,8 +1496,8 @@ int Main(int argc, char** argv) {
       groups = {{"agents", cl.AgentPids()},
                 {"tracker", {cl.tracker->pid()}},
                 {"upstream registry", {registry_pid}}};
-      Measured m = Measure("shoal", o.nodes, upstream.ns, net.switch_ns, groups,
-                           skopeo_pull("shoal", [&](size_t i) {
+      Measured m = Measure(scenario, o.nodes, upstream.ns, net.switch_ns, groups,
+                           skopeo_pull(scenario, [&](size_t i) {
                              return "127.0.0.1:" + std::to_string(cl.agents[i].port);
                            }));
       check_runs(m, [&](size_t i) { return cl.agents[i].process->LogTail(); });
@@ -1513,7 +1525,7 @@ int Main(int argc, char** argv) {
       std::printf("p50 %.2f s, max %.2f s\n", Percentile(Times(m), 0.5), Percentile(Times(m), 1.0));
       runs.push_back(std::move(m));
       for (size_t i = 0; i < o.nodes; ++i)
-        fs::remove_all(p.dir + "/shoal-node" + std::to_string(i + 1) + "-cache");
+        fs::remove_all(p.dir + "/" + scenario + "-node" + std::to_string(i + 1) + "-cache");
     } else if (scenario == "direct") {
       std::printf("direct: %zu skopeo pulls at once from the upstream registry ... ", o.nodes);
       std::fflush(stdout);

@@ -262,16 +262,27 @@ const secretData = (secret) =>
   Object.fromEntries(Object.entries(secret.data).map(([k, v]) => [k, Buffer.from(v, "base64").toString()]));
 // The tokens of a token file as agent and tracker read it (blank lines and # comments skipped).
 const tokensOf = (text) => text.split("\n").map((l) => l.trim()).filter((l) => l && !l.startsWith("#"));
+// What an agent's pod mounts from the cluster credentials Secret.
+const agentItems = [{ key: "agent-token", path: "agent-token" }, { key: "peer-ca.crt", path: "peer-ca.crt" },
+  { key: "peer-ca.key", path: "peer-ca.key" }];
 const authKeys = ["agent-token", "agent-tokens", "operator-token", "operator-tokens"];
 
-test("cluster credentials: a generated Secret with four keys; trackers get the accepted lists, agents only their token", () => {
+test("cluster credentials: a generated Secret with the tokens and the peer CA; trackers get the accepted lists and the CA certificate, agents their token and the CA", () => {
   const objs = render();
   const secret = find(objs, "Secret", "-cluster-credentials");
   assert.ok(secret, "the chart creates the cluster credentials Secret");
   assert.equal(secret.metadata.name, "shoal-cluster-credentials");
   assert.equal(secret.type, "Opaque");
   const data = secretData(secret);
-  assert.deepEqual(Object.keys(data).sort(), authKeys);
+  assert.deepEqual(Object.keys(data).sort(), [...authKeys, "peer-ca.crt", "peer-ca.key"].sort());
+  // The peer CA: a CA certificate and its key, from helm's genCA (checked with openssl).
+  assert.match(data["peer-ca.crt"], /^-----BEGIN CERTIFICATE-----/);
+  assert.match(data["peer-ca.key"], /PRIVATE KEY-----/);
+  const caText = execFileSync("openssl", ["x509", "-noout", "-text"], { input: data["peer-ca.crt"] }).toString();
+  assert.match(caText, /CA:TRUE/, "the peer CA is a CA");
+  const keyMod = execFileSync("openssl", ["rsa", "-noout", "-modulus"], { input: data["peer-ca.key"] }).toString();
+  const certMod = execFileSync("openssl", ["x509", "-noout", "-modulus"], { input: data["peer-ca.crt"] }).toString();
+  assert.equal(keyMod, certMod, "peer-ca.key is the CA certificate's key");
   for (const k of authKeys) {
     const tokens = tokensOf(data[k]);
     assert.ok(tokens.length >= 1, `${k} holds a token`);
@@ -289,12 +300,14 @@ test("cluster credentials: a generated Secret with four keys; trackers get the a
   assert.equal(trackerEnv.SHOAL_AGENT_TOKENS_FILE, "/etc/shoal/tokens/agent-tokens");
   assert.equal(trackerEnv.SHOAL_OPERATOR_TOKENS_FILE, "/etc/shoal/tokens/operator-tokens");
   assert.equal(trackerEnv.SHOAL_INSECURE_OPEN, undefined);
+  assert.equal(trackerEnv.SHOAL_PEER_CA_CERT, "/etc/shoal/tokens/peer-ca.crt");
   const trackerMounts = tracker.volumeMounts.filter((m) => m.name === "tokens");
   assert.deepEqual(trackerMounts, [{ name: "tokens", mountPath: "/etc/shoal/tokens", readOnly: true }],
     "one directory mount, no subPath (subPath mounts never see a Secret update)");
   const trackerVol = sts.spec.template.spec.volumes.find((v) => v.name === "tokens");
   assert.deepEqual(trackerVol.secret.items, [
-    { key: "agent-tokens", path: "agent-tokens" }, { key: "operator-tokens", path: "operator-tokens" }]);
+    { key: "agent-tokens", path: "agent-tokens" }, { key: "operator-tokens", path: "operator-tokens" },
+    { key: "peer-ca.crt", path: "peer-ca.crt" }], "trackers get the CA certificate, never its key");
   assert.equal(trackerVol.secret.secretName, secret.metadata.name);
   assert.equal(trackerVol.secret.defaultMode, 0o440);
   assert.equal(sts.spec.template.spec.securityContext.fsGroup, sts.spec.template.spec.securityContext.runAsUser,
@@ -304,11 +317,13 @@ test("cluster credentials: a generated Secret with four keys; trackers get the a
   const pod = ds.spec.template.spec;
   const agent = pod.containers.find((c) => c.name === "agent");
   assert.equal(envOf(agent).SHOAL_TRACKER_TOKEN_FILE, "/etc/shoal/tokens/agent-token");
+  assert.equal(envOf(agent).SHOAL_PEER_CA_CERT, "/etc/shoal/tokens/peer-ca.crt");
+  assert.equal(envOf(agent).SHOAL_PEER_CA_KEY, "/etc/shoal/tokens/peer-ca.key");
   assert.deepEqual(agent.volumeMounts.filter((m) => m.name === "tokens"),
     [{ name: "tokens", mountPath: "/etc/shoal/tokens", readOnly: true }]);
   const agentVol = pod.volumes.find((v) => v.name === "tokens");
-  assert.deepEqual(agentVol.secret, { secretName: secret.metadata.name, defaultMode: 0o400, items: [{ key: "agent-token", path: "agent-token" }] },
-    "agents get only the token they present: not the accepted lists, not the operator token");
+  assert.deepEqual(agentVol.secret, { secretName: secret.metadata.name, defaultMode: 0o400, items: agentItems },
+    "agents get only the token they present and the peer CA: not the accepted lists, not the operator token");
   // No other volume of any pod the chart renders carries this Secret, and nothing mounts it with subPath.
   for (const o of objs) {
     const spec = o.spec?.template?.spec;
@@ -361,7 +376,7 @@ test("cluster credentials: auth.existingSecret creates no Secret and mounts that
   const ds = find(objs, "DaemonSet", "-agent");
   assert.equal(sts.spec.template.spec.volumes.find((v) => v.name === "tokens").secret.secretName, "shoal-tokens");
   assert.equal(ds.spec.template.spec.volumes.find((v) => v.name === "tokens").secret.secretName, "shoal-tokens");
-  assert.deepEqual(ds.spec.template.spec.volumes.find((v) => v.name === "tokens").secret.items, [{ key: "agent-token", path: "agent-token" }]);
+  assert.deepEqual(ds.spec.template.spec.volumes.find((v) => v.name === "tokens").secret.items, agentItems);
   assert.equal(envOf(sts.spec.template.spec.containers[0]).SHOAL_AGENT_TOKENS_FILE, "/etc/shoal/tokens/agent-tokens");
 });
 

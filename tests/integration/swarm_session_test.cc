@@ -22,6 +22,8 @@
 #include <vector>
 
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <libtorrent/bdecode.hpp>
@@ -31,6 +33,8 @@
 #include "lib/swarm/chunk_torrent.h"
 #include "lib/swarm/file_range.h"
 #include "lib/swarm/session.h"
+#include "lib/tls/node_ca.h"
+#include "lib/tls/peer_tls.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
 #include "tests/support/tokens.h"
@@ -93,8 +97,10 @@ std::string RandomBytes(size_t size, uint32_t seed) {
   return out;
 }
 
-// The chunk torrents of `blob` under `layout`, built the way the fetching agent builds them.
-std::vector<ChunkTorrent> BuildTorrents(const std::string& blob, const ChunkLayout& layout) {
+// The chunk torrents of `blob` under `layout`, built the way the fetching agent builds them
+// (SSL torrents of root_cert when it is given).
+std::vector<ChunkTorrent> BuildTorrents(const std::string& blob, const ChunkLayout& layout,
+                                        const std::string& root_cert = "") {
   std::vector<ChunkTorrent> out;
   for (uint32_t k = 0; k < layout.chunk_count(); ++k) {
     swarm::PieceHasher hasher(layout.chunk_length(k), layout.piece_size);
@@ -102,7 +108,7 @@ std::vector<ChunkTorrent> BuildTorrents(const std::string& blob, const ChunkLayo
     auto hashes = hasher.Finish();
     REQUIRE(hashes.has_value());
     auto t = swarm::BuildChunkTorrent("blob." + std::to_string(k), layout.chunk_length(k),
-                                      layout.piece_size, std::move(hashes.value()));
+                                      layout.piece_size, std::move(hashes.value()), root_cert);
     REQUIRE_MESSAGE(t.has_value(), t.error().message);
     out.push_back(std::move(t.value()));
   }
@@ -277,6 +283,23 @@ void CheckCallbacks(Node& node, const ChunkLayout& layout) {
 const ChunkLayout kLayout{
     .blob_size = (24ull << 20) + 123, .chunk_size = 8ull << 20, .piece_size = 256u << 10};
 
+// Adds every chunk of kLayout to `node` as a download into the file at `path` and waits until
+// all are complete, without an error (REQUIREd); returns how many seconds that took.
+double DownloadAll(Node& node, const std::vector<ChunkTorrent>& torrents, const std::string& path,
+                   const Tracker& tracker) {
+  auto started = std::chrono::steady_clock::now();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    node.AddChunk(torrents[k], k, path, kLayout.chunk_begin(k), false, tracker.AnnounceUrl());
+  }
+  const auto n = static_cast<uint32_t>(torrents.size());
+  bool done = WaitUntil([&] { return node.AllComplete(n) || !node.Errors().empty(); },
+                        seconds(20), milliseconds(10));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  REQUIRE_MESSAGE(done, "download did not finish; tracker:\n" << tracker.process->LogTail());
+  REQUIRE_MESSAGE(node.Errors().empty(), node.Errors());
+  return secs;
+}
+
 }  // namespace
 
 TEST_CASE("swarm session: a blob's chunk torrents download in parallel into one file") {
@@ -303,16 +326,7 @@ TEST_CASE("swarm session: a blob's chunk torrents download in parallel into one 
 
   Node leecher(LoopbackOptions());
   leecher.Start();
-  auto started = std::chrono::steady_clock::now();
-  for (uint32_t k = 0; k < torrents.size(); ++k) {
-    leecher.AddChunk(torrents[k], k, dir.Sub("leech.blob"), kLayout.chunk_begin(k), false,
-                     tracker.AnnounceUrl());
-  }
-  bool done = WaitUntil([&] { return leecher.AllComplete(4) || !leecher.Errors().empty(); },
-                        seconds(20), milliseconds(10));
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  REQUIRE_MESSAGE(done, "download did not finish; tracker:\n" << tracker.process->LogTail());
-  REQUIRE_MESSAGE(leecher.Errors().empty(), leecher.Errors());
+  double secs = DownloadAll(leecher, torrents, dir.Sub("leech.blob"), tracker);
   MESSAGE("24 MiB over 4 chunk torrents in " << secs << " s (" << (kLayout.blob_size / secs / 1e6)
                                              << " MB/s)");
 
@@ -511,6 +525,125 @@ TEST_CASE("swarm session: a disk error while downloading reaches on_error") {
   MESSAGE("on_error: " << ev.errors[0]);
   CHECK(ReadFile(dir.Sub("leech.blob")) == std::string(kLayout.blob_size, '\0'));
   leecher.Stop();
+  seeder.Stop();
+}
+
+// A CA in dir/<name> (as the chart's cluster peer CA) and an agent's peer TLS minted from it.
+tls::PeerTls PeerTlsFrom(const TempDir& dir, const std::string& ca, const std::string& agent) {
+  auto made = tls::NodeCa::LoadOrCreate(dir.Sub(ca), "test peer CA " + ca);
+  REQUIRE_MESSAGE(made.has_value(), made.error().message);
+  auto minted = tls::MintPeerTls(dir.Sub(ca) + "/ca.crt", dir.Sub(ca) + "/ca.key", agent);
+  REQUIRE_MESSAGE(minted.has_value(), minted.error().message);
+  return minted.value();
+}
+
+swarm::SwarmOptions TlsOptions(tls::PeerTls peer_tls) {
+  swarm::SwarmOptions o = LoopbackOptions();
+  o.tls = std::move(peer_tls);
+  return o;
+}
+
+// What a plain BitTorrent client gets from a TLS swarm port: the 68-byte handshake for
+// info_hash, then whatever comes back within a second (nothing, as the server wants TLS).
+std::string PlainHandshake(uint16_t port, const Sha1& info_hash) {
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::socket sock(ioc);
+  boost::system::error_code ec;
+  sock.connect({boost::asio::ip::make_address("127.0.0.1"), port}, ec);
+  REQUIRE_MESSAGE(!ec, ec.message());
+  std::string hs = std::string(1, '\x13') + "BitTorrent protocol" + std::string(8, '\0');
+  hs.append(reinterpret_cast<const char*>(info_hash.data()), info_hash.size());
+  hs += "-XX0001-outsider0001";
+  boost::asio::write(sock, boost::asio::buffer(hs), ec);
+  std::string got;
+  char buf[512];
+  auto deadline = std::chrono::steady_clock::now() + seconds(1);
+  sock.non_blocking(true);
+  while (std::chrono::steady_clock::now() < deadline) {
+    size_t n = sock.read_some(boost::asio::buffer(buf), ec);
+    if (ec == boost::asio::error::would_block) {
+      std::this_thread::sleep_for(milliseconds(20));
+      continue;
+    }
+    if (ec) break;  // closed
+    got.append(buf, n);
+  }
+  return got;
+}
+
+TEST_CASE("swarm session: with peer TLS only the cluster CA's agents exchange chunks") {
+  TempDir dir("shoal-swarm-tls");
+  Tracker tracker = StartTracker(dir);
+  const std::string blob = RandomBytes(kLayout.blob_size, 7);
+  tls::PeerTls seeder_tls = PeerTlsFrom(dir, "cluster-ca", "seeder");
+  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout, seeder_tls.ca_pem);
+  // The CA is part of each chunk's info-hash: the plain torrent of the same bytes is another.
+  CHECK(torrents[0].info_hash != BuildTorrents(blob, kLayout)[0].info_hash);
+  WriteBlobFile(dir.Sub("seed.blob"), blob, 0);
+  CreateSparseFile(dir.Sub("leech.blob"), kLayout.blob_size);
+  CreateSparseFile(dir.Sub("outsider.blob"), kLayout.blob_size);
+
+  Node seeder(TlsOptions(seeder_tls));
+  seeder.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    seeder.AddChunk(torrents[k], k, dir.Sub("seed.blob"), kLayout.chunk_begin(k), true,
+                    tracker.AnnounceUrl());
+  }
+  WaitForSeeders(tracker, torrents);
+  const uint16_t seeder_port = seeder.Call([&] { return seeder.swarm().listen_port(); });
+
+  // An outsider with the metainfo, the announce key and a certificate from another CA: every
+  // connection ends in the TLS handshake, in both directions, and no byte moves.
+  tls::PeerTls foreign = PeerTlsFrom(dir, "other-ca", "outsider");
+  foreign.ca_pem = seeder_tls.ca_pem;  // so that it can add the cluster's torrents at all
+  Node outsider(TlsOptions(foreign));
+  outsider.Start();
+  for (uint32_t k = 0; k < torrents.size(); ++k) {
+    outsider.AddChunk(torrents[k], k, dir.Sub("outsider.blob"), kLayout.chunk_begin(k), false,
+                      tracker.AnnounceUrl());
+  }
+  // A plain BitTorrent client on the swarm port gets no handshake back.
+  CHECK(PlainHandshake(seeder_port, torrents[0].info_hash).empty());
+  // A plain swarm cannot even add an SSL torrent, and a TLS swarm refuses a plain one.
+  Node plain(LoopbackOptions());
+  plain.Start();
+  swarm::ChunkSpec spec;
+  spec.torrent = torrents[0];
+  spec.range = swarm::FileRange{swarm::BlobFile::Open(dir.Sub("outsider.blob"), true).value(), 0,
+                                torrents[0].length};
+  auto refused = plain.Call([&] { return plain.swarm().AddChunk(spec); });
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().message.find("SSL torrent") != std::string::npos);
+  spec.torrent = BuildTorrents(blob, kLayout)[0];
+  auto refused_plain = seeder.Call([&] { return seeder.swarm().AddChunk(spec); });
+  REQUIRE_FALSE(refused_plain.has_value());
+  CHECK(refused_plain.error().message.find("not an SSL torrent") != std::string::npos);
+
+  // The seeder counts the plain client and the outsider's connections.
+  bool refused_counted =
+      WaitUntil([&] { return seeder.Stats().peer_tls_refused >= 2; }, seconds(15), milliseconds(50));
+  CHECK_MESSAGE(refused_counted, "seeder refused " << seeder.Stats().peer_tls_refused);
+
+  // An agent of the cluster (its own certificate from the cluster CA) downloads it all.
+  Node leecher(TlsOptions(PeerTlsFrom(dir, "cluster-ca", "leecher")));
+  leecher.Start();
+  double secs = DownloadAll(leecher, torrents, dir.Sub("leech.blob"), tracker);
+  MESSAGE("24 MiB over TLS peers in " << secs << " s");
+  CHECK(ReadFile(dir.Sub("leech.blob")) == blob);
+  CheckCallbacks(leecher, kLayout);
+
+  // The outsider got nothing, though the leecher (which it also tries) now seeds too.
+  std::this_thread::sleep_for(seconds(1));
+  swarm::SwarmStats os = outsider.Stats();
+  CHECK(os.downloaded == 0);
+  for (const auto& c : os.chunks) CHECK(c.pieces_have == 0);
+  CHECK(ReadFile(dir.Sub("outsider.blob")) == std::string(kLayout.blob_size, '\0'));
+  // And the outsider saw its own attempts fail (the cluster's agents do not trust its CA).
+  CHECK(os.peer_tls_refused >= 1);
+  CHECK(seeder.Stats().hash_failures == 0);
+  outsider.Stop();
+  leecher.Stop();
+  plain.Stop();
   seeder.Stop();
 }
 

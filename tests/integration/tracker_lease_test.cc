@@ -82,12 +82,14 @@ std::string Source(const std::string& agent, uint64_t size = kSize) {
       .dump();
 }
 
-// Metainfo of a chunk of `length` bytes filled with `fill`.
+// Metainfo of a chunk of `length` bytes filled with `fill`: an SSL torrent of the test cluster's
+// peer CA, as the test kit's tracker requires.
 std::string Metainfo(uint64_t length, char fill = 'x') {
   std::string data(length, fill);
   swarm::PieceHasher hasher(length, kPiece);
   REQUIRE(hasher.Update(data.data(), data.size()).has_value());
-  auto torrent = swarm::BuildChunkTorrent("chunk", length, kPiece, hasher.Finish().value());
+  auto torrent = swarm::BuildChunkTorrent("chunk", length, kPiece, hasher.Finish().value(),
+                                          Tokens().peer_ca_pem);
   REQUIRE(torrent.has_value());
   return torrent.value().metainfo;
 }

@@ -31,8 +31,13 @@ Status Agent::Launch() {
     argv.push_back(u);
   }
   const auto& extra = options_.extra_args;
-  if (std::find(extra.begin(), extra.end(), "--tracker-token-file") == extra.end()) {
+  auto has = [&](const char* flag) { return std::find(extra.begin(), extra.end(), flag) != extra.end(); };
+  if (!has("--tracker-token-file")) {
     argv.insert(argv.end(), {"--tracker-token-file", Tokens().agent_file});
+  }
+  if (!has("--peer-ca-cert") && !has("--insecure-peers")) {
+    argv.insert(argv.end(),
+                {"--peer-ca-cert", Tokens().peer_ca_cert, "--peer-ca-key", Tokens().peer_ca_key});
   }
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto proc = Process::Start(argv, dir_->Sub("agent.log"));

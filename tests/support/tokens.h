@@ -1,7 +1,8 @@
 #pragma once
-// The test cluster's credentials: one agent token and one operator token per test process,
-// written to token files in a temp dir (removed at exit). The test kit's trackers accept them
-// and its agents present the agent token, unless a test asks for --insecure-open.
+// The test cluster's credentials: one agent token, one operator token and one peer CA per test
+// process, written to files in a temp dir (removed at exit). The test kit's trackers accept the
+// tokens and require chunk torrents of the peer CA; its agents present the agent token and mint
+// their peer certificates from the CA, unless a test asks for --insecure-open/--insecure-peers.
 
 #include <string>
 #include <utility>
@@ -12,6 +13,8 @@ namespace shoal::testkit {
 struct ClusterTokens {
   std::string agent, op;                  // the tokens
   std::string agent_file, operator_file;  // files holding them
+  std::string peer_ca_cert, peer_ca_key;  // the peer CA's PEM files (as the chart's Secret)
+  std::string peer_ca_pem;                // its certificate as chunk torrents carry it
 };
 
 // The process's tokens (made on first use).

@@ -52,6 +52,9 @@ Status TrackerProcess::Launch() {
     argv.insert(argv.end(), {"--agent-tokens-file", Tokens().agent_file, "--operator-tokens-file",
                              Tokens().operator_file});
   }
+  if (!has("--peer-ca-cert")) {
+    argv.insert(argv.end(), {"--peer-ca-cert", Tokens().peer_ca_cert});
+  }
   argv.insert(argv.end(), args_.begin(), args_.end());
   auto proc = Process::Start(argv, dir_->Sub("tracker." + std::to_string(launches_++) + ".log"));
   if (!proc) return proc.error();

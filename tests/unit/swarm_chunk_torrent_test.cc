@@ -131,3 +131,33 @@ TEST_CASE("chunk torrent: build, parse back, reject mismatched layouts") {
   CHECK_FALSE(ParseChunkTorrent("", data.size(), piece).has_value());
   CHECK_FALSE(BuildChunkTorrent("x", data.size(), piece, {}).has_value());
 }
+
+TEST_CASE("chunk torrent: an SSL torrent carries exactly the cluster's peer CA") {
+  const uint32_t piece = 16u << 10;
+  std::string data = Bytes(piece + 5);
+  PieceHasher h(data.size(), piece);
+  REQUIRE(h.Update(data.data(), data.size()).has_value());
+  std::vector<Sha1> hashes = h.Finish().value();
+  const std::string ca = "-----BEGIN CERTIFICATE-----\ncluster\n-----END CERTIFICATE-----\n";
+  const std::string other = "-----BEGIN CERTIFICATE-----\nother\n-----END CERTIFICATE-----\n";
+
+  auto plain = BuildChunkTorrent("abc.0", data.size(), piece, hashes);
+  auto ssl = BuildChunkTorrent("abc.0", data.size(), piece, hashes, ca);
+  REQUIRE(plain.has_value());
+  REQUIRE(ssl.has_value());
+  // The certificate is in the info dict: the same bytes make another swarm.
+  CHECK(ssl.value().info_hash != plain.value().info_hash);
+  CHECK(ssl.value().piece_hashes == plain.value().piece_hashes);
+
+  CHECK(ParseChunkTorrent(ssl.value().metainfo, data.size(), piece, ca).has_value());
+  auto no_ca = ParseChunkTorrent(ssl.value().metainfo, data.size(), piece);
+  REQUIRE_FALSE(no_ca.has_value());
+  CHECK(no_ca.error().code == ErrorCode::kProtocol);
+  CHECK(no_ca.error().message.find("plain peers") != std::string::npos);
+  auto foreign = ParseChunkTorrent(ssl.value().metainfo, data.size(), piece, other);
+  REQUIRE_FALSE(foreign.has_value());
+  CHECK(foreign.error().message.find("another root certificate") != std::string::npos);
+  auto unsigned_plain = ParseChunkTorrent(plain.value().metainfo, data.size(), piece, ca);
+  REQUIRE_FALSE(unsigned_plain.has_value());
+  CHECK(unsigned_plain.error().message.find("plain torrent") != std::string::npos);
+}

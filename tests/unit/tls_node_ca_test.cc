@@ -14,6 +14,7 @@
 #include <openssl/x509v3.h>
 
 #include "lib/tls/node_ca.h"
+#include "lib/tls/peer_tls.h"
 
 namespace shoal::tls {
 namespace fs = std::filesystem;
@@ -28,7 +29,8 @@ std::unique_ptr<X509, decltype(&X509_free)> ParsePem(const std::string& pem) {
 }
 
 // Whether leaf_pem chains to ca_pem alone (as a client with only the CA in its roots sees it).
-bool VerifiesAgainst(const std::string& leaf_pem, const std::string& ca_pem) {
+bool VerifiesAgainst(const std::string& leaf_pem, const std::string& ca_pem,
+                     int purpose = X509_PURPOSE_SSL_SERVER) {
   auto leaf = ParsePem(leaf_pem);
   auto ca = ParsePem(ca_pem);
   if (!leaf || !ca) return false;
@@ -36,7 +38,7 @@ bool VerifiesAgainst(const std::string& leaf_pem, const std::string& ca_pem) {
   X509_STORE_add_cert(store, ca.get());
   X509_STORE_CTX* ctx = X509_STORE_CTX_new();
   X509_STORE_CTX_init(ctx, store, leaf.get(), nullptr);
-  X509_STORE_CTX_set_purpose(ctx, X509_PURPOSE_SSL_SERVER);
+  X509_STORE_CTX_set_purpose(ctx, purpose);
   bool ok = X509_verify_cert(ctx) == 1;
   X509_STORE_CTX_free(ctx);
   X509_STORE_free(store);
@@ -139,6 +141,47 @@ TEST_CASE("tls: a CA dir with a key but no certificate, or a key of another CA, 
   auto missing = NodeCa::Load(root + "/nope.crt", root + "/nope.key");
   REQUIRE_FALSE(missing.has_value());
   CHECK(missing.error().code == ErrorCode::kIo);
+  fs::remove_all(root);
+}
+
+TEST_CASE("tls: an agent's peer certificate comes from the cluster CA and names any torrent") {
+  const std::string root = MakeTempDir();
+  auto ca = NodeCa::LoadOrCreate(root + "/peer-ca", "shoal cluster peer CA");
+  REQUIRE_MESSAGE(ca.has_value(), ca.error().ToString());
+  auto minted = MintPeerTls(root + "/peer-ca/ca.crt", root + "/peer-ca/ca.key", "node-7");
+  REQUIRE_MESSAGE(minted.has_value(), minted.error().ToString());
+  const PeerTls& t = minted.value();
+  CHECK(t.ca_pem == ca.value()->cert_pem());
+  // Peers are both TLS client and server to each other.
+  CHECK(VerifiesAgainst(t.cert_pem, t.ca_pem, X509_PURPOSE_SSL_SERVER));
+  CHECK(VerifiesAgainst(t.cert_pem, t.ca_pem, X509_PURPOSE_SSL_CLIENT));
+  auto cert = ParsePem(t.cert_pem);
+  REQUIRE(cert);
+  CHECK(X509_check_host(cert.get(), "*", 1, X509_CHECK_FLAG_NO_WILDCARDS, nullptr) == 1);
+  char cn[64] = {0};
+  X509_NAME_get_text_by_NID(X509_get_subject_name(cert.get()), NID_commonName, cn, sizeof(cn));
+  CHECK(std::string(cn) == "node-7");
+  CHECK(t.key_pem.find("PRIVATE KEY") != std::string::npos);
+  CHECK(t.dh_pem.find("BEGIN DH PARAMETERS") != std::string::npos);
+  CHECK(t.not_after > std::chrono::system_clock::now() + std::chrono::hours(24 * 300));
+  // Two agents get two keys.
+  auto second = MintPeerTls(root + "/peer-ca/ca.crt", root + "/peer-ca/ca.key", "node-8");
+  REQUIRE(second.has_value());
+  CHECK(second.value().key_pem != t.key_pem);
+  // The tracker reads the CA certificate in the same canonical form.
+  auto read = ReadCertPemFile(root + "/peer-ca/ca.crt");
+  REQUIRE(read.has_value());
+  CHECK(read.value() == t.ca_pem);
+  CHECK(ReadCertPemFile(root + "/peer-ca/ca.key").error().code == ErrorCode::kInvalidArgument);
+  CHECK(ReadCertPemFile(root + "/missing").error().code == ErrorCode::kIo);
+  // A leaf is no CA to mint from.
+  auto leaf_dir = root + "/leaf";
+  fs::create_directories(leaf_dir);
+  std::ofstream(leaf_dir + "/c.pem") << t.cert_pem;
+  std::ofstream(leaf_dir + "/k.pem") << t.key_pem;
+  auto not_ca = MintPeerTls(leaf_dir + "/c.pem", leaf_dir + "/k.pem", "x");
+  REQUIRE_FALSE(not_ca.has_value());
+  CHECK(not_ca.error().message.find("not a CA") != std::string::npos);
   fs::remove_all(root);
 }
 
