@@ -57,7 +57,7 @@ struct World {
                   R"(", "pull_auth": "client"}}})");
     AgentOptions opts;
     opts.cache_dir = dir.Sub("cache");
-    opts.extra_args = {"--upstream-map-file", dir.Sub("map.json"), "--log-level", "debug"};
+    opts.extra_args = {"--upstream-map-file", dir.Sub("map.json")};  // the kit logs at debug
     auto started = Agent::Start(opts);
     REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
     agent = std::move(started.value());
@@ -113,7 +113,7 @@ TEST_CASE("private: a client without the right credentials gets 401 with a chall
   World w;
   // The node already has proj/a: pulled through the node-mode name (the node's credentials).
   HttpResponse warm = w.Get("node.test/proj/a/manifests/1");
-  REQUIRE_MESSAGE(warm.status == 200, warm.body + "\n" + w.agent->LogTail());
+  REQUIRE_MESSAGE(warm.status == 200, (warm.body + "\n" + w.agent->LogTail()));
   w.CheckBlobs("node.test/proj/a", w.a, "");
   const double cached_before = w.agent->Metric("shoal_cache_blob_hits_total");
 
@@ -149,7 +149,7 @@ TEST_CASE("private: a client without the right credentials gets 401 with a chall
 
   // alice: the manifest and every blob, from the node's cache.
   HttpResponse manifest = w.Get("priv.test/proj/a/manifests/1", kAlice);
-  REQUIRE_MESSAGE(manifest.status == 200, manifest.body + "\n" + w.agent->LogTail());
+  REQUIRE_MESSAGE(manifest.status == 200, (manifest.body + "\n" + w.agent->LogTail()));
   CHECK(manifest.Header("docker-content-digest") == w.a.manifest_digest.str());
   CHECK(manifest.body == w.a.manifest_json);
   CHECK(w.Get("priv.test/proj/a/manifests/" + w.a.manifest_digest.str(), kAlice).status == 200);
@@ -223,7 +223,7 @@ TEST_CASE("private: deny refuses private repositories with 404 and node serves t
 TEST_CASE("private: a public repository in client mode is served without credentials") {
   World w;
   HttpResponse manifest = w.Get("pub.test/proj/pub/manifests/1");
-  REQUIRE_MESSAGE(manifest.status == 200, manifest.body + "\n" + w.agent->LogTail());
+  REQUIRE_MESSAGE(manifest.status == 200, (manifest.body + "\n" + w.agent->LogTail()));
   CHECK(manifest.Header("docker-content-digest") == w.pub.manifest_digest.str());
   CHECK(w.Get("pub.test/proj/pub/manifests/" + w.pub.manifest_digest.str()).status == 200);
   w.CheckBlobs("pub.test/proj/pub", w.pub, "");
@@ -271,7 +271,7 @@ TEST_CASE("private: ctr pulls through the shim with the right credentials and ge
   auto pulled = c.Ctr({"images", "pull", "--snapshotter", "native", "--hosts-dir", hosts_dir,
                        "--user", "alice:s3cret", "priv.test/proj/a:1"},
                       std::chrono::seconds(120));
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().ToString() + "\n" + w.agent->LogTail());
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail()));
   auto digest = c.ImageDigest("priv.test/proj/a:1");
   REQUIRE_MESSAGE(digest.has_value(), digest.error().ToString());
   CHECK(digest.value() == w.a.manifest_digest.str());
