@@ -143,6 +143,10 @@ int RunAgent(const AgentConfig& config) {
     if (auto st = upstreams.SetUnmapped(config.unmapped); !st) return fail(st.error());
   }
   if (config.strict_upstreams) (void)upstreams.SetUnmapped("error");
+  for (const auto& spec : config.pull_auth) {
+    if (spec.empty()) continue;
+    if (auto st = upstreams.SetPullAuth(spec); !st) return fail(st.error());
+  }
   spdlog::info("upstream map: {}; credentials for {} registries", upstreams.Describe(),
                credentials.size());
   auto listen = SplitHostPort(config.listen);

@@ -19,8 +19,8 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->delimiter(',');
   app.add_option("--upstream-map-file", c.upstream_map_file,
                  "JSON upstream map: {\"upstreams\": {REGISTRY: URL or {\"url\", \"auth\" or "
-                 "\"username\"/\"password\"}}, \"auths\": {docker config.json auths}, "
-                 "\"unmapped\": ...}; --upstream entries override it")
+                 "\"username\"/\"password\", \"pull_auth\"}}, \"auths\": {docker config.json "
+                 "auths}, \"unmapped\": ..., \"pull_auth\": ...}; --upstream entries override it")
       ->envname("SHOAL_UPSTREAM_MAP_FILE");
   app.add_option("--unmapped", c.unmapped,
                  "Registries not in the upstream map: error (refused with NAME_UNKNOWN), https "
@@ -28,6 +28,15 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
                  "private) or a URL that serves them all; overrides the map file's unless error")
       ->envname("SHOAL_UNMAPPED")
       ->capture_default_str();
+  app.add_option("--pull-auth", c.pull_auth,
+                 "Who gets a registry's private repositories (anonymous upstream pulls refused): "
+                 "client (clients whose own Basic credentials the upstream accepts; others get "
+                 "401 with a challenge), node (every client: the node's credentials decide) or "
+                 "deny (nobody: 404, clients go upstream). MODE sets the default (node), "
+                 "REGISTRY=MODE one registry; repeatable or comma-separated; overrides the map "
+                 "file's \"pull_auth\"")
+      ->envname("SHOAL_PULL_AUTH")
+      ->delimiter(',');
   app.add_option("--default-registry", c.default_registry,
                  "Registry for names without a registry prefix or ?ns=")
       ->envname("SHOAL_DEFAULT_REGISTRY")

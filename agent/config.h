@@ -20,6 +20,7 @@ struct AgentConfig {
   std::string upstream_map_file;               // JSON map file (upstreams, auths, unmapped)
   std::string unmapped = "error";              // unmapped registries: error, https or a URL
   bool strict_upstreams = false;               // same as unmapped = "error"
+  std::vector<std::string> pull_auth;          // "MODE" or "REGISTRY=MODE": client, node, deny
   std::string credentials_file;                // docker config.json with per-registry auth
   std::string ca_file;                         // extra CA bundle for upstream TLS
   int tag_ttl_s = 30;

@@ -88,6 +88,7 @@ PullThrough::PullThrough(asio::io_context& ioc, asio::thread_pool& pool, store::
       services_(services),
       options_(std::move(options)),
       verifier_(ioc, pool, store, metrics),
+      pull_auth_(options_.pull_auth),
       cache_hits_(prometheus::BuildCounter()
                       .Name("shoal_cache_blob_hits_total")
                       .Help("Blob requests served from a complete cached blob")
@@ -137,7 +138,20 @@ PullThrough::PullThrough(asio::io_context& ioc, asio::thread_pool& pool, store::
                               .Name("shoal_manifest_tracker_fallbacks_total")
                               .Help("Manifest resolutions that went straight upstream because "
                                     "the tracker failed, by reason")
-                              .Register(metrics)) {}
+                              .Register(metrics)),
+      pull_auth_results_(prometheus::BuildCounter()
+                             .Name("shoal_shim_pull_auth_total")
+                             .Help("Manifest, blob and listing requests of registries in pull_auth "
+                                   "client or deny, by what was decided: public, challenge (401), "
+                                   "verified (checked upstream now), cached (a recent verdict), "
+                                   "stale (an old verdict while the upstream cannot be asked), "
+                                   "refused, missing, not_in_repo, denied, error")
+                             .Register(metrics)),
+      pull_auth_checks_(prometheus::BuildCounter()
+                            .Name("shoal_pull_auth_upstream_checks_total")
+                            .Help("Access checks sent upstream for pull_auth, by whose "
+                                  "credentials (anonymous or client) and the answer")
+                            .Register(metrics)) {}
 
 Result<upstream::RegistryEndpoint> PullThrough::EndpointFor(const std::string& registry) const {
   return options_.upstreams.Resolve(registry);
@@ -177,11 +191,17 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
   if (!ref) co_return ref.error();
   if (ref.value().IsDigest()) {
     const Digest& d = *ref.value().digest;
-    if (auto cached = store_.GetManifest(d)) {
-      if (auto parsed = oci::ParseManifest(cached->body, cached->media_type))
-        NoteSizes(parsed.value());
-      manifest_cache_.Increment();
-      co_return shim::ManifestResult{std::move(cached->body), cached->media_type, d};
+    // The cache is shared by every repository: a restricted repository is served a cached
+    // manifest only when it is known to be one of its own (else the tracker or upstream says).
+    const bool restricted = Restricted(repo);
+    if (!restricted || pull_auth_.Contains(repo.str(), d)) {
+      if (auto cached = store_.GetManifest(d)) {
+        if (auto parsed = oci::ParseManifest(cached->body, cached->media_type))
+          NoteSizes(parsed.value());
+        if (restricted) NoteContents(repo, d, cached->body, cached->media_type);
+        manifest_cache_.Increment();
+        co_return shim::ManifestResult{std::move(cached->body), cached->media_type, d};
+      }
     }
   }
   auto ep = EndpointFor(repo.registry);
@@ -193,6 +213,7 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
     if (auto cached = store_.GetManifest(tag->second.digest)) {
       if (auto parsed = oci::ParseManifest(cached->body, cached->media_type))
         NoteSizes(parsed.value());
+      NoteContents(repo, tag->second.digest, cached->body, cached->media_type);
       manifest_cache_.Increment();
       co_return shim::ManifestResult{std::move(cached->body), cached->media_type,
                                      tag->second.digest};
@@ -210,6 +231,7 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
   }
   Result<shim::ManifestResult> fetched = std::move(*via);
   if (fetched) {
+    NoteContents(repo, fetched.value().digest, fetched.value().body, fetched.value().media_type);
     if (!ref.value().IsDigest()) {
       // A resolution from the cache is as old as its upstream fetch, not as this answer.
       tags_.insert_or_assign(
@@ -223,6 +245,7 @@ awaitable<Result<shim::ManifestResult>> PullThrough::GetManifest(const shim::Rep
     if (auto cached = store_.GetManifest(tag->second.digest)) {
       spdlog::warn("upstream unavailable for {} ({}); serving the last known manifest {}", key,
                    fetched.error().message, tag->second.digest.str());
+      NoteContents(repo, tag->second.digest, cached->body, cached->media_type);
       manifest_stale_.Increment();
       co_return shim::ManifestResult{std::move(cached->body), cached->media_type,
                                      tag->second.digest};
@@ -336,6 +359,171 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
       }
     }
   }
+}
+
+bool PullThrough::Restricted(const shim::RepoRef& repo) const {
+  if (options_.upstreams.PullAuthFor(repo.registry) == upstream::UpstreamMap::PullAuth::kNode)
+    return false;
+  return pull_auth_.Public(repo.str(), std::chrono::steady_clock::now()) != true;
+}
+
+void PullThrough::NoteContents(const shim::RepoRef& repo, const Digest& digest,
+                               const std::string& body, const std::string& media_type) {
+  if (options_.upstreams.PullAuthFor(repo.registry) == upstream::UpstreamMap::PullAuth::kNode)
+    return;
+  std::vector<Digest> digests{digest};
+  if (auto parsed = oci::ParseManifest(body, oci::IsManifestType(media_type) ? media_type : "")) {
+    const oci::Manifest& m = parsed.value();
+    if (m.config) digests.push_back(m.config->digest);
+    for (const auto& l : m.layers) digests.push_back(l.digest);
+    for (const auto& child : m.manifests) digests.push_back(child.digest);
+  }
+  pull_auth_.NoteContents(repo.str(), digests);
+}
+
+void PullThrough::CountPullAuth(upstream::UpstreamMap::PullAuth mode, std::string_view result) {
+  pull_auth_results_
+      .Add({{"registry_mode", std::string(upstream::UpstreamMap::PullAuthName(mode))},
+            {"result", std::string(result)}})
+      .Increment();
+}
+
+awaitable<std::optional<shim::PullRefusal>> PullThrough::AuthorizePull(
+    const shim::RepoRef& repo, const shim::PullTarget& target, std::string_view authorization) {
+  using PullAuth = upstream::UpstreamMap::PullAuth;
+  using Clock = std::chrono::steady_clock;
+  const PullAuth mode = options_.upstreams.PullAuthFor(repo.registry);
+  if (mode == PullAuth::kNode) co_return std::nullopt;
+  auto ep = EndpointFor(repo.registry);
+  if (!ep) co_return shim::PullRefusal{ep.error(), "NAME_UNKNOWN", false};
+  const std::string key = repo.str();
+  upstream::PullProbe probe;
+  switch (target.kind) {
+    case shim::PullTarget::Kind::kManifest:
+      probe = {upstream::PullProbe::Kind::kManifest, target.reference};
+      break;
+    case shim::PullTarget::Kind::kBlob:
+      probe = {upstream::PullProbe::Kind::kBlob, target.reference};
+      break;
+    case shim::PullTarget::Kind::kListing:
+      probe = {upstream::PullProbe::Kind::kTags, ""};
+      break;
+  }
+  auto count_check = [this](bool client, const Result<upstream::Access>& r) {
+    std::string result = "error";
+    if (r) {
+      result = r.value() == upstream::Access::kGranted   ? "granted"
+               : r.value() == upstream::Access::kRefused ? "refused"
+                                                         : "missing";
+    }
+    pull_auth_checks_.Add({{"credentials", client ? "client" : "anonymous"}, {"result", result}})
+        .Increment();
+  };
+  auto missing = [&](std::string why) {
+    const char* code = target.kind == shim::PullTarget::Kind::kBlob       ? "BLOB_UNKNOWN"
+                       : target.kind == shim::PullTarget::Kind::kManifest ? "MANIFEST_UNKNOWN"
+                                                                          : "NAME_UNKNOWN";
+    return shim::PullRefusal{MakeError(ErrorCode::kNotFound, std::move(why)), code, false};
+  };
+  const std::string what = target.kind == shim::PullTarget::Kind::kListing
+                               ? "the tags of " + key
+                               : key + (target.reference.find(':') != std::string::npos ? "@" : ":") +
+                                     target.reference;
+
+  // 1. May anonymous clients pull it? Then everyone may, as without shoal.
+  std::optional<bool> is_public = pull_auth_.Public(key, Clock::now());
+  if (!is_public) {
+    const std::optional<upstream::BasicAuth> anonymous;
+    auto anon = co_await client_.CheckPull(ep.value(), repo.repository, probe, anonymous);
+    count_check(false, anon);
+    if (!anon) {
+      // Never worse than no mirror while the upstream cannot answer: the last verdict stands;
+      // without one, the client gets the upstream's trouble (503) and tries the next host.
+      is_public = pull_auth_.LastPublic(key);
+      if (!is_public) {
+        CountPullAuth(mode, "error");
+        Error e = anon.error();
+        e.message = "cannot check whether " + key + " is public: " + e.message;
+        co_return shim::PullRefusal{e, "UNKNOWN", false};
+      }
+    } else if (anon.value() == upstream::Access::kMissing) {
+      is_public = false;  // not shown to be public; says nothing about the repository
+    } else {
+      is_public = anon.value() == upstream::Access::kGranted;
+      pull_auth_.NotePublic(key, *is_public, Clock::now());
+    }
+  }
+  if (*is_public) {
+    CountPullAuth(mode, "public");
+    co_return std::nullopt;
+  }
+  // 2. A private repository (or an object anonymous clients cannot see).
+  if (mode == PullAuth::kDeny) {
+    CountPullAuth(mode, "denied");
+    co_return shim::PullRefusal{
+        MakeError(ErrorCode::kNotFound,
+                  "repository " + key + " is not served by this mirror: anonymous pulls of " +
+                      what + " are refused upstream and registry " + repo.registry +
+                      " has pull_auth deny; pull it from the registry with your own credentials"),
+        "NAME_UNKNOWN", false};
+  }
+  std::optional<upstream::BasicAuth> creds = upstream::ParseBasicAuthorization(authorization);
+  if (!creds) {
+    CountPullAuth(mode, "challenge");
+    co_return shim::PullRefusal{
+        MakeError(ErrorCode::kUnauthorized,
+                  "authentication required: " + what +
+                      " is not public; present Basic credentials that the registry accepts for " +
+                      key + " (pull_auth client)"),
+        "UNAUTHORIZED", true};
+  }
+  const std::string cred = PullAuthCache::CredentialKey(*creds);
+  std::optional<bool> granted = pull_auth_.Granted(cred, key, Clock::now());
+  std::string_view how = "cached";
+  if (!granted) {
+    auto check = co_await client_.CheckPull(ep.value(), repo.repository, probe, creds);
+    count_check(true, check);
+    if (!check) {
+      granted = pull_auth_.LastGranted(cred, key);
+      how = "stale";
+      if (!granted) {
+        CountPullAuth(mode, "error");
+        Error e = check.error();
+        e.message = "cannot check the credentials presented for " + key + ": " + e.message;
+        co_return shim::PullRefusal{e, "UNKNOWN", false};
+      }
+    } else if (check.value() == upstream::Access::kMissing) {
+      // Only a 200 grants: some registries answer 404 for what these credentials may not see.
+      CountPullAuth(mode, "missing");
+      co_return missing("the registry answered 404 for " + what + " with the credentials presented");
+    } else {
+      granted = check.value() == upstream::Access::kGranted;
+      pull_auth_.NoteGranted(cred, key, *granted, Clock::now());
+      how = "verified";
+      if (*granted && target.kind == shim::PullTarget::Kind::kBlob) {
+        if (auto d = Digest::Parse(target.reference)) pull_auth_.NoteContents(key, {d.value()});
+      }
+    }
+  }
+  if (!*granted) {
+    CountPullAuth(mode, "refused");
+    co_return shim::PullRefusal{
+        MakeError(ErrorCode::kUnauthorized,
+                  "the credentials presented cannot pull " + what + " (the registry refused them)"),
+        "UNAUTHORIZED", true};
+  }
+  // 3. The blobs of a private repository are its images' blobs, not the node's whole cache.
+  if (target.kind == shim::PullTarget::Kind::kBlob) {
+    auto d = Digest::Parse(target.reference);
+    if (!d || !pull_auth_.Contains(key, d.value())) {
+      CountPullAuth(mode, "not_in_repo");
+      co_return missing("blob " + target.reference + " is not part of any image of " + key +
+                        " that this mirror resolved: blobs of a private repository are served "
+                        "only as parts of its images (resolve the image's manifest here first)");
+    }
+  }
+  CountPullAuth(mode, how);
+  co_return std::nullopt;
 }
 
 void PullThrough::NoteSizes(const oci::Manifest& manifest) {

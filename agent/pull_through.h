@@ -22,6 +22,7 @@
 #include "agent/blob_fetch.h"
 #include "agent/cache_check.h"
 #include "agent/chunk_fetcher.h"
+#include "agent/pull_auth.h"
 #include "lib/oci/manifest.h"
 #include "lib/store/blob_store.h"
 #include "lib/upstream/registry_client.h"
@@ -41,6 +42,8 @@ struct PullThroughOptions {
   // the tracker's cluster-wide cache) before fetching it upstream ourselves. Longer than the
   // tracker's --manifest-lease-ttl-s (10 s), so a dead fetcher's lease passes to a waiter first.
   std::chrono::milliseconds tracker_manifest_wait{20'000};
+  // Lifetimes and bounds of the pull_auth "client" verdicts.
+  PullAuthOptions pull_auth;
 };
 
 // An image reference resolved to the manifests that make it up for one platform.
@@ -73,6 +76,15 @@ class PullThrough : public shim::Backend {
 
   // Refuses registries the upstream map does not serve (kRefused), before any other work.
   Status CheckRegistry(const shim::RepoRef& repo) const override;
+
+  // The registry's pull_auth mode decides (docs/security.md, "Private images (built)"): "node"
+  // serves everyone; otherwise a repository an anonymous upstream request cannot pull is
+  // refused ("deny": 404 NAME_UNKNOWN) or served only to clients whose Basic credentials the
+  // upstream accepts for it ("client": 401 with a Basic challenge otherwise), and its blobs only
+  // when they belong to one of its images this agent resolved. Verdicts are cached (PullAuthCache).
+  boost::asio::awaitable<std::optional<shim::PullRefusal>> AuthorizePull(
+      const shim::RepoRef& repo, const shim::PullTarget& target,
+      std::string_view authorization) override;
 
   // The upstream endpoint for a registry host, from the upstream map. Errors: kRefused for an
   // unmapped registry the policy does not serve (UpstreamMap::Resolve).
@@ -140,6 +152,16 @@ class PullThrough : public shim::Backend {
       const shim::RepoRef& repo, const upstream::RegistryEndpoint& ep,
       const std::string& reference, const std::optional<Digest>& want,
       std::chrono::milliseconds& age);
+  // Whether repo's manifests and blobs are served only to checked clients: its registry is not
+  // in pull_auth "node" and it is not known to be public.
+  bool Restricted(const shim::RepoRef& repo) const;
+  // Records the manifest `digest` of repo (a resolved tag, a digest the upstream or tracker
+  // served for repo, or a child of an index already recorded) and what it lists, for
+  // AuthorizePull's blob rule. Nothing under pull_auth "node".
+  void NoteContents(const shim::RepoRef& repo, const Digest& digest, const std::string& body,
+                    const std::string& media_type);
+  // Counts one AuthorizePull outcome in shoal_shim_pull_auth_total.
+  void CountPullAuth(upstream::UpstreamMap::PullAuth mode, std::string_view result);
   // Remembers the sizes of the blobs a manifest lists, so a blob miss needs no upstream HEAD.
   void NoteSizes(const oci::Manifest& manifest);
   // The blob's size: from a manifest seen before, the tracker's table, or an upstream HEAD.
@@ -157,6 +179,7 @@ class PullThrough : public shim::Backend {
   std::unordered_map<Digest, std::shared_ptr<BlobFetch>> inflight_;
   std::map<std::string, TagEntry> tags_;  // "registry/repo:tag"
   CacheVerifier verifier_;                  // cached blobs are hashed again before served
+  PullAuthCache pull_auth_;                 // pull_auth verdicts and repository contents
 
   prometheus::Counter& cache_hits_;
   prometheus::Counter& cache_misses_;
@@ -169,6 +192,10 @@ class PullThrough : public shim::Backend {
   prometheus::Counter& manifest_leases_;   // shoal_manifest_tracker_leases_total
   // shoal_manifest_tracker_fallbacks_total{reason}: error, timeout, unverified.
   prometheus::Family<prometheus::Counter>& manifest_fallbacks_;
+  // shoal_shim_pull_auth_total{registry_mode,result}; shoal_pull_auth_upstream_checks_total{
+  // credentials=anonymous|client,result=granted|refused|missing|error}.
+  prometheus::Family<prometheus::Counter>& pull_auth_results_;
+  prometheus::Family<prometheus::Counter>& pull_auth_checks_;
 };
 
 }  // namespace shoal::agent

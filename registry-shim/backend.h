@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,24 @@ class BlobReader {
   virtual std::string_view source() const = 0;
 };
 
+// What a pull request asks for, for Backend::AuthorizePull.
+struct PullTarget {
+  enum class Kind { kManifest, kBlob, kListing };
+  Kind kind = Kind::kManifest;
+  std::string reference;  // the tag or digest (kManifest), the digest (kBlob); "" for kListing
+};
+
+// Why a request is not served to this client: the error (its code gives the status), the OCI
+// code to answer with, and whether to challenge (401 with WWW-Authenticate: Basic).
+struct PullRefusal {
+  Error error;
+  std::string oci_code;
+  bool challenge = false;
+};
+
+// The challenge the shim sends when it needs a client's own credentials.
+inline constexpr std::string_view kPullAuthChallenge = "Basic realm=\"shoal\"";
+
 // Implemented by the agent. Called on the network thread.
 class Backend {
  public:
@@ -74,6 +93,14 @@ class Backend {
   virtual Status CheckRegistry(const RepoRef& repo) const {
     (void)repo;
     return Ok();
+  }
+  // Whether this client may be served `target` of repo. authorization is the request's
+  // Authorization header ("" when none); it is neither logged nor kept. Called after
+  // CheckRegistry and before GetManifest/OpenBlob/GetListing. nullopt: serve. Default: serve all.
+  virtual boost::asio::awaitable<std::optional<PullRefusal>> AuthorizePull(
+      const RepoRef& repo, const PullTarget& target, std::string_view authorization) {
+    (void)repo, (void)target, (void)authorization;
+    co_return std::nullopt;
   }
   // Resolves a tag or digest to a manifest. accept is the client's list of media types (empty
   // means any). Errors: kNotFound, kInvalidArgument, kUnavailable, kUnauthorized, ...

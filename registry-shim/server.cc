@@ -351,6 +351,12 @@ class Connection {
       }
     }
     auto accept = oci::ParseAccept(accept_header);
+    {
+      StringResponse refused;
+      const PullTarget target{PullTarget::Kind::kManifest, r.reference};
+      if (!co_await Authorized(req, repo.value(), target, refused))
+        co_return co_await Reply(r.kind, std::move(refused));
+    }
     auto manifest = co_await backend_.GetManifest(repo.value(), r.reference, accept);
     if (!manifest) {
       {
@@ -412,6 +418,12 @@ class Connection {
         StringResponse reply_ = ErrorResponse(req, e, "DIGEST_INVALID");
         co_return co_await Reply(r.kind, std::move(reply_));
       }
+    }
+    {
+      StringResponse refused;
+      const PullTarget target{PullTarget::Kind::kBlob, digest.value().str()};
+      if (!co_await Authorized(req, repo.value(), target, refused))
+        co_return co_await Reply(r.kind, std::move(refused));
     }
     auto opened = co_await backend_.OpenBlob(repo.value(), digest.value());
     if (!opened) {
@@ -503,6 +515,12 @@ class Connection {
       StringResponse reply_ = ErrorResponse(req, query.error(), "UNSUPPORTED");
       co_return co_await Reply(r.kind, std::move(reply_));
     }
+    {
+      StringResponse refused;
+      const PullTarget target{PullTarget::Kind::kListing, ""};
+      if (!co_await Authorized(req, repo.value(), target, refused))
+        co_return co_await Reply(r.kind, std::move(refused));
+    }
     auto listed = co_await backend_.GetListing(repo.value(), endpoint, query.value());
     if (!listed) {
       StringResponse reply_ =
@@ -534,6 +552,20 @@ class Connection {
     }
     if (!l.filters_applied.empty()) res.set("OCI-Filters-Applied", l.filters_applied);
     co_return co_await Reply(r.kind, std::move(res));
+  }
+
+  // Asks the backend whether this client may be served target of repo; on a refusal fills
+  // `refusal_reply` (401 with the Basic challenge when the backend asks for credentials).
+  awaitable<bool> Authorized(const Request& req, const RepoRef& repo, const PullTarget& target,
+                             StringResponse& refusal_reply) {
+    std::string authorization;
+    if (auto it = req.find(http::field::authorization); it != req.end())
+      authorization = std::string(it->value());
+    auto refusal = co_await backend_.AuthorizePull(repo, target, authorization);
+    if (!refusal) co_return true;
+    refusal_reply = ErrorResponse(req, refusal->error, refusal->oci_code);
+    if (refusal->challenge) refusal_reply.set(http::field::www_authenticate, kPullAuthChallenge);
+    co_return false;
   }
 
   // The repository a request is for (Resolve) if this node serves its registry; on an error

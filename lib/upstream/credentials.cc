@@ -60,6 +60,24 @@ std::string BasicAuthHeader(const BasicAuth& auth) {
   return "Basic " + Base64Encode(auth.username + ":" + auth.password);
 }
 
+std::optional<BasicAuth> ParseBasicAuthorization(std::string_view header) {
+  while (!header.empty() && (header.front() == ' ' || header.front() == '\t')) header.remove_prefix(1);
+  if (header.size() < 6) return std::nullopt;
+  std::string scheme(header.substr(0, 6));
+  for (char& c : scheme) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  if (scheme != "basic ") return std::nullopt;
+  std::string_view encoded = header.substr(6);
+  while (!encoded.empty() && encoded.front() == ' ') encoded.remove_prefix(1);
+  while (!encoded.empty() && (encoded.back() == ' ' || encoded.back() == '\t')) encoded.remove_suffix(1);
+  auto decoded = Base64Decode(encoded);
+  if (!decoded) return std::nullopt;
+  size_t colon = decoded->find(':');
+  if (colon == std::string::npos || colon == 0) return std::nullopt;
+  return BasicAuth{decoded->substr(0, colon), decoded->substr(colon + 1)};
+}
+
 std::string Credentials::NormalizeRegistry(std::string_view registry) {
   std::string_view r = registry;
   size_t scheme = r.find("://");

@@ -19,6 +19,11 @@ struct BasicAuth {
 // The "Basic base64(user:pass)" value of an Authorization header.
 std::string BasicAuthHeader(const BasicAuth& auth);
 
+// The credentials in an Authorization header value "Basic base64(user:pass)" (scheme matched
+// case-insensitively), or nothing for any other scheme, bad base64, no ':' or an empty user name
+// (podman sends "Basic Og==", an empty ":", when it has no entry for the host).
+std::optional<BasicAuth> ParseBasicAuthorization(std::string_view header);
+
 // Credentials per registry host. Copyable value; const methods are safe to call concurrently.
 class Credentials {
  public:

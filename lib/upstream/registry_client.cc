@@ -225,6 +225,10 @@ struct Call {
   std::string range;   // Range header or ""
   std::string scope;   // token scope, repository:<repo>:pull
   std::string what;    // names the object in messages: "manifest repo:tag", "blob repo@digest"
+  // An access check (CheckPull): only `auth` is presented (nothing: anonymous), never the
+  // client's credentials nor its cached tokens, and tokens fetched for it are not cached.
+  bool check_only = false;
+  std::optional<BasicAuth> auth;
 };
 
 struct RegistryClient::Impl : std::enable_shared_from_this<RegistryClient::Impl> {
@@ -264,10 +268,12 @@ struct RegistryClient::Impl : std::enable_shared_from_this<RegistryClient::Impl>
                                                                    std::string realm,
                                                                    std::string service,
                                                                    std::string scope);
+  // check: an access check's call (its credentials, nothing cached), or null.
   net::awaitable<Result<std::string>> FetchToken(const std::string& key, const RegistryEndpoint& ep,
                                                  const std::string& realm,
                                                  const std::string& service,
-                                                 const std::string& scope);
+                                                 const std::string& scope,
+                                                 const Call* check = nullptr);
   net::awaitable<Error> ErrorFromResponse(http::Response& resp, const std::string& what);
   net::awaitable<bool> BackoffBeforeRetry(int failures, const Error& e, const std::string& url);
   net::awaitable<Result<ManifestResponse>> Manifest(const RegistryEndpoint& ep,
@@ -394,7 +400,14 @@ net::awaitable<Result<ResponsePtr>> RegistryClient::Impl::Send(const RegistryEnd
   if (!call.range.empty()) headers.set(bhttp::field::range, call.range);
 
   std::string cached_token;
-  std::string authorization = CachedAuthorization(ep.name, call.scope, &cached_token);
+  std::string authorization;
+  if (!call.check_only) {
+    authorization = CachedAuthorization(ep.name, call.scope, &cached_token);
+  } else if (call.auth) {
+    std::lock_guard lock(mu);
+    if (basic_registries.count(Credentials::NormalizeRegistry(ep.name)))
+      authorization = BasicAuthHeader(*call.auth);
+  }
   for (int round = 0;; ++round) {
     auto r = co_await FollowRedirects(url, call.method, headers, authorization, ep.addresses);
     if (!r) co_return r;
@@ -413,14 +426,25 @@ net::awaitable<Result<ResponsePtr>> RegistryClient::Impl::Send(const RegistryEnd
       if (c.scheme == "bearer" && c.params.count("realm") && !bearer) bearer = &c;
       if (c.scheme == "basic" && !basic) basic = &c;
     }
-    if (bearer) {
+    if (bearer && call.check_only) {
+      co_await resp.Drain(kMaxErrorBody);
+      auto param = [&](const char* name) -> std::string {
+        auto it = bearer->params.find(name);
+        return it == bearer->params.end() ? std::string() : it->second;
+      };
+      std::string scope = param("scope");
+      if (scope.empty()) scope = call.scope;
+      auto token = co_await FetchToken("", ep, param("realm"), param("service"), scope, &call);
+      if (!token) co_return token.error();
+      authorization = "Bearer " + token.value();
+    } else if (bearer) {
       co_await resp.Drain(kMaxErrorBody);
       if (!cached_token.empty()) ForgetToken(TokenKey(ep.name, call.scope), cached_token);
       auto token = co_await GetToken(ep, call.scope, *bearer);
       if (!token) co_return token.error();
       authorization = "Bearer " + token.value();
     } else if (basic) {
-      auto creds = credentials.For(ep.name);
+      auto creds = call.check_only ? call.auth : credentials.For(ep.name);
       if (!creds) co_return r;
       std::string value = BasicAuthHeader(*creds);
       if (value == authorization) co_return r;  // these credentials were just refused
@@ -484,7 +508,8 @@ net::awaitable<Result<std::string>> RegistryClient::Impl::FetchToken(const std::
                                                                      const RegistryEndpoint& ep,
                                                                      const std::string& realm,
                                                                      const std::string& service,
-                                                                     const std::string& scope) {
+                                                                     const std::string& scope,
+                                                                     const Call* check) {
   auto url = http::Url::Parse(realm);
   if (!url) {
     co_return MakeError(
@@ -501,7 +526,11 @@ net::awaitable<Result<std::string>> RegistryClient::Impl::FetchToken(const std::
   bhttp::fields headers;
   headers.set(bhttp::field::user_agent, options.user_agent);
   std::string authorization;
-  if (auto creds = credentials.For(ep.name)) authorization = BasicAuthHeader(*creds);
+  if (check) {
+    if (check->auth) authorization = BasicAuthHeader(*check->auth);
+  } else if (auto creds = credentials.For(ep.name)) {
+    authorization = BasicAuthHeader(*creds);
+  }
   const std::string what = "token for " + ep.name + " scope " + Printable(scope, 200);
 
   auto r =
@@ -540,7 +569,7 @@ net::awaitable<Result<std::string>> RegistryClient::Impl::FetchToken(const std::
     expires_in = std::clamp<int64_t>(it->get<int64_t>(), 0, 7 * 24 * 3600);
     if (expires_in == 0) expires_in = 60;
   }
-  StoreToken(key, token, std::chrono::seconds(expires_in));
+  if (!check) StoreToken(key, token, std::chrono::seconds(expires_in));
   co_return token;
 }
 
@@ -884,6 +913,66 @@ net::awaitable<Result<ListingResponse>> RegistryClient::GetListing(const Registr
         co_return out;
       }
     }
+    bool again = co_await impl->BackoffBeforeRetry(failures, err, url_text);
+    if (again) continue;
+    impl->LogFailure(err);
+    co_return err;
+  }
+}
+
+net::awaitable<Result<Access>> RegistryClient::CheckPull(const RegistryEndpoint& registry,
+                                                         const std::string& repo,
+                                                         const PullProbe& probe,
+                                                         const std::optional<BasicAuth>& auth) {
+  std::shared_ptr<Impl> impl = impl_;
+  const bool tags = probe.kind == PullProbe::Kind::kTags;
+  if (!IsSafeRepo(repo) || (!tags && !IsSafeReference(probe.reference))) {
+    co_return MakeError(ErrorCode::kInvalidArgument,
+                        "invalid repository or reference \"" + Printable(repo, 256) + "\":\"" +
+                            Printable(probe.reference, 200) + "\"");
+  }
+  Call call;
+  call.method = tags ? bhttp::verb::get : bhttp::verb::head;
+  switch (probe.kind) {
+    case PullProbe::Kind::kManifest:
+      call.target = "/v2/" + repo + "/manifests/" + probe.reference;
+      call.accept = "application/vnd.oci.image.index.v1+json,"
+                    "application/vnd.oci.image.manifest.v1+json,"
+                    "application/vnd.docker.distribution.manifest.list.v2+json,"
+                    "application/vnd.docker.distribution.manifest.v2+json";
+      break;
+    case PullProbe::Kind::kBlob:
+      call.target = "/v2/" + repo + "/blobs/" + probe.reference;
+      break;
+    case PullProbe::Kind::kTags:
+      call.target = "/v2/" + repo + "/tags/list?n=1";
+      call.accept = "application/json";
+      break;
+  }
+  call.scope = Scope(repo);
+  call.what = "access check of " + repo + (tags ? " tags" : " " + Printable(probe.reference, 200)) +
+              (auth ? " with a client's credentials" : " (anonymous)");
+  call.check_only = true;
+  call.auth = auth;
+  http::Url url = registry.base;
+  url.target = call.target;
+  const std::string url_text = url.Redacted();
+  for (int failures = 1;; ++failures) {
+    Error err;
+    auto r = co_await impl->Send(registry, call);
+    if (!r) {
+      err = r.error();
+    } else {
+      unsigned status = r.value()->status();
+      co_await r.value()->Drain(kMaxErrorBody);
+      if (status == 200) co_return Access::kGranted;
+      if (status == 401 || status == 403) co_return Access::kRefused;
+      if (status == 404) co_return Access::kMissing;
+      err = StatusError(*r.value(), call.what, "");
+    }
+    // A token server that refuses these credentials has answered the question.
+    if (err.code == ErrorCode::kUnauthorized || err.code == ErrorCode::kDenied)
+      co_return Access::kRefused;
     bool again = co_await impl->BackoffBeforeRetry(failures, err, url_text);
     if (again) continue;
     impl->LogFailure(err);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -57,6 +58,16 @@ struct ListingResponse {
   std::string filters_applied;  // OCI-Filters-Applied as sent, "" if none
   std::string error_code;       // 404: the first OCI error code of the body, "" if none
 };
+
+// What an access check (RegistryClient::CheckPull) asks the upstream for.
+struct PullProbe {
+  enum class Kind { kManifest, kBlob, kTags };
+  Kind kind = Kind::kManifest;
+  std::string reference;  // a tag or digest (kManifest), a digest (kBlob); unused for kTags
+};
+
+// The upstream's verdict on an access check: 200, 401/403 (or a refused token), 404.
+enum class Access { kGranted, kRefused, kMissing };
 
 // Receives blob bytes in order. An error aborts the fetch and is returned by FetchBlob as is.
 using BodySink = std::function<Status(const char* data, size_t size)>;
@@ -126,6 +137,16 @@ class RegistryClient {
                                                              const std::string& endpoint,
                                                              const std::string& query,
                                                              const std::string& accept);
+
+  // Whether `auth` (nothing: anonymous) may pull `probe` of repo: HEAD manifests/<reference> or
+  // blobs/<digest>, or GET tags/list?n=1, with those credentials only (Basic, or a token
+  // fetched with them). The client's own credentials and cached tokens are never used, and no
+  // token obtained here is cached. Errors: transient failures after the retries (kUnavailable,
+  // kTooManyRequests), kProtocol, kInvalidArgument (bad repository or reference).
+  boost::asio::awaitable<Result<Access>> CheckPull(const RegistryEndpoint& registry,
+                                                   const std::string& repo,
+                                                   const PullProbe& probe,
+                                                   const std::optional<BasicAuth>& auth);
 
   // A snapshot of the counters.
   Stats stats() const;

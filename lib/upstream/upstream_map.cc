@@ -88,6 +88,54 @@ Status UpstreamMap::SetUnmapped(std::string_view policy) {
   return Ok();
 }
 
+Result<UpstreamMap::PullAuth> UpstreamMap::ParsePullAuth(std::string_view mode) {
+  if (mode == "client") return PullAuth::kClient;
+  if (mode == "node") return PullAuth::kNode;
+  if (mode == "deny") return PullAuth::kDeny;
+  return MakeError(ErrorCode::kInvalidArgument,
+                   "pull_auth \"" + std::string(mode.substr(0, 64)) +
+                       "\" is not one of \"client\", \"node\", \"deny\"");
+}
+
+std::string_view UpstreamMap::PullAuthName(PullAuth mode) {
+  switch (mode) {
+    case PullAuth::kClient:
+      return "client";
+    case PullAuth::kNode:
+      return "node";
+    case PullAuth::kDeny:
+      return "deny";
+  }
+  return "client";
+}
+
+Status UpstreamMap::SetPullAuth(std::string_view spec) {
+  auto eq = spec.find('=');
+  auto mode = ParsePullAuth(eq == std::string_view::npos ? spec : spec.substr(eq + 1));
+  if (!mode) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "--pull-auth \"" + std::string(spec.substr(0, 200)) + "\": " +
+                         mode.error().message + " (give MODE or REGISTRY=MODE)");
+  }
+  if (eq == std::string_view::npos) {
+    default_pull_auth_ = mode.value();
+    return Ok();
+  }
+  std::string key = Key(spec.substr(0, eq));
+  if (auto st = oci::ValidateRegistryHost(key); !st) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "--pull-auth \"" + std::string(spec.substr(0, 200)) + "\": " +
+                         st.error().message);
+  }
+  pull_auth_[key] = mode.value();
+  return Ok();
+}
+
+UpstreamMap::PullAuth UpstreamMap::PullAuthFor(std::string_view registry) const {
+  auto it = pull_auth_.find(Key(registry));
+  return it == pull_auth_.end() ? default_pull_auth_ : it->second;
+}
+
 Status UpstreamMap::LoadFile(const std::string& path, Credentials& credentials) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return MakeError(ErrorCode::kIo, "cannot read upstream map " + path);
@@ -102,10 +150,10 @@ Status UpstreamMap::LoadFile(const std::string& path, Credentials& credentials) 
   }
   for (const auto& item : doc.items()) {
     const std::string& k = item.key();
-    if (k != "upstreams" && k != "auths" && k != "unmapped") {
-      return MakeError(
-          ErrorCode::kInvalidArgument,
-          source + ": unknown key \"" + k + "\" (expected \"upstreams\", \"auths\", \"unmapped\")");
+    if (k != "upstreams" && k != "auths" && k != "unmapped" && k != "pull_auth") {
+      return MakeError(ErrorCode::kInvalidArgument,
+                       source + ": unknown key \"" + k +
+                           "\" (expected \"upstreams\", \"auths\", \"unmapped\", \"pull_auth\")");
     }
   }
   // Parse into copies so that a bad file changes nothing.
@@ -127,6 +175,16 @@ Status UpstreamMap::LoadFile(const std::string& path, Credentials& credentials) 
         url = entry.get<std::string>();
       } else if (entry.is_object() && entry.contains("url") && entry["url"].is_string()) {
         url = entry["url"].get<std::string>();
+        if (auto mode = entry.find("pull_auth"); mode != entry.end()) {
+          if (!mode->is_string()) {
+            return MakeError(ErrorCode::kInvalidArgument, where + ": \"pull_auth\" is not a string");
+          }
+          auto parsed = ParsePullAuth(mode->get<std::string>());
+          if (!parsed) {
+            return MakeError(ErrorCode::kInvalidArgument, where + ": " + parsed.error().message);
+          }
+          next.pull_auth_[Key(registry)] = parsed.value();
+        }
         auto auth = internal::ParseAuthEntry(entry, where);
         if (!auth) return auth.error();
         if (auth.value()) creds.Add(Key(registry), std::move(*auth.value()));
@@ -146,6 +204,14 @@ Status UpstreamMap::LoadFile(const std::string& path, Credentials& credentials) 
     if (auto st = next.SetUnmapped(policy->get<std::string>()); !st) {
       return MakeError(ErrorCode::kInvalidArgument, source + ": " + st.error().message);
     }
+  }
+  if (auto mode = doc.find("pull_auth"); mode != doc.end()) {
+    if (!mode->is_string()) {
+      return MakeError(ErrorCode::kInvalidArgument, source + ": \"pull_auth\" is not a string");
+    }
+    auto parsed = ParsePullAuth(mode->get<std::string>());
+    if (!parsed) return MakeError(ErrorCode::kInvalidArgument, source + ": " + parsed.error().message);
+    next.default_pull_auth_ = parsed.value();
   }
   *this = std::move(next);
   credentials = std::move(creds);
@@ -194,7 +260,10 @@ std::vector<std::string> UpstreamMap::Registries() const {
 
 std::string UpstreamMap::Describe() const {
   std::string out;
-  for (const auto& [name, url] : entries_) out += name + " -> " + url.str() + "; ";
+  for (const auto& [name, url] : entries_) {
+    out += name + " -> " + url.str() + " (pull_auth " + std::string(PullAuthName(PullAuthFor(name))) +
+           "); ";
+  }
   switch (unmapped_) {
     case Unmapped::kHttps:
       out += "other registries -> https://<registry>";
@@ -206,6 +275,7 @@ std::string UpstreamMap::Describe() const {
       out += "other registries -> " + unmapped_endpoint_.str();
       break;
   }
+  out += "; pull_auth " + std::string(PullAuthName(default_pull_auth_)) + " by default";
   return out;
 }
 

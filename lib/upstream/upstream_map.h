@@ -21,11 +21,20 @@ namespace shoal::upstream {
 // Map file (JSON; every key optional):
 //   {"upstreams": {"gcr.io": "https://gcr.io",
 //                  "ghcr.io": {"url": "https://ghcr.io", "auth": "base64(user:pass)"},
-//                  "quay.io": {"url": "https://quay.io", "username": "u", "password": "p"}},
+//                  "quay.io": {"url": "https://quay.io", "username": "u", "password": "p"},
+//                  "corp.io": {"url": "https://corp.io", "pull_auth": "node"}},
 //    "auths": {<docker config.json "auths", e.g. a mounted Kubernetes pull secret>},
-//    "unmapped": "https" | "error" | "https://fallback.example"}
+//    "unmapped": "https" | "error" | "https://fallback.example",
+//    "pull_auth": "client" | "node" | "deny"}
 class UpstreamMap {
  public:
+  // Who may be served a registry's private repositories (docs/runtimes.md, "Private images").
+  enum class PullAuth {
+    kClient,  // clients whose own credentials the upstream accepts for the repository
+    kNode,    // every client of the node: the node's credentials decide (single tenant)
+    kDeny,    // nobody: private repositories are refused, clients go to the upstream themselves
+  };
+
   // How a registry without an entry is reached.
   enum class Unmapped {
     kHttps,     // https://<registry>, at global addresses only (http::AddressPolicy::kGlobalOnly)
@@ -48,6 +57,14 @@ class UpstreamMap {
   Status LoadFile(const std::string& path, Credentials& credentials);
   // Sets the unmapped policy from "https", "error" or an http(s) URL. Errors: kInvalidArgument.
   Status SetUnmapped(std::string_view policy);
+  // Sets the pull_auth mode: "MODE" for every registry without a mode of its own, or
+  // "REGISTRY=MODE" for one (from --pull-auth). Errors: kInvalidArgument naming the spec.
+  Status SetPullAuth(std::string_view spec);
+  // The pull_auth mode of a registry: its own, else the default (kNode unless set).
+  PullAuth PullAuthFor(std::string_view registry) const;
+  // "client", "node", "deny" and back. Errors: kInvalidArgument naming the accepted values.
+  static Result<PullAuth> ParsePullAuth(std::string_view mode);
+  static std::string_view PullAuthName(PullAuth mode);
 
   // The endpoint for a registry, by entry (any address) or by the unmapped policy. Errors:
   // kRefused for an unmapped registry under "error", or under "https" when it is an IP literal
@@ -67,6 +84,8 @@ class UpstreamMap {
 
  private:
   std::map<std::string, http::Url> entries_;
+  std::map<std::string, PullAuth> pull_auth_;  // registries with a mode of their own
+  PullAuth default_pull_auth_ = PullAuth::kNode;
   Unmapped unmapped_ = Unmapped::kError;
   http::Url unmapped_endpoint_;
 };
