@@ -419,6 +419,12 @@ awaitable<std::optional<shim::PullRefusal>> PullThrough::AuthorizePull(
     pull_auth_checks_.Add({{"credentials", client ? "client" : "anonymous"}, {"result", result}})
         .Increment();
   };
+  // The upstream could not answer a check and no earlier verdict stands: 503-class trouble.
+  auto unanswered = [&](Error e, const std::string& about) {
+    CountPullAuth(mode, "error");
+    e.message = "cannot check " + about + ": " + e.message;
+    return shim::PullRefusal{std::move(e), "UNKNOWN", false};
+  };
   auto missing = [&](std::string why) {
     const char* code = target.kind == shim::PullTarget::Kind::kBlob       ? "BLOB_UNKNOWN"
                        : target.kind == shim::PullTarget::Kind::kManifest ? "MANIFEST_UNKNOWN"
@@ -440,12 +446,7 @@ awaitable<std::optional<shim::PullRefusal>> PullThrough::AuthorizePull(
       // Never worse than no mirror while the upstream cannot answer: the last verdict stands;
       // without one, the client gets the upstream's trouble (503) and tries the next host.
       is_public = pull_auth_.LastPublic(key);
-      if (!is_public) {
-        CountPullAuth(mode, "error");
-        Error e = anon.error();
-        e.message = "cannot check whether " + key + " is public: " + e.message;
-        co_return shim::PullRefusal{e, "UNKNOWN", false};
-      }
+      if (!is_public) co_return unanswered(anon.error(), "whether " + key + " is public");
     } else if (anon.value() == upstream::Access::kMissing) {
       is_public = false;  // not shown to be public; says nothing about the repository
     } else {
@@ -486,12 +487,8 @@ awaitable<std::optional<shim::PullRefusal>> PullThrough::AuthorizePull(
     if (!check) {
       granted = pull_auth_.LastGranted(cred, key);
       how = "stale";
-      if (!granted) {
-        CountPullAuth(mode, "error");
-        Error e = check.error();
-        e.message = "cannot check the credentials presented for " + key + ": " + e.message;
-        co_return shim::PullRefusal{e, "UNKNOWN", false};
-      }
+      if (!granted)
+        co_return unanswered(check.error(), "the credentials presented for " + key);
     } else if (check.value() == upstream::Access::kMissing) {
       // Only a 200 grants: some registries answer 404 for what these credentials may not see.
       CountPullAuth(mode, "missing");
