@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -181,6 +182,14 @@ TEST_CASE("swarm: peers receive a large layer's bytes before any agent has all o
   CHECK_MESSAGE(seen, "no agent received big-layer bytes from peers before one had it whole");
 }
 
+// Whether the tracker's status page lists an upstream lease held by agent `id` (its lease rows
+// are "<blob digest>  <chunk>  <agent id>  <progress>  <expires in>").
+bool HoldsLease(const TrackerProcess& tracker, const std::string& id) {
+  auto page = HttpGet(tracker.Url() + "/", OperatorAuth());
+  if (!page.has_value()) return false;
+  return std::regex_search(page.value().body, std::regex("\\s\\d+\\s+" + id + "\\s"));
+}
+
 TEST_CASE("swarm: an agent killed mid-pull: the others finish and its lease passes on") {
   SwarmWorld w({"--max-upstream-fetchers", "1", "--max-leases-per-agent", "1"});
   w.proxy->SetDelayPerMiB(milliseconds(300));
@@ -189,18 +198,27 @@ TEST_CASE("swarm: an agent killed mid-pull: the others finish and its lease pass
   std::vector<std::thread> threads;
   for (size_t i = 0; i < 3; ++i)
     threads.emplace_back([&, i] { results[i] = w.Pull(i, "k" + std::to_string(i)); });
-  // Kill whichever agent holds a lease (granted more than it finished) on a big-layer chunk.
+  // Kill an agent that holds a lease on a big-layer chunk. A candidate (granted more than it
+  // finished) is frozen with SIGSTOP first, and the tracker's status page must then still list a
+  // lease of it: a stopped agent can neither publish nor release, so that lease can only expire.
+  // (Choosing from the agents' metrics alone raced with the lease ending before the kill.)
   std::optional<size_t> victim;
   WaitUntil(
       [&] {
+        if (w.Sum("shoal_upstream_blob_bytes_total") <= 2.0 * (1 << 20)) return false;
         for (size_t i = 0; i < 3; ++i) {
           double granted = w.agents[i]->Metric("shoal_swarm_leases_granted_total");
           double finished =
               w.agents[i]->Metric("shoal_swarm_chunks_total", {{"source", "upstream_lease"}});
-          if (granted > finished && w.Sum("shoal_upstream_blob_bytes_total") > 2.0 * (1 << 20)) {
+          if (granted <= finished) continue;
+          ::kill(w.agents[i]->pid(), SIGSTOP);
+          // Let a request it sent just before the stop reach the tracker.
+          std::this_thread::sleep_for(milliseconds(300));
+          if (HoldsLease(*w.tracker, "agent" + std::to_string(i))) {
             victim = i;
             return true;
           }
+          ::kill(w.agents[i]->pid(), SIGCONT);
         }
         return false;
       },
