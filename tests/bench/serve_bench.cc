@@ -50,6 +50,7 @@
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/blob_get.h"
 #include "tests/support/counting_proxy.h"
 #include "tests/support/image.h"
 #include "tests/support/proc_stats.h"
@@ -68,7 +69,6 @@ constexpr char kRepo[] = "bench/blob";
 constexpr auto kStallTimeout = std::chrono::seconds(60);
 // No single response may take longer than this.
 constexpr auto kRequestTimeout = std::chrono::seconds(900);
-constexpr size_t kRecvBuffer = 1 << 20;
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -93,177 +93,18 @@ void InstallSignalHandlers() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-// ---- /proc readers ----------------------------------------------------------------------------
-
-// The pid of `docker-registry serve <dir>/config.yml` for the registry whose storage is
-// <dir>/storage (the test kit does not expose it); 0 if not found.
-pid_t FindRegistryPid(const Registry& reg) {
-  std::string config = std::filesystem::path(reg.StorageRoot()).parent_path() / "config.yml";
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    std::string name = entry.path().filename();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::string cmdline = ReadFile(entry.path() / "cmdline");
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find("docker-registry") != std::string::npos &&
-        cmdline.find(config) != std::string::npos) {
-      return static_cast<pid_t>(std::stol(name));
-    }
-  }
-  return 0;
-}
-
 // ---- Clients ----------------------------------------------------------------------------------
 
-// One GET of the whole blob.
-struct Fetch {
-  uint64_t bytes = 0;      // body bytes received
-  double seconds = 0;      // request sent .. last body byte
-  double ttfb_s = 0;       // request sent .. first body byte
-  double last_byte_s = 0;  // last-but-one body byte .. last body byte (native client only)
-  std::string error;       // empty on success
-};
+// One GET of the whole blob (the native client is tests/support/blob_get.h).
+using Fetch = BlobGet;
 
-// Waits until fd is ready for `events`, up to the stall timeout, waking every 200 ms to notice
-// Ctrl-C. Returns "" or why it gave up.
-std::string WaitFd(int fd, short events, Clock::time_point deadline) {
-  auto stall_end = Clock::now() + kStallTimeout;
-  for (;;) {
-    if (g_stop) return "interrupted";
-    auto now = Clock::now();
-    if (now > deadline)
-      return "request took longer than " + std::to_string(kRequestTimeout.count()) + " s";
-    if (now > stall_end) return "no progress for " + std::to_string(kStallTimeout.count()) + " s";
-    pollfd p{fd, events, 0};
-    int r = ::poll(&p, 1, 200);
-    if (r > 0) return "";
-    if (r < 0 && errno != EINTR) return std::string("poll: ") + std::strerror(errno);
-  }
-}
-
-// GET http://127.0.0.1:port<target> over a plain socket: Beast parses the response header, the
-// body is read into a 1 MiB buffer and discarded, so the client costs as little as it can.
 Fetch NativeGet(uint16_t port, const std::string& target, uint64_t expect_size) {
-  Fetch f;
-  auto deadline = Clock::now() + kRequestTimeout;
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    f.error = std::string("socket: ") + std::strerror(errno);
-    return f;
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  auto start = Clock::now();
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    if (errno != EINPROGRESS) {
-      f.error = "connect 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(errno);
-      return f;
-    }
-    if (auto e = WaitFd(fd, POLLOUT, deadline); !e.empty()) {
-      f.error = "connect: " + e;
-      return f;
-    }
-    int err = 0;
-    socklen_t len = sizeof(err);
-    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) {
-      f.error = "connect 127.0.0.1:" + std::to_string(port) + ": " + std::strerror(err);
-      return f;
-    }
-  }
-  std::string request = "GET " + target + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +
-                        "\r\nUser-Agent: shoal-bench-serve\r\nConnection: close\r\n\r\n";
-  for (size_t sent = 0; sent < request.size();) {
-    ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (auto e = WaitFd(fd, POLLOUT, deadline); !e.empty()) {
-        f.error = "send: " + e;
-        return f;
-      }
-    } else {
-      f.error = std::string("send: ") + std::strerror(errno);
-      return f;
-    }
-  }
-
-  std::vector<char> buf(kRecvBuffer);
-  std::string head;  // bytes until the header is complete
-  http::response_parser<http::empty_body> parser;
-  parser.eager(false);
-  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
-  uint64_t length = 0;
-  bool have_header = false;
-  Clock::time_point penultimate = start;
-  for (;;) {
-    ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (auto e = WaitFd(fd, POLLIN, deadline); !e.empty()) {
-        f.error = "after " + std::to_string(f.bytes) + " body bytes: " + e;
-        return f;
-      }
-      continue;
-    }
-    if (n < 0) {
-      f.error = "recv after " + std::to_string(f.bytes) + " body bytes: " + std::strerror(errno);
-      return f;
-    }
-    if (n == 0) {
-      f.error = have_header ? "connection closed after " + std::to_string(f.bytes) + " of " +
-                                  std::to_string(length) + " body bytes"
-                            : "connection closed before a response header";
-      return f;
-    }
-    uint64_t body_now = static_cast<uint64_t>(n);
-    if (!have_header) {
-      head.append(buf.data(), static_cast<size_t>(n));
-      boost::beast::error_code ec;
-      size_t used = parser.put(boost::asio::buffer(head), ec);
-      if (ec == http::error::need_more) continue;
-      if (ec || !parser.is_header_done()) {
-        f.error = "bad response header: " + (ec ? ec.message() : std::string("incomplete"));
-        return f;
-      }
-      have_header = true;
-      int status = parser.get().result_int();
-      if (status != 200) {
-        f.error = "HTTP status " + std::to_string(status);
-        return f;
-      }
-      if (!parser.content_length()) {
-        f.error = "response has no Content-Length";
-        return f;
-      }
-      length = *parser.content_length();
-      if (expect_size != 0 && length != expect_size) {
-        f.error = "Content-Length " + std::to_string(length) + ", expected " +
-                  std::to_string(expect_size);
-        return f;
-      }
-      body_now = head.size() - used;
-    }
-    if (body_now == 0) continue;
-    auto now = Clock::now();
-    if (f.bytes == 0) f.ttfb_s = Seconds(now - start);
-    if (f.bytes + body_now > length) {
-      f.error = "more body bytes than Content-Length " + std::to_string(length);
-      return f;
-    }
-    if (f.bytes < length - 1 && f.bytes + body_now >= length - 1) penultimate = now;
-    f.bytes += body_now;
-    if (f.bytes == length) {
-      f.seconds = Seconds(now - start);
-      f.last_byte_s = Seconds(now - penultimate);
-      return f;
-    }
-  }
+  BlobGetOptions o;
+  o.timeout = kRequestTimeout;
+  o.stall = kStallTimeout;
+  o.stop = &g_stop;
+  o.user_agent = "shoal-bench-serve";
+  return GetBlob(port, target, expect_size, o);
 }
 
 // The same GET with a curl process writing to /dev/null.
@@ -570,20 +411,6 @@ json RowJson(const Row& row, double goal) {
           {"baseline_runs", base}};
 }
 
-std::string Machine() {
-  std::string model;
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
-  }
-  return std::to_string(std::thread::hardware_concurrency()) + " x " + model + ", " +
-         Mib(static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
-             static_cast<uint64_t>(sysconf(_SC_PAGESIZE))) +
-         " RAM";
-}
 
 // ---- Main -------------------------------------------------------------------------------------
 
@@ -654,7 +481,7 @@ int Main(int argc, char** argv) {
   std::printf("shoal-bench-serve: %llu MiB blob, %d run(s) per figure (median), %s client\n",
               static_cast<unsigned long long>(size_mib), repeat, client.c_str());
   const std::string load_at_start = Trim(ReadFile("/proc/loadavg"));
-  std::printf("machine: %s; load average at start: %s\n", Machine().c_str(), load_at_start.c_str());
+  std::printf("machine: %s; load average at start: %s\n", MachineSummary().c_str(), load_at_start.c_str());
   TempDir dir("shoal-bench");
 
   // The blob: one uncompressed layer holding one big file, pushed with skopeo.
@@ -662,7 +489,7 @@ int Main(int argc, char** argv) {
   auto registry = Registry::Start();
   if (!registry) return Fail("docker-registry: " + registry.error().ToString());
   Registry& reg = *registry.value();
-  pid_t reg_pid = FindRegistryPid(reg);
+  pid_t reg_pid = reg.pid();
   if (reg_pid == 0) return Fail("cannot find the docker-registry process in /proc");
   ImageSpec spec;
   spec.layers = {LayerSpec{.compression = Compression::kNone,
@@ -834,7 +661,7 @@ int Main(int argc, char** argv) {
 
   if (!json_path.empty()) {
     json out = {{"benchmark", "shoal-bench-serve"},
-                {"machine", Machine()},
+                {"machine", MachineSummary()},
                 {"blob_bytes", size},
                 {"repeat", repeat},
                 {"client", client},

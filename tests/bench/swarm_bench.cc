@@ -1237,20 +1237,6 @@ std::vector<std::string> LogProblems(const std::string& logs_dir, size_t* total)
   return out;
 }
 
-std::string Machine() {
-  std::string model;
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      model = line.substr(line.find(':') + 2);
-      break;
-    }
-  }
-  return std::to_string(std::thread::hardware_concurrency()) + " x " + model + ", " +
-         Mib(static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-             static_cast<double>(sysconf(_SC_PAGESIZE))) +
-         " RAM";
-}
 
 // ---- Main -------------------------------------------------------------------------------------
 
@@ -1436,7 +1422,7 @@ int Main(int argc, char** argv) {
       "smaller ones: see the layout in the results)\n",
       o.nodes, o.node_mbit, o.upstream_mbit, static_cast<unsigned long long>(o.image_mib),
       static_cast<unsigned long long>(o.chunk_mib), static_cast<unsigned long long>(o.piece_kib));
-  std::printf("machine: %s; load average at start: %s; nice %d\n", Machine().c_str(),
+  std::printf("machine: %s; load average at start: %s; nice %d\n", MachineSummary().c_str(),
               load_at_start.c_str(), o.nice);
   std::printf("temp dir: %s\n", dir.path().c_str());
 
@@ -1850,7 +1836,7 @@ int Main(int argc, char** argv) {
 
   {
     json out = {{"benchmark", "shoal-bench-swarm"},
-                {"machine", Machine()},
+                {"machine", MachineSummary()},
                 {"load_average_at_start", load_at_start},
                 {"nice", o.nice},
                 {"nodes", o.nodes},

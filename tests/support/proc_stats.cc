@@ -101,4 +101,26 @@ SystemTicks ReadSystemTicks() {
   return t;
 }
 
+std::string MachineSummary() {
+  std::string model;
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  uint64_t ram = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                 static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return std::to_string(sysconf(_SC_NPROCESSORS_ONLN)) + " x " + model + ", " +
+         std::to_string(ram >> 20) + " MiB RAM";
+}
+
+std::string LoadAverage() {
+  std::istringstream in(ReadFile("/proc/loadavg"));
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
 }  // namespace shoal::testkit

@@ -35,4 +35,9 @@ SystemTicks ReadSystemTicks();
 // Clock ticks (sysconf(_SC_CLK_TCK)) in seconds.
 double TicksToSeconds(uint64_t ticks);
 
+// "<cores> x <CPU model>, <RAM> MiB RAM": the machine line benchmarks print first.
+std::string MachineSummary();
+// The first three fields of /proc/loadavg ("0.52 0.61 0.70").
+std::string LoadAverage();
+
 }  // namespace shoal::testkit

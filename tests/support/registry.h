@@ -67,6 +67,8 @@ class Registry {
   Status Restart();
   // Whether the process is running.
   bool Running();
+  // The docker-registry process's pid (for CPU figures); 0 when stopped.
+  pid_t pid() const { return process_ ? process_->pid() : 0; }
 
  private:
   explicit Registry(RegistryOptions options);

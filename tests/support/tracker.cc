@@ -55,7 +55,14 @@ Status TrackerProcess::Launch() {
   if (!has("--peer-ca-cert")) {
     argv.insert(argv.end(), {"--peer-ca-cert", Tokens().peer_ca_cert});
   }
-  argv.insert(argv.end(), args_.begin(), args_.end());
+  for (size_t i = 0; i < args_.size(); ++i) {
+    // {"--peer-ca-cert", ""}: no CA at all (agents with plain peers).
+    if (args_[i] == "--peer-ca-cert" && i + 1 < args_.size() && args_[i + 1].empty()) {
+      ++i;
+      continue;
+    }
+    argv.push_back(args_[i]);
+  }
   auto proc = Process::Start(argv, dir_->Sub("tracker." + std::to_string(launches_++) + ".log"));
   if (!proc) return proc.error();
   process_ = std::move(proc.value());

@@ -15,6 +15,9 @@ namespace shoal::testkit {
 // to a file) and waits until /healthz answers. Not thread-safe. The destructor stops it.
 class TrackerProcess {
  public:
+  // The tracker gets the test kit's tokens and peer CA unless extra_args has its own
+  // (--insecure-open, --agent-tokens-file, --peer-ca-cert); {"--peer-ca-cert", ""} starts it with
+  // no CA (plain chunk torrents, for agents with --insecure-peers).
   // Errors: kUnavailable with the tracker's log tail.
   static Result<std::unique_ptr<TrackerProcess>> Start(std::vector<std::string> extra_args = {},
                                                        uint16_t port = 0);
