@@ -165,7 +165,8 @@ class ShoalRun {
     a.cache_dir = dir_.Sub(std::string(plain_ ? "plain-" : "tls-") + id + "-" +
                            std::to_string(++agents_started_));
     a.upstreams = {"docker.io=" + upstream_.Url()};
-    a.extra_args = {"--tracker", tracker_->Url(), "--swarm-listen", "127.0.0.1:0", "--agent-id", id};
+    a.extra_args = {"--tracker", tracker_->Url(), "--swarm-listen", "127.0.0.1:0", "--agent-id", id,
+                    "--log-level", "info"};  // the test kit's default, debug, costs CPU
     if (plain_) a.extra_args.push_back("--insecure-peers");
     a.extra_args.insert(a.extra_args.end(), o_.agent_args.begin(), o_.agent_args.end());
     auto started = Agent::Start(a);

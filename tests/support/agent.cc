@@ -25,13 +25,14 @@ Status Agent::Launch() {
   std::filesystem::remove(port_file);
   std::vector<std::string> argv = {
       SHOAL_AGENT_BIN,    "--listen",     "127.0.0.1:0", "--port-file", port_file, "--cache-dir",
-      options_.cache_dir, "--log-format", "text",        "--log-level", "debug"};
+      options_.cache_dir, "--log-format", "text"};
   for (const auto& u : options_.upstreams) {
     argv.push_back("--upstream");
     argv.push_back(u);
   }
   const auto& extra = options_.extra_args;
   auto has = [&](const char* flag) { return std::find(extra.begin(), extra.end(), flag) != extra.end(); };
+  if (!has("--log-level")) argv.insert(argv.end(), {"--log-level", "debug"});
   if (!has("--tracker-token-file")) {
     argv.insert(argv.end(), {"--tracker-token-file", Tokens().agent_file});
   }
