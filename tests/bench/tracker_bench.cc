@@ -108,22 +108,24 @@ struct Options {
   int agents = 2500;
   double image_gb = 17;  // decimal GB, as images are quoted
   std::string phases = "a,c,b";
-  std::vector<double> rates = {1, 4};  // phase b: multiples of the 2,500-node load
-  double steady_seconds = 30;          // phase b, per rate
-  double closed_seconds = 30;          // phase c
-  int concurrency = 128;               // phase c: requests in flight
-  bool keepalive = true;               // phase c again over keep-alive connections (shoal only)
-  double cold_seconds = 180;           // phase a
-  double start_spread_s = 5;           // phase a: agents start over this long
-  int parallel_blobs = 3;              // phase a: layers an agent pulls at once (containerd: 3)
-  int window = 4;                      // phase a: the agent's --range-streams
-  double node_gbit = 10;               // phase a: each node's link
-  double upstream_gbit = 10;           // phase a: the NAT link, shared by the leases
-  int max_fetchers = 8;                // the tracker's --max-upstream-fetchers default
-  int threads = 2;                     // generator threads
-  int timeout_ms = 10000;              // announce timeout
-  size_t max_inflight = 30000;         // phase b: beyond, a scheduled request is dropped (counted)
-  bool pin = true;                     // trackers on CPU 0, the generator on the others
+  std::vector<double> rates = {0.25, 0.5, 1};  // phase b: multiples of the 2,500-node load
+  double steady_seconds = 30;                  // phase b, per rate
+  double closed_seconds = 120;                 // phase c (which also registers every peer for b)
+  double keepalive_seconds = 30;               // phase c over keep-alive connections
+  int concurrency = 128;                       // phase c: requests in flight
+  bool keepalive = true;        // phase c again over keep-alive connections (shoal only)
+  double cold_seconds = 180;    // phase a
+  double start_spread_s = 5;    // phase a: agents start over this long
+  int parallel_blobs = 3;       // phase a: layers an agent pulls at once (containerd: 3)
+  int window = 4;               // phase a: the agent's --range-streams
+  double node_gbit = 10;        // phase a: each node's link
+  double upstream_gbit = 10;    // phase a: the NAT link, shared by the leases
+  int max_fetchers = 8;         // the tracker's --max-upstream-fetchers default
+  int threads = 2;              // generator threads
+  int timeout_ms = 10000;       // announce timeout
+  size_t max_inflight = 30000;  // phase b: beyond, a scheduled request is dropped (counted)
+  bool pin = true;              // trackers on CPU 0, the generator on the others
+  bool notrack = true;          // no conntrack entries for 127.10.0.0/16 (iptables raw)
   bool opentracker = true;
   std::string opentracker_bin = "/usr/bin/opentracker";
   std::string tracker_bin = SHOAL_TRACKER_BIN;
@@ -136,6 +138,47 @@ struct Options {
 // --------------------------------------------------
 
 std::atomic<bool> g_stop{false};
+
+// Undo commands (the NOTRACK rules), run once at any exit.
+std::mutex g_cleanup_mu;
+std::vector<std::vector<std::string>> g_cleanup;
+
+void RunCleanup() {
+  std::vector<std::vector<std::string>> cmds;
+  {
+    std::lock_guard<std::mutex> lock(g_cleanup_mu);
+    cmds.swap(g_cleanup);
+  }
+  for (auto& c : cmds) {
+    auto r = RunCommand(c, std::chrono::seconds(20));
+    if (!r) std::fprintf(stderr, "cleanup failed: %s\n", r.error().message.c_str());
+  }
+}
+
+// Every connection-close announce leaves a conntrack entry in TIME_WAIT for 120 s; at thousands
+// a second the table (nf_conntrack_max) fills and the kernel drops SYNs, which measures the
+// firewall, not the tracker. The benchmark's own addresses (127.10.0.0/16) skip conntrack.
+std::string AddNoTrack() {
+  std::vector<std::vector<std::string>> rules = {
+      {"OUTPUT", "-s"}, {"OUTPUT", "-d"}, {"PREROUTING", "-s"}, {"PREROUTING", "-d"}};
+  for (auto& r : rules) {
+    std::vector<std::string> args = {"iptables", "-w",      "-t",        "raw",
+                                     "-I",       r[0],      r[1],        "127.10.0.0/16",
+                                     "-m",       "comment", "--comment", "shoal-bench-tracker",
+                                     "-j",       "NOTRACK"};
+    auto out = RunCommand(args, std::chrono::seconds(20));
+    if (!out) return "could not add NOTRACK rules (" + out.error().message + ")";
+    args[4] = "-D";
+    std::lock_guard<std::mutex> lock(g_cleanup_mu);
+    g_cleanup.push_back(args);
+  }
+  return "";
+}
+
+uint64_t ConntrackCount() {
+  std::string s = ReadFile("/proc/sys/net/netfilter/nf_conntrack_count");
+  return s.empty() ? 0 : std::stoull(s);
+}
 
 // ---- Statistics ---------------------------------------------------------------------------------
 
@@ -203,6 +246,7 @@ struct Stats {
   uint64_t chunk_fallbacks = 0, blob_fallbacks = 0, chunks_from_peers = 0, chunks_upstream = 0;
   uint64_t lost_leases = 0;
   std::vector<double> agent_done_s;
+  std::vector<uint32_t> lag_us;  // how late the generator's 50 ms probe timer fired
 
   void Merge(const Stats& o) {
     for (int i = 0; i < kKinds; ++i) {
@@ -224,6 +268,7 @@ struct Stats {
     chunks_upstream += o.chunks_upstream;
     lost_leases += o.lost_leases;
     agent_done_s.insert(agent_done_s.end(), o.agent_done_s.begin(), o.agent_done_s.end());
+    lag_us.insert(lag_us.end(), o.lag_us.begin(), o.lag_us.end());
   }
 };
 
@@ -337,9 +382,27 @@ class Gen {
   size_t inflight = 0;
 
   void Start() {
+    // The event loop's lag: when this thread is short of CPU, every latency it measures grows.
+    asio::co_spawn(
+        ioc_,
+        [this]() -> awaitable<void> {
+          asio::steady_timer timer(ioc_);
+          auto next = Clock::now();
+          while (!stopping_) {
+            next += milliseconds(50);
+            timer.expires_at(next);
+            beast::error_code ec;
+            co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
+            auto late = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - next);
+            stats_.lag_us.push_back(static_cast<uint32_t>(std::max<int64_t>(0, late.count())));
+            if (Clock::now() > next) next = Clock::now();
+          }
+        },
+        asio::detached);
     thread_ = std::thread([this] { ioc_.run(); });
   }
   void Finish() {
+    Run([this] { stopping_ = true; });
     work_.reset();
     if (thread_.joinable()) thread_.join();
   }
@@ -365,6 +428,7 @@ class Gen {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::thread thread_;
   Stats stats_;
+  bool stopping_ = false;
 };
 
 void Record(KindStats& s, const Reply& r, Clock::time_point since) {
@@ -378,11 +442,25 @@ void Record(KindStats& s, const Reply& r, Clock::time_point since) {
   }
 }
 
+std::atomic<uint64_t> g_fd_waits{0};
+
 // Opens a socket bound to `from` (port chosen at connect, so 4-tuples, not ports, must be unique).
 awaitable<std::optional<Err>> Connect(beast::tcp_stream& stream, const asio::ip::address_v4& from,
                                       const tcp::endpoint& to, milliseconds timeout) {
   beast::error_code ec;
   stream.socket().open(tcp::v4(), ec);
+  // Out of descriptors (RLIMIT_NOFILE): a limit of this one process, where a real cluster has a
+  // process per node. Wait for one (the time counts in the request's latency), do not fail.
+  for (auto until = Clock::now() + timeout;
+       (ec == asio::error::no_descriptors || ec.value() == ENFILE) && Clock::now() < until;) {
+    ++g_fd_waits;
+    asio::steady_timer timer(stream.get_executor());
+    timer.expires_after(milliseconds(10));
+    beast::error_code tec;
+    co_await timer.async_wait(asio::redirect_error(use_awaitable, tec));
+    ec = {};
+    stream.socket().open(tcp::v4(), ec);
+  }
   if (!ec) {
     int one = 1;
     ::setsockopt(stream.socket().native_handle(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one,
@@ -623,6 +701,9 @@ struct PhaseResult {
   uint64_t server_rss = 0, server_hwm = 0;
   std::string load_before, load_after;
   double cpu_pressure_s = 0;
+  double peers_held = -1;  // shoal_tracker_peers after the phase (shoal only)
+  uint64_t fd_waits = 0;   // sockets that waited for a descriptor in the generator
+  uint64_t conntrack_before = 0, conntrack_after = 0;
   std::string note;
 };
 
@@ -634,6 +715,7 @@ class PhaseMeter {
     gen_ = ProcessCpuSeconds(getpid());
     ticks_ = ReadSystemTicks();
     psi_ = CpuPressureSeconds();
+    conntrack_ = ConntrackCount();
     start_ = Clock::now();
   }
   void Finish(PhaseResult& r) {
@@ -649,12 +731,15 @@ class PhaseMeter {
     r.load_before = load_;
     r.load_after = LoadAvg();
     r.cpu_pressure_s = CpuPressureSeconds() - psi_;
+    r.conntrack_before = conntrack_;
+    r.conntrack_after = ConntrackCount();
   }
 
  private:
   pid_t server_;
   std::string load_;
   double cpu_ = 0, gen_ = 0, psi_ = 0;
+  uint64_t conntrack_ = 0;
   SystemTicks ticks_;
   Clock::time_point start_;
 };
@@ -709,6 +794,13 @@ class Bench {
     return static_cast<double>(o_.agents) * static_cast<double>(image_.chunks.size()) / 315.0;
   }
   Gen& GenOf(const Agent& a) { return *gens_[a.id % gens_.size()]; }
+  void AfterPhase(const Target& t, PhaseResult& r) {
+    r.fd_waits = g_fd_waits.exchange(0);
+    if (t.name != "shoal") return;
+    if (auto m = HttpGet("http://" + t.host + "/metrics"); m && m.value().status == 200) {
+      r.peers_held = MetricSum(m.value().body, "shoal_tracker_peers");
+    }
+  }
 
   Options o_;
   std::unique_ptr<TempDir> dir_;
@@ -864,10 +956,10 @@ Status Bench::BuildImage() {
 
 void Bench::PhaseClosed(const Target& t, pid_t pid, bool keepalive) {
   const uint64_t pairs = static_cast<uint64_t>(o_.agents) * image_.chunks.size();
-  std::fprintf(stderr,
-               "[%s] phase c%s: closed loop, %d in flight, %llu announces at most, %.0f s\n",
-               t.name.c_str(), keepalive ? " (keep-alive)" : "", o_.concurrency,
-               static_cast<unsigned long long>(pairs), o_.closed_seconds);
+  std::fprintf(
+      stderr, "[%s] phase c%s: closed loop, %d in flight, %llu announces at most, %.0f s\n",
+      t.name.c_str(), keepalive ? " (keep-alive)" : "", o_.concurrency,
+      static_cast<unsigned long long>(pairs), keepalive ? o_.keepalive_seconds : o_.closed_seconds);
   PhaseResult r;
   r.server = t.name;
   r.phase = keepalive ? "c keep-alive" : "c closed loop";
@@ -904,8 +996,8 @@ void Bench::PhaseClosed(const Target& t, pid_t pid, bool keepalive) {
         asio::detached);
   }
   auto start = Clock::now();
-  auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(o_.closed_seconds));
+  auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+                              keepalive ? o_.keepalive_seconds : o_.closed_seconds));
   uint64_t last = 0;
   auto last_t = start;
   while (running > 0) {
@@ -926,6 +1018,7 @@ void Bench::PhaseClosed(const Target& t, pid_t pid, bool keepalive) {
   }
   meter.Finish(r);
   r.stats = Collect(gens_);
+  AfterPhase(t, r);
   results_.push_back(std::move(r));
   PrintPhase(results_.back());
 }
@@ -1002,6 +1095,7 @@ void Bench::PhaseSteady(const Target& t, pid_t pid, double multiplier) {
   }
   meter.Finish(r);
   r.stats = Collect(gens_);
+  AfterPhase(t, r);
   results_.push_back(std::move(r));
   PrintPhase(results_.back());
 }
@@ -1045,6 +1139,7 @@ awaitable<void> Bench::ColdBlob(Gen& g, const Target& t, Agent& a, uint32_t bi,
   for (;;) {
     Reply r = co_await BlobCall(g, t, a, kTable, http::verb::post, base, body, milliseconds(5000));
     if (r.answered && r.status == 200) break;
+    if (!r.answered && r.err == kErrLocal) table_deadline += milliseconds(500);  // ours, not its
     if (Clock::now() >= table_deadline || Clock::now() >= deadline || g_stop) {
       ++st.blob_fallbacks;
       co_return;
@@ -1133,8 +1228,10 @@ awaitable<void> Bench::ColdBlob(Gen& g, const Target& t, Agent& a, uint32_t bi,
           if (!f->filled[k]) ++st.chunks_upstream;
           fill(k);
           // Now a seed of the chunk: libtorrent announces started with left=0.
-          co_await Announce(g, t, a, c, Event::kStarted, 0, Clock::now(),
-                            milliseconds(o_.timeout_ms));
+          asio::co_spawn(
+              g.ioc(),
+              Announce(g, t, a, c, Event::kStarted, 0, Clock::now(), milliseconds(o_.timeout_ms)),
+              asio::detached);
         }
         running--;
       },
@@ -1162,6 +1259,11 @@ awaitable<void> Bench::ColdBlob(Gen& g, const Target& t, Agent& a, uint32_t bi,
                   body, kPollTimeout);
               if (f->filled[k] || over()) break;
               if (f->in_upstream[k]) continue;
+              if (!r.answered && r.err == kErrLocal) {
+                // Out of file descriptors here, not the tracker's doing: no step to a fallback.
+                co_await Sleep(g, milliseconds(100));
+                continue;
+              }
               if (!r.answered || r.status != 200) {
                 if (Clock::now() - f->tracker_ok < kTrackerGrace) {
                   co_await Sleep(g, milliseconds(500));
@@ -1186,8 +1288,11 @@ awaitable<void> Bench::ColdBlob(Gen& g, const Target& t, Agent& a, uint32_t bi,
                 a.link_free = std::max(a.link_free, now) + Transfer(c.length, o_.node_gbit);
                 co_await SleepUntil(g, a.link_free);
                 if (over()) break;
-                co_await Announce(g, t, a, c, Event::kCompleted, 0, Clock::now(),
-                                  milliseconds(o_.timeout_ms));
+                // libtorrent sends it on its own; the worker goes on with the next chunk.
+                asio::co_spawn(g.ioc(),
+                               Announce(g, t, a, c, Event::kCompleted, 0, Clock::now(),
+                                        milliseconds(o_.timeout_ms)),
+                               asio::detached);
                 if (!f->filled[k]) ++st.chunks_from_peers;
                 fill(k);
                 break;
@@ -1286,6 +1391,7 @@ void Bench::PhaseCold(const Target& t, pid_t pid) {
   }
   meter.Finish(r);
   r.stats = Collect(gens_);
+  AfterPhase(t, r);
   results_.push_back(std::move(r));
   PrintPhase(results_.back());
 }
@@ -1302,6 +1408,23 @@ void Bench::PrintPhase(const PhaseResult& rc) {
       r.server_cpu_s / r.seconds, r.gen_cpu_s, r.gen_cpu_s / r.seconds, r.machine_busy * 100,
       r.load_before.c_str(), r.load_after.c_str(), r.server.c_str(),
       static_cast<double>(r.server_rss) / (1 << 20), static_cast<double>(r.server_hwm) / (1 << 20));
+  std::printf(
+      "   CPU pressure (some) %.1f s of %.1f s; conntrack entries %llu -> %llu; generator "
+      "sockets that waited for a descriptor: %llu\n",
+      r.cpu_pressure_s, r.seconds, static_cast<unsigned long long>(r.conntrack_before),
+      static_cast<unsigned long long>(r.conntrack_after),
+      static_cast<unsigned long long>(r.fd_waits));
+  {
+    std::vector<uint32_t> lag = r.stats.lag_us;
+    std::printf(
+        "   generator event-loop lag (50 ms probe): p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+        Percentile(lag, 50), Percentile(lag, 99), Percentile(lag, 100));
+  }
+  if (r.peers_held >= 0) {
+    std::printf("   peers held by the tracker afterwards: %.0f (%.0f bytes of RSS a peer)\n",
+                r.peers_held,
+                r.peers_held > 0 ? static_cast<double>(r.server_rss) / r.peers_held : 0.0);
+  }
   if (r.offered_rate > 0) std::printf("   offered %.0f announces/s\n", r.offered_rate);
   std::printf("   %-27s %9s %9s %8s %8s %8s %8s  %s\n", "request", "ok", "per s", "p50 ms",
               "p99 ms", "max ms", "peers", "errors");
@@ -1357,7 +1480,12 @@ json Bench::PhaseJson(PhaseResult& r) {
          {"server_peak_rss", r.server_hwm},
          {"load_before", r.load_before},
          {"load_after", r.load_after},
-         {"cpu_pressure_s", r.cpu_pressure_s}};
+         {"cpu_pressure_s", r.cpu_pressure_s},
+         {"conntrack_before", r.conntrack_before},
+         {"conntrack_after", r.conntrack_after},
+         {"peers_held", r.peers_held},
+         {"fd_waits", r.fd_waits},
+         {"generator_lag_p99_ms", Percentile(r.stats.lag_us, 99)}};
   for (int i = 0; i < kKinds; ++i) {
     KindStats& s = r.stats.k[i];
     if (s.ok == 0 && Errors(s) == 0) continue;
@@ -1457,6 +1585,10 @@ int Bench::Run() {
     rlimit_note_ = fmt::format("RLIMIT_NOFILE could only be raised to {} (not 1,000,000)",
                                static_cast<unsigned long long>(rl.rlim_cur));
   }
+  getrlimit(RLIMIT_NOFILE, &rl);
+  if (o_.max_inflight + 2000 > rl.rlim_cur) {
+    o_.max_inflight = rl.rlim_cur > 4000 ? rl.rlim_cur - 2000 : rl.rlim_cur / 2;
+  }
   unsigned ncpu = std::thread::hardware_concurrency();
   if (o_.pin && ncpu >= 2) {
     server_cpus_ = {0};
@@ -1465,6 +1597,13 @@ int Bench::Run() {
     o_.pin = false;
   }
   dir_ = std::make_unique<TempDir>("shoal-bench-tracker");
+  if (o_.notrack) {
+    std::string err = AddNoTrack();
+    if (!err.empty()) {
+      std::fprintf(stderr, "warning: %s; conntrack may drop connections\n", err.c_str());
+      rlimit_note_ += (rlimit_note_.empty() ? "" : "; ") + err;
+    }
+  }
   for (uint32_t i = 0; i < static_cast<uint32_t>(o_.agents); ++i) {
     Agent a;
     a.id = i;
@@ -1556,7 +1695,13 @@ int Main(int argc, char** argv) {
   app.add_option("--steady-seconds", o.steady_seconds, "Phase b: seconds per rate")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
-  app.add_option("--closed-seconds", o.closed_seconds, "Phase c: seconds at most")
+  app.add_option("--closed-seconds", o.closed_seconds,
+                 "Phase c: seconds at most (it announces every agent x torrent pair once, so that "
+                 "phase b runs against full tables)")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+  app.add_option("--keepalive-seconds", o.keepalive_seconds,
+                 "Phase c over keep-alive connections: seconds at most")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
   app.add_option("--concurrency", o.concurrency, "Phase c: announces in flight")
@@ -1599,6 +1744,11 @@ int Main(int argc, char** argv) {
                  "counted as an error)")
       ->capture_default_str();
   app.add_option("--pin", o.pin, "Pin the trackers to CPU 0 and the generator to the others")
+      ->capture_default_str();
+  app.add_option("--notrack", o.notrack,
+                 "Exempt the generator's addresses (127.10.0.0/16) from conntrack with iptables "
+                 "raw NOTRACK rules, removed at exit (connection-close announces otherwise fill "
+                 "nf_conntrack_max with TIME_WAIT entries)")
       ->capture_default_str();
   app.add_option("--opentracker", o.opentracker, "Run opentracker under phases b and c too")
       ->capture_default_str();
@@ -1644,6 +1794,7 @@ int main(int argc, char** argv) {
       nanosleep(&ts, nullptr);
     }
     shoal::testkit::KillAllChildren();
+    shoal::testkit::RunCleanup();
     std::fflush(stdout);
     _exit(130);
   }).detach();
@@ -1655,6 +1806,7 @@ int main(int argc, char** argv) {
     shoal::testkit::KillAllChildren();
     rc = 1;
   }
+  shoal::testkit::RunCleanup();
   std::fflush(stdout);
   std::fflush(stderr);
   _exit(rc);
