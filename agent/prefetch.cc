@@ -205,10 +205,11 @@ awaitable<void> Prefetcher::Run(std::shared_ptr<PrefetchJob> job) {
     const ResolvedImage& r = resolved.value();
     image.resolved = true;
     image.digest = r.manifests.front().str();
-    for (const auto& d : r.Digests()) {
-      if (auto st = store_.Pin(d, kPinOwner, "prefetch " + image.ref, ttl); !st) {
-        image.error = "pin: " + st.error().ToString();
-      }
+    const std::vector<Digest> digests = r.Digests();
+    // Named strings: GCC 12 frees a temporary in a co_await expression twice.
+    const std::string owner = kPinOwner, reason = "prefetch " + image.ref;
+    if (Status st = co_await pull_through_.SetPins(digests, true, owner, reason, ttl); !st) {
+      image.error = "pin: " + st.error().ToString();
     }
     auto add = [&](const oci::Descriptor& d, const char* kind) {
       for (const auto& b : job->blobs) {

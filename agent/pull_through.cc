@@ -5,12 +5,14 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <nlohmann/json.hpp>
 
 #include "agent/admin.h"
+#include "agent/on_pool.h"
 #include "lib/core/content_hash.h"
 
 #include "lib/oci/manifest.h"
@@ -177,7 +179,7 @@ awaitable<Result<shim::ManifestResult>> PullThrough::FetchManifest(
   }
   std::string media_type = parsed.value().media_type;
   NoteSizes(parsed.value());
-  if (auto st = store_.PutManifest(m.digest, m.body, media_type); !st) {
+  if (Status st = co_await PutManifest(m.digest, m.body, media_type); !st) {
     spdlog::warn("could not cache manifest {}: {}", m.digest.str(), st.error().ToString());
   }
   manifest_upstream_.Increment();
@@ -305,7 +307,7 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
         }
         std::string media_type = parsed.value().media_type;
         NoteSizes(parsed.value());
-        if (auto st = store_.PutManifest(digest.value(), m.body, media_type); !st) {
+        if (Status st = co_await PutManifest(digest.value(), m.body, media_type); !st) {
           spdlog::warn("could not cache manifest {}: {}", m.digest, st.error().ToString());
         }
         manifest_tracker_.Increment();
@@ -523,6 +525,14 @@ awaitable<std::optional<shim::PullRefusal>> PullThrough::AuthorizePull(
   co_return std::nullopt;
 }
 
+awaitable<Status> PullThrough::PutManifest(const Digest& digest, const std::string& body,
+                                           const std::string& media_type) {
+  // Two fsyncs: on the pool, so that a slow disk holds this manifest, not every client.
+  co_return co_await OnPool(pool_, [this, &digest, &body, &media_type] {
+    return store_.PutManifest(digest, body, media_type);
+  });
+}
+
 void PullThrough::NoteSizes(const oci::Manifest& manifest) {
   if (sizes_.size() > 100'000) sizes_.clear();
   auto note = [this](const oci::Descriptor& d) {
@@ -675,6 +685,11 @@ store::EvictReport PullThrough::Evict(std::optional<uint64_t> to) {
   if (!r.evicted.empty()) {
     spdlog::info("cache: evicted {} blobs ({} bytes) to fit the budget", r.evicted.size(),
                  r.freed_bytes);
+    // The last-use index is saved with an fsync: on the pool, never on the network thread (a
+    // busy disk held it for seconds, and every client with it).
+    asio::post(pool_, [&store = store_] {
+      if (auto st = store.Flush(); !st) spdlog::warn("cache index: {}", st.error().ToString());
+    });
   }
   if (r.over_budget > 0) {
     spdlog::warn("cache: {} bytes over budget; the rest is pinned or in use", r.over_budget);
@@ -748,14 +763,23 @@ awaitable<Result<std::vector<Digest>>> PullThrough::PinImage(
   auto resolved = co_await ResolveImage(image, platform);
   if (!resolved) co_return resolved.error();
   std::vector<Digest> digests = resolved.value().Digests();
-  for (const auto& d : digests) {
-    if (pin) {
-      if (auto st = store_.Pin(d, owner, image, ttl); !st) co_return st.error();
-    } else {
-      if (auto n = store_.Unpin(d, owner); !n) co_return n.error();
-    }
-  }
+  if (Status st = co_await SetPins(digests, pin, owner, image, ttl); !st) co_return st.error();
   co_return digests;
+}
+
+awaitable<Status> PullThrough::SetPins(const std::vector<Digest>& digests, bool pin,
+                                       const std::string& owner, const std::string& reason,
+                                       std::optional<std::chrono::seconds> ttl) {
+  co_return co_await OnPool(pool_, [&]() -> Status {
+    for (const auto& d : digests) {
+      if (pin) {
+        if (auto st = store_.Pin(d, owner, reason, ttl); !st) return st;
+      } else if (auto n = store_.Unpin(d, owner); !n) {
+        return n.error();
+      }
+    }
+    return Ok();
+  });
 }
 
 awaitable<Status> PullThrough::FetchToCache(const shim::RepoRef& repo, const Digest& digest,
@@ -850,13 +874,10 @@ awaitable<shim::AdminReply> PullThrough::HandleAdmin(const std::string& method,
       auto d = Digest::Parse(text);
       if (!d) co_return ErrorReply(d.error());
       digests.push_back(d.value());
-      if (pin) {
-        if (auto st = store_.Pin(d.value(), owner, param("reason"), ttl); !st)
-          co_return ErrorReply(st.error());
-      } else if (auto n = store_.Unpin(d.value(), owner); !n) {
-        co_return ErrorReply(n.error());
-      }
     }
+    const std::string reason = param("reason");
+    if (Status st = co_await SetPins(digests, pin, owner, reason, ttl); !st)
+      co_return ErrorReply(st.error());
     if (std::string image = param("ref"); !image.empty()) {
       const std::string platform = param("platform", "linux/amd64");
       auto got = co_await PinImage(image, platform, pin, owner, ttl);

@@ -114,6 +114,11 @@ class PullThrough : public shim::Backend {
   boost::asio::awaitable<Result<std::vector<Digest>>> PinImage(
       const std::string& image, const std::string& platform, bool pin, const std::string& owner,
       std::optional<std::chrono::seconds> ttl);
+  // Pins (pin = true, with `reason` and `ttl`) or unpins `digests` for `owner` on the pool:
+  // each change is persisted with an fsync, which must not hold the network thread. Errors: kIo.
+  boost::asio::awaitable<Status> SetPins(const std::vector<Digest>& digests, bool pin,
+                                         const std::string& owner, const std::string& reason,
+                                         std::optional<std::chrono::seconds> ttl);
   // The cache admin API under /shoal/v1/cache (see registry-shim/server.h, AdminHandler).
   boost::asio::awaitable<shim::AdminReply> HandleAdmin(const std::string& method,
                                                        const std::string& target);
@@ -164,6 +169,9 @@ class PullThrough : public shim::Backend {
   void CountPullAuth(upstream::UpstreamMap::PullAuth mode, std::string_view result);
   // Remembers the sizes of the blobs a manifest lists, so a blob miss needs no upstream HEAD.
   void NoteSizes(const oci::Manifest& manifest);
+  // store_.PutManifest on the pool (it fsyncs); the network thread goes on meanwhile.
+  boost::asio::awaitable<Status> PutManifest(const Digest& digest, const std::string& body,
+                                             const std::string& media_type);
   // The blob's size: from a manifest seen before, the tracker's table, or an upstream HEAD.
   boost::asio::awaitable<Result<uint64_t>> SizeOf(const shim::RepoRef& repo,
                                                   const upstream::RegistryEndpoint& ep,

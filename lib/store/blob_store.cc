@@ -545,10 +545,23 @@ void BlobStore::DropExpiredLocked(TimePoint now) {
     }
     it = it->second.empty() ? pins_.erase(it) : std::next(it);
   }
-  if (changed) (void)SavePinsLocked();
+  // Saved with the next Pin, Unpin or Flush (off this lock): an expired pin that comes back
+  // after a crash expires again at load.
+  if (changed) pins_dirty_ = true;
 }
 
-Status BlobStore::SavePinsLocked() const {
+Status BlobStore::SavePins() {
+  std::lock_guard saving(flush_mu_);
+  std::string json;
+  {
+    std::lock_guard lk(mu_);
+    json = PinsJsonLocked();
+    pins_dirty_ = false;
+  }
+  return WriteFileAtomic(root_ + "/tmp", root_ + "/pins.json", json);
+}
+
+std::string BlobStore::PinsJsonLocked() const {
   nlohmann::json arr = nlohmann::json::array();
   for (const auto& [digest, by_owner] : pins_) {
     for (const auto& [owner, pin] : by_owner) {
@@ -557,33 +570,37 @@ Status BlobStore::SavePinsLocked() const {
       arr.push_back(j);
     }
   }
-  return WriteFileAtomic(root_ + "/tmp", root_ + "/pins.json", arr.dump(1));
+  return arr.dump(1);
 }
 
 Status BlobStore::Pin(const Digest& digest, std::string owner, std::string reason,
                       std::optional<std::chrono::seconds> ttl) {
   TimePoint now = Now();
-  std::lock_guard lk(mu_);
-  shoal::store::Pin pin{owner, std::move(reason), std::nullopt};
-  if (ttl && ttl->count() > 0) pin.expires = now + *ttl;
-  pins_[digest].insert_or_assign(std::move(owner), std::move(pin));
-  return SavePinsLocked();
+  {
+    std::lock_guard lk(mu_);
+    shoal::store::Pin pin{owner, std::move(reason), std::nullopt};
+    if (ttl && ttl->count() > 0) pin.expires = now + *ttl;
+    pins_[digest].insert_or_assign(std::move(owner), std::move(pin));
+  }
+  return SavePins();
 }
 
 Result<int> BlobStore::Unpin(const Digest& digest, const std::string& owner) {
-  std::lock_guard lk(mu_);
-  auto it = pins_.find(digest);
-  if (it == pins_.end()) return 0;
   int removed = 0;
-  if (owner.empty()) {
-    removed = static_cast<int>(it->second.size());
-    pins_.erase(it);
-  } else {
-    removed = static_cast<int>(it->second.erase(owner));
-    if (it->second.empty()) pins_.erase(it);
+  {
+    std::lock_guard lk(mu_);
+    auto it = pins_.find(digest);
+    if (it == pins_.end()) return 0;
+    if (owner.empty()) {
+      removed = static_cast<int>(it->second.size());
+      pins_.erase(it);
+    } else {
+      removed = static_cast<int>(it->second.erase(owner));
+      if (it->second.empty()) pins_.erase(it);
+    }
   }
   if (removed == 0) return 0;
-  if (auto st = SavePinsLocked(); !st) return st.error();
+  if (auto st = SavePins(); !st) return st.error();
   return removed;
 }
 
@@ -695,7 +712,6 @@ EvictReport BlobStore::EvictTo(uint64_t budget) {
   {
     std::lock_guard lk(mu_);
     report.over_budget = total_bytes_ > budget ? total_bytes_ - budget : 0;
-    (void)WriteFileAtomic(root_ + "/tmp", root_ + "/meta/access.json", IndexJsonLocked());
   }
   return report;
 }
@@ -727,8 +743,23 @@ std::string BlobStore::IndexJsonLocked() const {
 }
 
 Status BlobStore::Flush() {
-  std::lock_guard lk(mu_);
-  return WriteFileAtomic(root_ + "/tmp", root_ + "/meta/access.json", IndexJsonLocked());
+  // The fsync happens outside mu_, so that Stat, Touch and MarkInUse (the network thread's
+  // calls) never wait for the disk; flush_mu_ keeps the snapshots in the order they were taken.
+  bool pins_dirty = false;
+  {
+    std::lock_guard lk(mu_);
+    pins_dirty = pins_dirty_;
+  }
+  if (pins_dirty) {
+    if (auto st = SavePins(); !st) return st;
+  }
+  std::lock_guard flushing(flush_mu_);
+  std::string json;
+  {
+    std::lock_guard lk(mu_);
+    json = IndexJsonLocked();
+  }
+  return WriteFileAtomic(root_ + "/tmp", root_ + "/meta/access.json", json);
 }
 
 void BlobStore::LoadIndex() {

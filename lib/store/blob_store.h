@@ -8,7 +8,7 @@
 //
 // Budget and pins: the store keeps an index of its complete blobs (size, last use). Last use is
 // recorded by Touch (the agent calls it when it serves a blob) and GetManifest (not atime, which
-// noatime mounts do not keep) and saved in meta/access.json by Evict and Flush. Evict deletes least
+// noatime mounts do not keep) and saved in meta/access.json by Flush. Evict deletes least
 // recently used blobs until the total fits the budget, skipping pinned blobs (pins.json, each with
 // an owner and an optional expiry) and blobs in use (a MarkInUse handle: open readers; a writer
 // until its Commit).
@@ -189,7 +189,8 @@ class BlobStore {
   // held, on the thread that called Evict (the agent removes the blob's torrents from the swarm).
   void SetEvictHook(std::function<void(const Digest&)> hook);
   // Deletes least recently used unpinned blobs that are not in use until the cache fits the
-  // budget (nothing with no budget), drops expired pins, and saves the last-use index.
+  // budget (nothing with no budget) and drops expired pins. It does not save the last-use index
+  // (Flush does, off the network thread): nothing here waits for an fsync.
   EvictReport Evict();
   // Drops a blob found corrupt on disk, if its file is still the inode `inode`: the evict hook
   // runs (the swarm stops seeding it), then it leaves the index and its file is deleted (open
@@ -197,7 +198,8 @@ class BlobStore {
   bool DropCorrupt(const Digest& digest, uint64_t inode);
   // Like Evict but with this budget instead of the configured one (gc --to).
   EvictReport EvictTo(uint64_t budget);
-  // Saves the last-use index (meta/access.json). Errors: kIo.
+  // Saves the last-use index (meta/access.json, fsynced; may block on the disk: not for the
+  // network thread). Thread-safe. Errors: kIo.
   Status Flush();
 
  private:
@@ -224,7 +226,9 @@ class BlobStore {
   void Added(const Digest& digest, uint64_t size);
   void Release(const Digest& digest);
   void LoadIndex();
-  Status SavePinsLocked() const;        // requires mu_
+  // Writes pins.json (fsync) from a snapshot taken under mu_; must be called without mu_.
+  Status SavePins();
+  std::string PinsJsonLocked() const;   // requires mu_
   std::string IndexJsonLocked() const;  // requires mu_
   bool PinnedLocked(const Digest& digest, std::chrono::system_clock::time_point now) const;
   void DropExpiredLocked(std::chrono::system_clock::time_point now);
@@ -234,6 +238,8 @@ class BlobStore {
   int cleaned_temp_files_ = 0;
 
   mutable std::mutex mu_;
+  std::mutex flush_mu_;  // one file write at a time; taken before mu_, never while holding it
+  bool pins_dirty_ = false;  // GUARDED_BY(mu_): expired pins dropped since pins.json was saved
   Clock clock_;                                   // GUARDED_BY(mu_)
   uint64_t budget_ = 0;                           // GUARDED_BY(mu_)
   std::optional<double> budget_percent_;          // GUARDED_BY(mu_): "N%" budgets

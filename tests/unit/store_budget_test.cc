@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "lib/core/sha256.h"
 #include "lib/store/blob_store.h"
@@ -167,6 +169,33 @@ TEST_CASE("store budget: pins expire after their TTL and unpin removes one owner
   CHECK(store->Unpin(b).value() == 2);
   CHECK_FALSE(store->IsPinned(b));
   CHECK(store->Unpin(b).value() == 0);
+}
+
+TEST_CASE("store budget: expired pins leave pins.json at the next Flush, not inside Evict") {
+  TempRoot root;
+  FakeClock clock;
+  auto store = OpenWithClock(root.path, clock);
+  auto pins_file = [&] {
+    std::ifstream in(root.path + "/pins.json");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  Digest brief = Sha256::Of(std::string("brief")), kept = Sha256::Of(std::string("kept"));
+  REQUIRE(store->Pin(brief, "prefetch", "", std::chrono::seconds(60)).has_value());
+  REQUIRE(store->Pin(kept, "operator", "", std::nullopt).has_value());
+  CHECK(pins_file().find(brief.str()) != std::string::npos);  // Pin saves at once
+  clock.Advance(std::chrono::seconds(61));
+  // Evict runs on the agent's network thread: it drops the pin in memory and writes nothing.
+  CHECK(store->Evict().evicted.empty());
+  CHECK_FALSE(store->IsPinned(brief));
+  CHECK(pins_file().find(brief.str()) != std::string::npos);
+  REQUIRE(store->Flush().has_value());
+  CHECK(pins_file().find(brief.str()) == std::string::npos);
+  CHECK(pins_file().find(kept.str()) != std::string::npos);
+  // What Flush wrote reads back (a reopen with the clock before the old expiry keeps it gone).
+  clock.now -= std::chrono::seconds(61);
+  auto reopened = OpenWithClock(root.path, clock);
+  CHECK_FALSE(reopened->IsPinned(brief));
+  CHECK(reopened->IsPinned(kept));
 }
 
 TEST_CASE("store budget: pins, sizes and last use survive a reopen") {
