@@ -31,6 +31,7 @@
 #include "agent/swarm_setup.h"
 #include "agent/tracker_client.h"
 #include "lib/auth/tokens.h"
+#include "lib/core/fd_limit.h"
 #include "lib/core/log.h"
 #include "lib/store/blob_store.h"
 #include "lib/upstream/credentials.h"
@@ -106,6 +107,10 @@ int RunAgent(const AgentConfig& config) {
   // EPIPE, which the code handles.
   std::signal(SIGPIPE, SIG_IGN);
   InitLogging(config.log_format, config.log_level, "shoal-agent");
+  // Peer connections, client connections and open blob files are all descriptors.
+  if (uint64_t fds = RaiseFdLimit(); fds < 4096) {
+    spdlog::warn("the open-file limit is {}; a busy node may run out of descriptors", fds);
+  }
   auto fail = [](const Error& e) {
     spdlog::critical("startup failed: {}", e.ToString());
     return 1;

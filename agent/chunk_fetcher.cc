@@ -90,7 +90,9 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
         endpoint_(std::move(endpoint)),
         source_(std::move(source)),
         upstream_done_(s.ioc.get_executor()),
-        work_wanted_(s.ioc.get_executor()) {}
+        work_wanted_(s.ioc.get_executor()),
+        ready_changed_(s.ioc.get_executor()),
+        watch_wanted_(s.ioc.get_executor()) {}
 
   awaitable<void> Run();
 
@@ -101,6 +103,8 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   awaitable<void> Chunk(uint32_t k);
   // Fetches chunk k straight from upstream (no lease), retrying within the blob's failure budget.
   awaitable<void> Direct(uint32_t k);
+  // Logs and counts that the tracker gave no usable answer (e), then fetches chunk k as Direct.
+  awaitable<void> NoTracker(uint32_t k, Error e);
   // Counts a failed upstream fetch against the blob's budget (options.upstream_attempts, over
   // all of its chunks). Returns whether to try again; false after failing the fetch.
   bool UpstreamFailed(const Error& e);
@@ -112,6 +116,13 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   // Asks the tracker for upstream work on this blob until the fetch ends or nothing is left:
   // fetches, seeds and publishes each chunk the tracker hands it.
   awaitable<void> UpstreamWorker();
+  // One long-poll per blob for the window's chunks (POST .../ready), instead of one per window
+  // worker: at 2,500 nodes pulling three layers each, one per worker was ~37,500 parked
+  // connections on the tracker. Fills ready_meta_ and wakes the workers.
+  awaitable<void> ReadyWatcher();
+  // The chunks the watcher asks for: the lowest ones neither held, known ready nor being
+  // fetched by our upstream worker, at most kReadyWindow.
+  std::vector<uint32_t> ReadyWanted() const;
   // Fetches chunk k from upstream (under lease_id when not empty), then seeds and publishes it.
   awaitable<Status> Upstream(uint32_t k, std::string lease_id, std::chrono::milliseconds ttl);
   awaitable<Status> FromPeers(uint32_t k, const std::string& metainfo);
@@ -148,6 +159,10 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   Notifier work_wanted_;           // woken when a chunk may need fetching again (reported bad)
   bool upstream_worker_ = false;
   std::vector<std::string> metainfo_;            // per chunk, once known
+  std::vector<std::string> ready_meta_;          // per chunk: the tracker says ready with this
+  Notifier ready_changed_;                       // woken when the watcher learned something
+  Notifier watch_wanted_;                        // woken when a worker waits for a chunk
+  std::optional<Error> watch_error_;             // the watcher's last tracker failure, if any
   std::vector<swarm::Sha1> added_;               // torrents this fetch put into the swarm
   Clock::time_point tracker_ok_ = Clock::now();  // this blob's last usable tracker answer
   int upstream_failures_ = 0;                    // failed upstream chunk fetches of this blob
@@ -157,6 +172,8 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
 
 // Times a chunk may fail from peers before it is fetched from upstream directly.
 constexpr int kMaxPeerFailures = 4;
+// Chunks one ready poll asks for: the window workers' chunks and those they take next.
+constexpr size_t kReadyWindow = 16;
 
 awaitable<void> ChunkFetcher::Run() {
   auto self = shared_from_this();
@@ -221,10 +238,14 @@ awaitable<void> ChunkFetcher::Run() {
   origin_.assign(count, Origin::kNone);
   in_upstream_.assign(count, false);
   metainfo_.assign(count, "");
+  ready_meta_.assign(count, "");
   // With a swarm, upstream fetching is work the tracker hands out (any chunk of the blob);
   // the window workers below only wait for chunks to become ready.
   upstream_worker_ = use_tracker_ && hash_pieces_;
-  if (upstream_worker_) asio::co_spawn(s_.ioc, UpstreamWorker(), asio::detached);
+  if (upstream_worker_) {
+    asio::co_spawn(s_.ioc, UpstreamWorker(), asio::detached);
+    asio::co_spawn(s_.ioc, ReadyWatcher(), asio::detached);
+  }
   int workers = std::max(1, std::min<int>(s_.options.window, static_cast<int>(count)));
   for (int i = 0; i < workers; ++i) asio::co_spawn(s_.ioc, Worker(), asio::detached);
   // Wait for the end, then seed or clean up.
@@ -238,6 +259,15 @@ awaitable<void> ChunkFetcher::Worker() {
     uint32_t k = next_++;
     co_await Chunk(k);
   }
+}
+
+awaitable<void> ChunkFetcher::NoTracker(uint32_t k, Error e) {
+  spdlog::warn("chunk {} of {}: no tracker answer ({}); fetching it straight from upstream", k,
+               fetch_->digest().str(), e.message);
+  s_.metrics.fallbacks
+      .Add({{"reason", e.code == ErrorCode::kUnavailable ? "tracker_unreachable" : "tracker_error"}})
+      .Increment();
+  co_await Direct(k);
 }
 
 awaitable<void> ChunkFetcher::Direct(uint32_t k) {
@@ -276,6 +306,27 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
       co_await upstream_done_.Wait(std::chrono::milliseconds(500));
       continue;
     }
+    if (upstream_worker_) {
+      // The watcher asks the tracker for this chunk (with the rest of the window).
+      if (ready_meta_[k].empty()) {
+        if (watch_error_) co_return co_await NoTracker(k, *watch_error_);
+        watch_wanted_.NotifyAll();
+        co_await ready_changed_.Wait(s_.options.lease_wait);
+        continue;
+      }
+      const std::string metainfo = ready_meta_[k];
+      Status st = co_await FromPeers(k, metainfo);
+      if (st) co_return;
+      if (ready_meta_[k] == metainfo) ready_meta_[k].clear();  // ask the tracker again
+      spdlog::warn("chunk {} of {} from peers: {}", k, fetch_->digest().str(), st.error().message);
+      if (!swarm_cut_off_ && ++peer_failures >= kMaxPeerFailures && !fetch_->ended()) {
+        spdlog::warn("chunk {} of {}: peers failed {} times; fetching it straight from upstream",
+                     k, fetch_->digest().str(), peer_failures);
+        s_.metrics.fallbacks.Add({{"reason", "peers_failed"}}).Increment();
+        co_return co_await Direct(k);
+      }
+      continue;
+    }
     auto started = Clock::now();
     auto answer = co_await s_.tracker->Lease(fetch_->digest(), k, source_, s_.options.lease_wait,
                                              !upstream_worker_);
@@ -290,13 +341,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
         co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
         continue;
       }
-      spdlog::warn("chunk {} of {}: no tracker answer ({}); fetching it straight from upstream", k,
-                   fetch_->digest().str(), e.message);
-      s_.metrics.fallbacks
-          .Add({{"reason",
-                 e.code == ErrorCode::kUnavailable ? "tracker_unreachable" : "tracker_error"}})
-          .Increment();
-      co_return co_await Direct(k);
+      co_return co_await NoTracker(k, e);
     }
     tracker_ok_ = Clock::now();
     LeaseAnswer& a = answer.value();
@@ -336,6 +381,67 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
           co_await Sleep(s_.ioc, pause);
         }
         break;
+    }
+  }
+}
+
+std::vector<uint32_t> ChunkFetcher::ReadyWanted() const {
+  std::vector<uint32_t> wanted;
+  // Chunks below the contiguous prefix are held; every other one is wanted sooner or later, the
+  // lowest first (those the workers wait on, then those they take next).
+  const uint32_t first =
+      fetch_->contiguous() < fetch_->size() ? layout_.chunk_at(fetch_->contiguous()) : 0;
+  for (uint32_t k = first; k < layout_.chunk_count() && wanted.size() < kReadyWindow; ++k) {
+    if (origin_[k] != Origin::kNone || in_upstream_[k] || !ready_meta_[k].empty()) continue;
+    wanted.push_back(k);
+  }
+  return wanted;
+}
+
+awaitable<void> ChunkFetcher::ReadyWatcher() {
+  auto self = shared_from_this();
+  while (!fetch_->ended()) {
+    if (std::all_of(origin_.begin(), origin_.end(), [](Origin o) { return o != Origin::kNone; }))
+      co_return;
+    if (swarm_cut_off_) co_return;  // the workers fetch straight from upstream
+    std::vector<uint32_t> wanted = ReadyWanted();
+    if (wanted.empty()) {
+      co_await watch_wanted_.Wait(std::chrono::milliseconds(500));
+      continue;
+    }
+    auto started = Clock::now();
+    auto answer = co_await s_.tracker->Ready(fetch_->digest(), wanted, source_,
+                                             s_.options.lease_wait);
+    if (fetch_->ended()) co_return;
+    if (!answer) {
+      const Error& e = answer.error();
+      // Unreachable: no replica answered anyone for the grace (known before this blob, too);
+      // tracker_ok_: this blob got no usable answer for the grace (e.g. 503s from a full one).
+      // Past both, the waiting workers fetch their chunks straight from upstream.
+      if (e.code != ErrorCode::kUnavailable || s_.tracker->Unreachable(s_.options.tracker_grace) ||
+          Clock::now() - tracker_ok_ >= s_.options.tracker_grace) {
+        watch_error_ = e;
+        ready_changed_.NotifyAll();
+      }
+      co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+      continue;
+    }
+    tracker_ok_ = Clock::now();
+    watch_error_.reset();
+    ReadyAnswer& a = answer.value();
+    if (!(a.layout == layout_)) {
+      fetch_->Fail(MakeError(ErrorCode::kProtocol, "tracker changed the chunk layout of " +
+                                                       fetch_->digest().str() + " mid-fetch"));
+      co_return;
+    }
+    for (auto& [k, metainfo] : a.ready) ready_meta_[k] = std::move(metainfo);
+    if (!a.ready.empty()) {
+      ready_changed_.NotifyAll();
+    } else if (Clock::now() - started < std::chrono::milliseconds(200)) {
+      // The tracker long-polls; an early empty answer (it is shutting down, or full of
+      // waiters) asks us to back off.
+      co_await Sleep(s_.ioc, std::clamp(a.retry_after, std::chrono::milliseconds(100),
+                                        std::chrono::milliseconds(2000)));
     }
   }
 }

@@ -347,6 +347,51 @@ awaitable<Result<LeaseAnswer>> TrackerClient::Work(const Digest& digest, const B
   co_return ParseLeaseAnswer(reply.value().body);
 }
 
+awaitable<Result<ReadyAnswer>> TrackerClient::Ready(const Digest& digest,
+                                                    const std::vector<uint32_t>& chunks,
+                                                    const BlobSource& source,
+                                                    std::chrono::milliseconds wait) {
+  std::string target =
+      "/v1/blobs/" + digest.str() + "/ready?wait_ms=" + std::to_string(wait.count());
+  json body = SourceJson(options_.agent_id, source);
+  body["chunks"] = chunks;
+  auto reply = co_await Call(digest, http_::verb::post, std::move(target), body.dump());
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200) {
+    co_return ReplyError(reply.value().status, reply.value().body,
+                         "ready poll for " + digest.str());
+  }
+  try {
+    json j = json::parse(reply.value().body);
+    ReadyAnswer out;
+    auto layout = LayoutOf(j);
+    if (!layout) co_return layout.error();
+    out.layout = layout.value();
+    std::string state = j.at("state").get<std::string>();
+    if (state == "wait") {
+      out.retry_after = std::chrono::milliseconds(j.value("retry_after_ms", int64_t{1000}));
+      co_return out;
+    }
+    if (state != "ready") {
+      co_return MakeError(ErrorCode::kProtocol, "tracker ready state \"" + state + "\" unknown");
+    }
+    for (const json& c : j.at("chunks")) {
+      uint32_t k = c.at("chunk").get<uint32_t>();
+      if (std::find(chunks.begin(), chunks.end(), k) == chunks.end()) {
+        co_return MakeError(ErrorCode::kProtocol,
+                            "tracker answered a ready poll with chunk " + std::to_string(k) +
+                                ", which was not asked for");
+      }
+      auto m = MetainfoOf(c);
+      if (!m) co_return m.error();
+      out.ready.emplace_back(k, std::move(m.value()));
+    }
+    co_return out;
+  } catch (const std::exception& e) {
+    co_return MakeError(ErrorCode::kProtocol, std::string("tracker ready answer: ") + e.what());
+  }
+}
+
 awaitable<Status> TrackerClient::Renew(const Digest& digest, uint32_t k,
                                        const std::string& lease_id, uint64_t bytes) {
   json j{{"agent", options_.agent_id}, {"lease_id", lease_id}, {"bytes", bytes}};

@@ -56,6 +56,13 @@ struct LeaseAnswer {
                        // "head_start"
 };
 
+// The tracker's answer to a ready poll: the chunks asked for that are ready (none: wait).
+struct ReadyAnswer {
+  swarm::ChunkLayout layout;
+  std::vector<std::pair<uint32_t, std::string>> ready;  // chunk index, bencoded torrent
+  std::chrono::milliseconds retry_after{0};             // when ready is empty
+};
+
 // ---- The cluster-wide manifest cache (tracker/manifest_api.h) ----
 
 // What a manifest reference names: a tag or a digest ("sha256:...") in one repository.
@@ -139,6 +146,12 @@ class TrackerClient {
   // wait, or done. Long-polls like Lease.
   boost::asio::awaitable<Result<LeaseAnswer>> Work(const Digest& digest, const BlobSource& source,
                                                    std::chrono::milliseconds wait);
+  // One long-poll for a window of chunks (at most 64): answers with every one of them that is
+  // ready as soon as any is, or with none after `wait`. Errors as Lease.
+  boost::asio::awaitable<Result<ReadyAnswer>> Ready(const Digest& digest,
+                                                    const std::vector<uint32_t>& chunks,
+                                                    const BlobSource& source,
+                                                    std::chrono::milliseconds wait);
   // Extends a lease. Errors: kDenied when the lease was lost (expired or re-granted).
   boost::asio::awaitable<Status> Renew(const Digest& digest, uint32_t k,
                                        const std::string& lease_id, uint64_t bytes);

@@ -19,7 +19,9 @@ namespace http = boost::beast::http;
 using nlohmann::json;
 
 // The blob API's endpoints (at namespace scope: BlobCall, declared in the header, holds one).
-enum class BlobRoute { kCreate, kGet, kLease, kWork, kRelease, kRenew, kPublish, kBad, kUnknown };
+enum class BlobRoute {
+  kCreate, kGet, kLease, kWork, kReady, kRelease, kRenew, kPublish, kBad, kUnknown
+};
 
 namespace {
 
@@ -28,6 +30,8 @@ constexpr size_t kMaxAgentBytes = 128;
 constexpr size_t kMaxLeaseIdBytes = 128;
 constexpr size_t kMaxSourceBytes = 1024;  // registry host or repository path
 constexpr size_t kStatusPageLeases = 50;
+// Chunks one ready poll may wait on (an agent asks for its window, a few chunks).
+constexpr size_t kMaxReadyChunks = 64;
 
 std::string_view RouteName(BlobRoute route) {
   switch (route) {
@@ -39,6 +43,8 @@ std::string_view RouteName(BlobRoute route) {
       return "lease";
     case BlobRoute::kWork:
       return "work";
+    case BlobRoute::kReady:
+      return "ready";
     case BlobRoute::kRelease:
       return "release";
     case BlobRoute::kRenew:
@@ -119,6 +125,7 @@ struct BlobCall {
   uint64_t bytes = 0;
   std::chrono::milliseconds wait{0};
   bool may_grant = true;  // lease: false = only ready or wait
+  std::vector<uint32_t> chunks;  // ready: the chunks the agent waits on (distinct)
   std::string remote;     // the TCP source address
 };
 
@@ -162,7 +169,8 @@ boost::asio::awaitable<BlobResponse> BlobApi::Handle(BlobRequest req) {
     Finish(response);
     co_return response;
   }
-  const bool polls = route == BlobRoute::kLease || route == BlobRoute::kWork;
+  const bool polls =
+      route == BlobRoute::kLease || route == BlobRoute::kWork || route == BlobRoute::kReady;
   if (!polls || call.wait.count() == 0) {
     BlobResponse response = Execute(call, TrackerClock::now());
     Finish(response);
@@ -171,6 +179,24 @@ boost::asio::awaitable<BlobResponse> BlobApi::Handle(BlobRequest req) {
   // Long-poll: re-ask the table whenever something that could change the answer happened.
   TimePoint deadline = TrackerClock::now() + call.wait;
   bool counted = false;
+  if (route == BlobRoute::kReady) {
+    for (;;) {
+      TimePoint now = TrackerClock::now();
+      TimePoint recheck = TimePoint::max();
+      auto ready = ReadyAmong(call, now, recheck);
+      bool wait = ready && ready.value().empty();
+      if (wait && !counted) {
+        metrics_.lease_waits.Increment();
+        counted = true;
+      }
+      if (!wait || now >= deadline || stopping_ || waiters_.size() >= options_.max_waiters) {
+        BlobResponse response = ReadyResponse(call, ready);
+        Finish(response);
+        co_return response;
+      }
+      co_await waiters_.Wait(call.digest, false, std::min(deadline, recheck));
+    }
+  }
   for (;;) {
     TimePoint now = TrackerClock::now();
     BlobResult<LeaseAnswer> answer =
@@ -244,6 +270,12 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
       }
       return LeaseResponse(answer, route);
     }
+    case BlobRoute::kReady: {
+      TimePoint recheck = TimePoint::max();
+      auto ready = ReadyAmong(call, now, recheck);
+      if (ready && ready.value().empty()) metrics_.lease_waits.Increment();
+      return ReadyResponse(call, ready);
+    }
     case BlobRoute::kRenew: {
       auto ttl = table_.Renew(call.digest, call.k, call.agent, call.lease_id, call.bytes, now);
       if (!ttl) return Failure(ttl.error(), route);
@@ -293,6 +325,43 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
       break;
   }
   return Error(404, "no such blob API endpoint", route);
+}
+
+BlobResult<std::vector<LeaseAnswer>> BlobApi::ReadyAmong(const BlobCall& call, TimePoint now,
+                                                        TimePoint& recheck_at) {
+  std::vector<LeaseAnswer> ready;
+  for (uint32_t k : call.chunks) {
+    auto answer = table_.Lease(call.digest, k, call.agent, call.source, now, /*may_grant=*/false);
+    if (!answer) return answer.error();
+    if (answer.value().kind == LeaseAnswer::Kind::kReady) {
+      ready.push_back(std::move(answer.value()));
+    } else {
+      recheck_at = std::min(recheck_at, answer.value().recheck_at);
+    }
+  }
+  return ready;
+}
+
+BlobResponse BlobApi::ReadyResponse(const BlobCall& call,
+                                    const BlobResult<std::vector<LeaseAnswer>>& result) {
+  std::string_view route = RouteName(BlobRoute::kReady);
+  if (!result) return Failure(result.error(), route);
+  auto view = table_.Find(call.digest, TrackerClock::now());
+  if (!view) return Failure(view.error(), route);
+  json j;
+  AddLayout(j, view.value().layout);
+  if (result.value().empty()) {
+    j["state"] = "wait";
+    j["retry_after_ms"] = 1000;
+    return Json(200, route, std::move(j));
+  }
+  json chunks = json::array();
+  for (const LeaseAnswer& a : result.value()) {
+    chunks.push_back(json{{"chunk", a.chunk}, {"metainfo", Base64Encode(a.published->metainfo)}});
+  }
+  j["state"] = "ready";
+  j["chunks"] = std::move(chunks);
+  return Json(200, route, std::move(j));
 }
 
 BlobResponse BlobApi::LeaseResponse(const BlobResult<LeaseAnswer>& result,
@@ -440,7 +509,7 @@ std::optional<Rejection> ParseAgent(const Body& body, std::string& agent) {
 std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::milliseconds max_wait,
                                    BlobRoute& route, BlobCall& call) {
   call.remote = req.remote.is_unspecified() ? std::string() : req.remote.to_string();
-  // Path: /v1/blobs/{digest}[/chunks/{k}[/lease|/renew|/bad]]
+  // Path: /v1/blobs/{digest}[/work|/ready|/chunks/{k}[/lease|/renew|/bad]]
   std::string_view rest = req.path.substr(std::min(req.path.size(), kPrefix.size() + 1));
   std::vector<std::string_view> parts;
   while (!rest.empty() && parts.size() <= 4) {
@@ -449,7 +518,7 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
     rest = slash == std::string_view::npos ? std::string_view() : rest.substr(slash + 1);
     if (slash != std::string_view::npos && rest.empty()) parts.emplace_back();  // trailing '/'
   }
-  bool shape_ok = (parts.size() == 1 || (parts.size() == 2 && parts[1] == "work") ||
+  bool shape_ok = (parts.size() == 1 || (parts.size() == 2 && (parts[1] == "work" || parts[1] == "ready")) ||
                    (parts.size() >= 3 && parts[1] == "chunks")) &&
                   parts.size() <= 4 &&
                   std::none_of(parts.begin(), parts.end(), [](auto p) { return p.empty(); });
@@ -458,7 +527,7 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
       (parts.size() == 4 && action != "lease" && action != "renew" && action != "bad")) {
     route = BlobRoute::kUnknown;
     return Rejection{404, "no such blob API endpoint: " + Quoted(req.path) +
-                              " (want /v1/blobs/{digest}[/work|/chunks/{k}[/lease|/renew|/bad]])"};
+                              " (want /v1/blobs/{digest}[/work|/ready|/chunks/{k}[/lease|/renew|/bad]])"};
   }
 
   // Method.
@@ -470,7 +539,7 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
     if (m == http::verb::post) route = BlobRoute::kCreate;
   } else if (parts.size() == 2) {
     allow = "POST";
-    if (m == http::verb::post) route = BlobRoute::kWork;
+    if (m == http::verb::post) route = parts[1] == "work" ? BlobRoute::kWork : BlobRoute::kReady;
   } else if (parts.size() == 3) {
     allow = "PUT";
     if (m == http::verb::put) route = BlobRoute::kPublish;
@@ -515,7 +584,7 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
       call.may_grant = it->second == "1";
     }
   }
-  if (route == BlobRoute::kLease || route == BlobRoute::kWork) {
+  if (route == BlobRoute::kLease || route == BlobRoute::kWork || route == BlobRoute::kReady) {
     if (auto it = query.find("wait_ms"); it != query.end()) {
       auto wait = ParseDecimal(it->second, 19);
       if (!wait) {
@@ -549,6 +618,28 @@ std::optional<Rejection> ParseCall(const BlobRequest& req, std::chrono::millisec
     case BlobRoute::kWork:
       if (auto r = ParseAgent(body, call.agent)) return r;
       return ParseSource(body, call.source);
+    case BlobRoute::kReady: {
+      if (auto r = ParseAgent(body, call.agent)) return r;
+      if (auto r = ParseSource(body, call.source)) return r;
+      const json* chunks = body.Find("chunks");
+      if (chunks == nullptr || !chunks->is_array() || chunks->empty() ||
+          chunks->size() > kMaxReadyChunks) {
+        return Rejection{400, fmt::format("\"chunks\" must be an array of 1 to {} chunk indexes",
+                                          kMaxReadyChunks)};
+      }
+      for (const json& k : *chunks) {
+        if (!k.is_number_unsigned() || k.get<uint64_t>() > UINT32_MAX) {
+          return Rejection{400, "\"chunks\" holds " + Quoted(k.dump()) +
+                                    ", not a non-negative integer below 2^32"};
+        }
+        uint32_t index = static_cast<uint32_t>(k.get<uint64_t>());
+        if (std::find(call.chunks.begin(), call.chunks.end(), index) != call.chunks.end()) {
+          return Rejection{400, "\"chunks\" names chunk " + std::to_string(index) + " twice"};
+        }
+        call.chunks.push_back(index);
+      }
+      return std::nullopt;
+    }
     case BlobRoute::kRenew:
       if (auto r = ParseAgent(body, call.agent)) return r;
       if (auto r = body.String("lease_id", true, SIZE_MAX, call.lease_id)) return r;

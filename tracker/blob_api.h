@@ -66,7 +66,8 @@ class BlobApi {
   static std::string NewTrackerId();
 
   // Answers req. A lease request with wait_ms > 0 that would be told to wait is held until the
-  // chunk becomes ready, a lease becomes obtainable for the agent, or wait_ms (capped) passes.
+  // chunk becomes ready, a lease becomes obtainable for the agent, or wait_ms (capped) passes;
+  // a ready request (one long-poll for a window of chunks) until any of its chunks is ready.
   boost::asio::awaitable<BlobResponse> Handle(BlobRequest req);
   // Answers req as of now without waiting (wait_ms is ignored).
   BlobResponse HandleNow(const BlobRequest& req, TimePoint now);
@@ -89,6 +90,12 @@ class BlobApi {
  private:
   BlobResponse Execute(const BlobCall& call, TimePoint now);
   BlobResponse LeaseResponse(const BlobResult<LeaseAnswer>& answer, std::string_view route) const;
+  // The ready answers among call.chunks (lease requests without grant); lowers recheck_at to the
+  // earliest time a waiting chunk's answer could change by itself.
+  BlobResult<std::vector<LeaseAnswer>> ReadyAmong(const BlobCall& call, TimePoint now,
+                                                  TimePoint& recheck_at);
+  BlobResponse ReadyResponse(const BlobCall& call,
+                             const BlobResult<std::vector<LeaseAnswer>>& result);
   BlobResponse Json(unsigned status, std::string_view route, nlohmann::json body) const;
   BlobResponse Failure(const BlobError& error, std::string_view route) const;
   void OnEvent(BlobEvent event, const Digest& digest);

@@ -20,7 +20,7 @@ struct TrackerConfig {
   size_t max_peers_per_swarm = 20'000;
   size_t max_peers = 4'000'000;
   bool trust_ip_param = false;  // believe the announce's ip= (only behind a trusted proxy)
-  int max_connections = 4096;
+  int max_connections = 32768;
   // Chunk tables and upstream leases (the blob API).
   uint64_t chunk_size_kib = 65536;     // 64 MiB chunks (the largest; smaller blobs get smaller)
   uint32_t piece_size_kib = 4096;      // 4 MiB pieces in each chunk torrent (the largest)

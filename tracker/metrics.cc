@@ -45,6 +45,10 @@ TrackerMetrics TrackerMetrics::Create(prometheus::Registry& registry) {
                           .Name("shoal_tracker_http_connections")
                           .Help("Open HTTP connections")
                           .Register(registry);
+  auto& shed = prometheus::BuildCounter()
+                   .Name("shoal_tracker_http_connections_shed_total")
+                   .Help("Connections refused at accept (503) because --max-connections were open")
+                   .Register(registry);
   TrackerMetrics m{
       {},
       failures.Add({{"reason", "invalid"}}),
@@ -57,6 +61,7 @@ TrackerMetrics TrackerMetrics::Create(prometheus::Registry& registry) {
       peers.Add({}),
       seeders.Add({}),
       connections.Add({}),
+      shed.Add({}),
   };
   for (AnnounceEvent e : {AnnounceEvent::kNone, AnnounceEvent::kStarted, AnnounceEvent::kCompleted,
                           AnnounceEvent::kStopped, AnnounceEvent::kPaused}) {

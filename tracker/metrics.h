@@ -27,6 +27,7 @@ struct TrackerMetrics {
   prometheus::Gauge& peers;                           // shoal_tracker_peers
   prometheus::Gauge& seeders;                         // shoal_tracker_seeders
   prometheus::Gauge& connections;                     // shoal_tracker_http_connections
+  prometheus::Counter& shed;  // shoal_tracker_http_connections_shed_total
 
   // Registers the families on registry.
   static TrackerMetrics Create(prometheus::Registry& registry);

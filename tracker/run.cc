@@ -18,6 +18,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "lib/core/error.h"
+#include "lib/core/fd_limit.h"
 #include "lib/core/log.h"
 #include "lib/swarm/chunk_torrent.h"
 #include "lib/tls/node_ca.h"
@@ -92,6 +93,8 @@ int RunTracker(const TrackerConfig& config) {
   options.table.limits.max_peers = config.max_peers;
 
   BlobApiOptions blob_options;
+  // Every parked long-poll holds a connection, so the connection limit bounds them.
+  blob_options.max_waiters = static_cast<size_t>(config.max_connections);
   blob_options.table.chunk_size = config.chunk_size_kib << 10;
   blob_options.table.piece_size = config.piece_size_kib << 10;
   blob_options.table.target_chunks = config.target_chunks;
@@ -136,6 +139,7 @@ int RunTracker(const TrackerConfig& config) {
   manifest_options.cache.lease_ttl = std::chrono::seconds(config.manifest_lease_ttl_s);
   manifest_options.cache.missing_ttl = std::chrono::seconds(config.manifest_missing_ttl_s);
   manifest_options.cache.max_manifests = config.max_manifests;
+  manifest_options.max_waiters = static_cast<size_t>(config.max_connections);
   manifest_options.cache.max_bytes = config.max_manifest_cache_mib << 20;
 
   asio::io_context ioc(1);
@@ -150,11 +154,18 @@ int RunTracker(const TrackerConfig& config) {
   });
   ServerOptions server_options;
   server_options.max_connections = config.max_connections;
+  // Each connection is a descriptor: raise the soft limit, and say so if it is still too low.
+  if (uint64_t fds = RaiseFdLimit(); fds < static_cast<uint64_t>(config.max_connections) + 256) {
+    spdlog::warn("the open-file limit is {}: fewer than --max-connections {} + 256; accepts will "
+                 "fail beyond it (raise the container's nofile limit)",
+                 fds, config.max_connections);
+  }
   ManifestApi manifests(manifest_options, registry, blobs.tracker_id());
   // Cluster prefetch jobs (agents poll every replica; a job lives on the one that created it).
   PrefetchApiOptions prefetch_options;
   prefetch_options.jobs.agent_ttl = std::chrono::seconds(config.prefetch_agent_ttl_s);
   prefetch_options.jobs.max_jobs = config.max_prefetch_jobs;
+  prefetch_options.max_waiters = static_cast<size_t>(config.max_connections);
   prefetch_options.jobs.keep_ended = std::chrono::seconds(config.prefetch_keep_s);
   PrefetchApi prefetch(prefetch_options, registry, blobs.tracker_id());
   AccessOptions access_options;

@@ -1,11 +1,15 @@
 #include "tracker/server.h"
 
+#include <array>
+#include <string_view>
+
 #include <spdlog/spdlog.h>
 #include <boost/algorithm/string/predicate.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -93,16 +97,28 @@ class Connection {
     remote_ = stream_.socket().remote_endpoint(ec);
   }
 
+  // Shutdown: a connection waiting for its next request is closed now; one serving a request
+  // closes after answering it.
+  void Stop() {
+    stopping_ = true;
+    if (idle_) stream_.close();
+  }
+
   awaitable<void> Run() {
     beast::flat_buffer buffer;
     for (;;) {
+      if (stopping_) break;
       http::request_parser<http::string_body> parser;
       parser.header_limit(kHeaderLimit);
       parser.body_limit(kBodyLimit);
       beast::error_code ec;
       stream_.expires_after(options_.idle_timeout);
+      idle_ = buffer.size() == 0;  // nothing of a next request has arrived yet
       co_await http::async_read_header(stream_, buffer, parser,
                                        asio::redirect_error(use_awaitable, ec));
+      idle_ = false;
+      if (stopping_ && (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor))
+        co_return;
       if (!ec && boost::iequals(parser.get()[http::field::expect], "100-continue")) {
         http::response<http::empty_body> go_on{http::status::continue_, parser.get().version()};
         co_await http::async_write(stream_, go_on, asio::redirect_error(use_awaitable, ec));
@@ -143,6 +159,7 @@ class Connection {
       Request req = parser.release();
       stream_.expires_never();
       StringResponse res = co_await Dispatch(req);
+      if (stopping_) res.keep_alive(false);
       bool keep = req.keep_alive() && res.keep_alive();
       bool written = co_await Write(std::move(res));
       if (!written || !keep) break;
@@ -152,6 +169,9 @@ class Connection {
   }
 
  private:
+  bool idle_ = false;      // waiting for the first byte of a request
+  bool stopping_ = false;  // the server is shutting down
+
   awaitable<bool> Write(StringResponse res) {
     beast::error_code ec;
     stream_.expires_after(options_.write_timeout);
@@ -356,6 +376,9 @@ void Server::Start() { asio::co_spawn(ioc_, AcceptLoop(), asio::detached); }
 void Server::Stop() {
   beast::error_code ec;
   acceptor_.close(ec);
+  // Copied: a connection that stops now leaves the list.
+  auto stops = stops_;
+  for (auto& stop : stops) stop();
 }
 
 awaitable<void> Server::AcceptLoop() {
@@ -368,8 +391,22 @@ awaitable<void> Server::AcceptLoop() {
       continue;
     }
     if (active_ >= options_.max_connections) {
-      // Shedding is cheaper than queueing: the client retries at its next announce.
-      socket.close(ec);
+      // Shedding is cheaper than queueing: a 503 tells the client to come back (an agent keeps
+      // waiting for the tracker instead of going upstream), and the operator sees it.
+      service_.metrics().shed.Increment();
+      ++shed_unlogged_;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - shed_logged_ >= std::chrono::seconds(10)) {
+        spdlog::warn("{} connections refused with 503: --max-connections {} are open",
+                     shed_unlogged_, options_.max_connections);
+        shed_logged_ = now;
+        shed_unlogged_ = 0;
+      }
+      if (shedding_ < 1024) {
+        asio::co_spawn(ioc_, Shed(std::move(socket)), asio::detached);
+      } else {
+        socket.close(ec);
+      }
       continue;
     }
     socket.set_option(tcp::no_delay(true), ec);
@@ -377,16 +414,43 @@ awaitable<void> Server::AcceptLoop() {
   }
 }
 
+awaitable<void> Server::Shed(tcp::socket socket) {
+  static constexpr std::string_view kBusy =
+      "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json\r\n"
+      "Connection: close\r\nContent-Length: 61\r\n\r\n"
+      "{\"error\": \"the tracker is at --max-connections; retry later\"}";
+  static_assert(kBusy.size() - kBusy.find("\r\n\r\n") - 4 == 61);
+  ++shedding_;
+  beast::tcp_stream stream(std::move(socket));
+  stream.expires_after(std::chrono::seconds(1));
+  beast::error_code ec;
+  co_await asio::async_write(stream, asio::buffer(kBusy.data(), kBusy.size()),
+                             asio::redirect_error(use_awaitable, ec));
+  if (!ec) {
+    // Read what the client sent before closing: closing with unread bytes sends a reset, which
+    // can destroy the 503 before the client reads it.
+    stream.socket().shutdown(tcp::socket::shutdown_send, ec);
+    std::array<char, 4096> sink;
+    for (int i = 0; i < 16 && !ec; ++i) {
+      co_await stream.async_read_some(asio::buffer(sink), asio::redirect_error(use_awaitable, ec));
+    }
+  }
+  stream.socket().close(ec);
+  --shedding_;
+}
+
 awaitable<void> Server::Session(tcp::socket socket) {
   ++active_;
   service_.metrics().connections.Set(active_);
   Connection conn(std::move(socket), service_, blobs_, manifests_, prefetch_, access_, options_,
                   metrics_text_);
+  auto registered = stops_.insert(stops_.end(), [&conn] { conn.Stop(); });
   try {
     co_await conn.Run();
   } catch (const std::exception& e) {
     spdlog::error("connection failed: {}", e.what());
   }
+  stops_.erase(registered);
   --active_;
   service_.metrics().connections.Set(active_);
 }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <string>
 
 #include <boost/asio/awaitable.hpp>
@@ -29,8 +30,10 @@ struct ServerOptions {
   std::chrono::seconds idle_timeout{30};
   // A response the client does not take within this long is dropped.
   std::chrono::seconds write_timeout{30};
-  // Connections beyond this many are closed as soon as they are accepted.
-  int max_connections = 4096;
+  // Connections beyond this many get a 503 (Retry-After) as soon as they are accepted, and are
+  // closed. Each agent holds a few long-polls: two per blob it pulls, one per manifest it waits
+  // for, one prefetch poll.
+  int max_connections = 32768;
 };
 
 // Lives on one io_context; all methods must be called on that context's (single) thread.
@@ -46,7 +49,7 @@ class Server {
   Result<uint16_t> Listen(const std::string& address, uint16_t port);
   // Starts accepting connections.
   void Start();
-  // Stops accepting; open connections finish their current request.
+  // Stops accepting; idle connections close at once, busy ones after their current request.
   void Stop();
   // Connections currently open.
   int active_connections() const { return active_; }
@@ -58,6 +61,8 @@ class Server {
  private:
   boost::asio::awaitable<void> AcceptLoop();
   boost::asio::awaitable<void> Session(boost::asio::ip::tcp::socket socket);
+  // Answers a connection over the limit with 503 and closes it (bounded: shedding_).
+  boost::asio::awaitable<void> Shed(boost::asio::ip::tcp::socket socket);
 
   boost::asio::io_context& ioc_;
   TrackerService& service_;
@@ -69,6 +74,10 @@ class Server {
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> metrics_text_;
   int active_ = 0;
+  std::list<std::function<void()>> stops_;   // one per open connection: Connection::Stop
+  int shedding_ = 0;                          // Shed coroutines running
+  std::chrono::steady_clock::time_point shed_logged_{};  // last warning about shedding
+  uint64_t shed_unlogged_ = 0;                // shed since that warning
 };
 
 }  // namespace shoal::tracker

@@ -22,7 +22,8 @@
 //   a  cold cluster-wide pull (shoal only): every agent creates the chunk tables, its upstream
 //      worker long-polls for work (POST .../work?wait_ms=5000), leased agents "fetch" the chunk
 //      (a delay at the upstream link's share), renew every ttl/3 and publish the metainfo; its
-//      window workers long-poll each chunk (POST .../chunks/k/lease?wait_ms=5000&grant=0), announce
+//      window workers wait for their chunks, for which one watcher per blob long-polls (POST
+//      .../ready?wait_ms=5000 with the 16 lowest chunks not held or known ready), announce
 //      started when it is ready, "download" it over a 10 Gbit/s node link (a delay) and announce
 //      completed. Like the agent, an answer that fails is retried after 500 ms and a chunk without
 //      a usable tracker answer for 10 s is counted as a fallback to upstream.
@@ -188,7 +189,7 @@ enum Kind {
   kAnnPeriodic,
   kTable,
   kWork,
-  kLease,
+  kReady,
   kRenew,
   kPublish,
   kRelease,
@@ -199,7 +200,7 @@ constexpr const char* kKindName[kKinds] = {"announce started",
                                            "announce (periodic)",
                                            "table (POST blob)",
                                            "work (long-poll)",
-                                           "lease grant=0 (long-poll)",
+                                           "ready (long-poll)",
                                            "renew",
                                            "publish",
                                            "release"};
@@ -208,7 +209,7 @@ constexpr const char* kKindKey[kKinds] = {"announce_started",
                                           "announce",
                                           "table",
                                           "work",
-                                          "lease",
+                                          "ready",
                                           "renew",
                                           "publish",
                                           "release"};
@@ -1118,6 +1119,8 @@ std::string SourceBody(const Agent& a, const Blob& b) {
 struct ColdFetch {
   std::vector<uint8_t> filled;       // per chunk of the blob
   std::vector<uint8_t> in_upstream;  // our upstream worker fetches it
+  std::vector<uint8_t> ready;        // the tracker said ready (the watcher's answers)
+  bool watch_failed = false;         // the watcher got no usable answer for the grace
   uint32_t next = 0;                 // the window's next chunk
   uint32_t left = 0;                 // chunks not filled
   Clock::time_point tracker_ok;
@@ -1236,6 +1239,61 @@ awaitable<void> Bench::ColdBlob(Gen& g, const Target& t, Agent& a, uint32_t bi,
         running--;
       },
       asio::detached);
+  // The ready watcher: one long-poll per blob for the lowest chunks not held or known ready.
+  f->ready.assign(n, 0);
+  running++;
+  asio::co_spawn(
+      g.ioc(),
+      [&, f]() -> awaitable<void> {
+        while (!over()) {
+          json wanted = json::array();
+          for (uint32_t k = 0; k < n && wanted.size() < 16; ++k) {
+            if (!f->filled[k] && !f->in_upstream[k] && !f->ready[k]) wanted.push_back(k);
+          }
+          if (wanted.empty()) {
+            co_await Sleep(g, milliseconds(20));
+            continue;
+          }
+          json req = json::parse(body);
+          req["chunks"] = std::move(wanted);
+          auto started = Clock::now();
+          Reply r = co_await BlobCall(g, t, a, kReady, http::verb::post,
+                                      base + "/ready?wait_ms=" + std::to_string(kLeaseWait.count()),
+                                      req.dump(), kPollTimeout);
+          if (over()) break;
+          if (!r.answered && r.err == kErrLocal) {
+            // Out of file descriptors here, not the tracker's doing: no step to a fallback.
+            co_await Sleep(g, milliseconds(100));
+            continue;
+          }
+          if (!r.answered || r.status != 200) {
+            // No usable answer for the grace: the workers fetch straight from upstream.
+            if (Clock::now() - f->tracker_ok >= kTrackerGrace) f->watch_failed = true;
+            co_await Sleep(g, milliseconds(500));
+            continue;
+          }
+          f->tracker_ok = Clock::now();
+          f->watch_failed = false;
+          json j = json::parse(r.body, nullptr, false);
+          std::string state = j.is_object() ? j.value("state", "") : "";
+          if (state == "ready" && j.contains("chunks") && j["chunks"].is_array()) {
+            for (const json& c : j["chunks"]) {
+              uint32_t k = c.value("chunk", n);
+              if (k < n) f->ready[k] = 1;
+              ++st.lease_ready;
+            }
+            continue;
+          }
+          ++st.lease_wait;
+          if (Clock::now() - started < milliseconds(200)) {
+            co_await Sleep(
+                g, std::clamp(milliseconds(j.is_object() ? j.value("retry_after_ms", 1000) : 1000),
+                              milliseconds(100), milliseconds(2000)));
+          }
+        }
+        running--;
+      },
+      asio::detached);
   // The window workers: wait for each chunk to be ready, then take it from peers.
   const int workers = std::max(1, std::min<int>(o_.window, static_cast<int>(n)));
   for (int w = 0; w < workers; ++w) {
@@ -1247,63 +1305,33 @@ awaitable<void> Bench::ColdBlob(Gen& g, const Target& t, Agent& a, uint32_t bi,
             const uint32_t k = f->next++;
             const Chunk& c = image_.chunks[blob.chunks[k]];
             while (!over() && !f->filled[k]) {
-              if (f->in_upstream[k]) {
-                co_await Sleep(g, milliseconds(100));
+              if (f->in_upstream[k] || (!f->ready[k] && !f->watch_failed)) {
+                co_await Sleep(g, milliseconds(20));
                 continue;
               }
-              auto started = Clock::now();
-              Reply r = co_await BlobCall(
-                  g, t, a, kLease, http::verb::post,
-                  base + "/chunks/" + std::to_string(k) +
-                      "/lease?wait_ms=" + std::to_string(kLeaseWait.count()) + "&grant=0",
-                  body, kPollTimeout);
-              if (f->filled[k] || over()) break;
-              if (f->in_upstream[k]) continue;
-              if (!r.answered && r.err == kErrLocal) {
-                // Out of file descriptors here, not the tracker's doing: no step to a fallback.
-                co_await Sleep(g, milliseconds(100));
-                continue;
-              }
-              if (!r.answered || r.status != 200) {
-                if (Clock::now() - f->tracker_ok < kTrackerGrace) {
-                  co_await Sleep(g, milliseconds(500));
-                  continue;
-                }
-                // No usable answer for the grace: the agent fetches this chunk straight from
-                // upstream, outside the cluster's lease quota.
+              if (!f->ready[k]) {
+                // The agent fetches this chunk straight from upstream, outside the cluster's
+                // lease quota.
                 ++st.chunk_fallbacks;
                 co_await Sleep(g, Transfer(c.length, o_.upstream_gbit / o_.max_fetchers));
                 fill(k);
                 break;
               }
-              f->tracker_ok = Clock::now();
-              json j = json::parse(r.body, nullptr, false);
-              std::string state = j.is_object() ? j.value("state", "") : "";
-              if (state == "ready") {
-                ++st.lease_ready;
-                co_await Announce(g, t, a, c, Event::kStarted, c.length, Clock::now(),
-                                  milliseconds(o_.timeout_ms));
-                // The node link as a FIFO: this chunk after what the link carries already.
-                auto now = Clock::now();
-                a.link_free = std::max(a.link_free, now) + Transfer(c.length, o_.node_gbit);
-                co_await SleepUntil(g, a.link_free);
-                if (over()) break;
-                // libtorrent sends it on its own; the worker goes on with the next chunk.
-                asio::co_spawn(g.ioc(),
-                               Announce(g, t, a, c, Event::kCompleted, 0, Clock::now(),
-                                        milliseconds(o_.timeout_ms)),
-                               asio::detached);
-                if (!f->filled[k]) ++st.chunks_from_peers;
-                fill(k);
-                break;
-              }
-              ++st.lease_wait;
-              if (Clock::now() - started < milliseconds(200)) {
-                co_await Sleep(
-                    g,
-                    std::clamp(milliseconds(j.is_object() ? j.value("retry_after_ms", 1000) : 1000),
-                               milliseconds(100), milliseconds(2000)));
-              }
+              co_await Announce(g, t, a, c, Event::kStarted, c.length, Clock::now(),
+                                milliseconds(o_.timeout_ms));
+              // The node link as a FIFO: this chunk after what the link carries already.
+              auto now = Clock::now();
+              a.link_free = std::max(a.link_free, now) + Transfer(c.length, o_.node_gbit);
+              co_await SleepUntil(g, a.link_free);
+              if (over()) break;
+              // libtorrent sends it on its own; the worker goes on with the next chunk.
+              asio::co_spawn(g.ioc(),
+                             Announce(g, t, a, c, Event::kCompleted, 0, Clock::now(),
+                                      milliseconds(o_.timeout_ms)),
+                             asio::detached);
+              if (!f->filled[k]) ++st.chunks_from_peers;
+              fill(k);
+              break;
             }
           }
           running--;
@@ -1451,8 +1479,8 @@ void Bench::PrintPhase(const PhaseResult& rc) {
     std::printf(
         "   agents done %zu of %d (p50 %.1f s, p99 %.1f s, max %.1f s); chunks: %llu from peers, "
         "%llu upstream under lease, %llu fallbacks to upstream (chunks), %llu blobs without a "
-        "table; work answers: %llu granted, %llu wait, %llu done; lease answers: %llu ready, "
-        "%llu wait; leases lost %llu\n",
+        "table; work answers: %llu granted, %llu wait, %llu done; ready polls: %llu chunks ready, "
+        "%llu empty; leases lost %llu\n",
         done.size(), o_.agents, Percentile(done, 50) / 1000, Percentile(done, 99) / 1000,
         Percentile(done, 100) / 1000, static_cast<unsigned long long>(r.stats.chunks_from_peers),
         static_cast<unsigned long long>(r.stats.chunks_upstream),

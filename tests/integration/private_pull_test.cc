@@ -80,7 +80,8 @@ struct World {
     std::vector<std::pair<std::string, std::string>> headers = {{"Accept", kManifestAccept}};
     if (!authorization.empty()) headers.emplace_back("Authorization", authorization);
     auto r = HttpRequest(method, agent->Url() + "/v2/" + path, headers);
-    REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+    // A request that fails outright shows the agent's log: what it was waiting for.
+    REQUIRE_MESSAGE(r.has_value(), (r.error().ToString() + "\n" + agent->LogTail()));
     return r.value();
   }
 

@@ -295,6 +295,35 @@ TEST_CASE("tracker lease: a long-poll on a leased chunk answers right after the 
   CHECK(t.process->Stop() == 0);
 }
 
+TEST_CASE("tracker lease: one ready poll for several chunks answers right after any is published") {
+  TempDir dir("shoal-tracker-ready-poll");
+  Tracker t = StartTracker(dir);
+  Reply granted = Send("POST", t.Chunk(1, "lease"), Source("holder"));
+  REQUIRE(granted.body["state"] == "granted");
+
+  json body = json::parse(Source("waiter"));
+  body["chunks"] = json::array({0, 1});
+  LongPoll poll(t.base + "/v1/blobs/" + kDigest + "/ready?wait_ms=8000", body.dump());
+  REQUIRE_MESSAGE(WaitForPolls(t, 1), "the ready poll was not parked");
+  Clock::time_point published_at = Clock::now();
+  Reply published =
+      Send("PUT", t.Chunk(1), PublishBody("holder", granted.body["lease_id"], Metainfo(kChunk)));
+  REQUIRE(published.status == 200);
+  Reply answer = poll.Join();
+  CHECK(answer.status == 200);
+  CHECK(answer.body["state"] == "ready");
+  REQUIRE(answer.body["chunks"].size() == 1);
+  CHECK(answer.body["chunks"][0]["chunk"] == 1);
+  CHECK(Base64Decode(answer.body["chunks"][0].value("metainfo", "")) == Metainfo(kChunk));
+  auto after_publish = std::chrono::duration_cast<milliseconds>(poll.done_at() - published_at);
+  MESSAGE("ready poll answered " << after_publish.count() << " ms after the publish");
+  CHECK(after_publish < milliseconds(1000));
+  // Chunk 0 was only waited for, never leased to the waiter.
+  Reply table = Send("GET", t.base + "/v1/blobs/" + kDigest, "");
+  CHECK(table.body["chunks"][0]["state"] == "none");
+  CHECK(t.process->Stop() == 0);
+}
+
 TEST_CASE("tracker lease: a long-poll held by the cluster cap gets the lease when one ends") {
   TempDir dir("shoal-tracker-lease-cap");
   Tracker t = StartTracker(dir, {"--max-upstream-fetchers", "1"});

@@ -14,7 +14,11 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 
 #include <libtorrent/add_torrent_params.hpp>
 #include <libtorrent/alert_types.hpp>
@@ -331,6 +335,39 @@ TEST_CASE("tracker: answers hostile requests with failures, not crashes, and kee
   CHECK(MetricSum(metrics, "shoal_tracker_announce_failures_total", {{"reason", "invalid"}}) == 2);
   CHECK(MetricSum(metrics, "shoal_tracker_http_requests_total", {{"route", "announce"}}) >= 2);
   CHECK(tracker.process->Running());
+  CHECK(tracker.process->Stop() == 0);
+}
+
+TEST_CASE("tracker: a connection beyond --max-connections gets 503 with Retry-After, and is counted") {
+  TempDir dir("shoal-tracker-shed");
+  Tracker tracker = StartTracker(dir, {"--max-connections", "2"});
+  auto port = static_cast<uint16_t>(std::stoi(tracker.base.substr(tracker.base.rfind(':') + 1)));
+  boost::asio::io_context ioc;
+  const boost::asio::ip::tcp::endpoint at(boost::asio::ip::make_address("127.0.0.1"), port);
+  // Two idle connections take the tracker's whole allowance.
+  std::vector<boost::asio::ip::tcp::socket> held;
+  for (int i = 0; i < 2; ++i) {
+    held.emplace_back(ioc);
+    held.back().connect(at);
+  }
+  // The accept loop counts a connection once its coroutine runs: give it a moment.
+  std::this_thread::sleep_for(milliseconds(300));
+  auto refused = HttpGet(tracker.base + "/healthz", {}, seconds(5));
+  REQUIRE_MESSAGE(refused.has_value(), refused.error().ToString());
+  CHECK(refused.value().status == 503);
+  CHECK(refused.value().Header("retry-after") == "1");
+  CHECK(refused.value().body.find("--max-connections") != std::string::npos);
+  // One held connection closes: the tracker serves again, and says what it refused.
+  held.front().close();
+  std::string metrics;
+  for (int i = 0; i < 50 && metrics.empty(); ++i) {
+    auto r = HttpGet(tracker.base + "/metrics", {}, seconds(5));
+    if (r && r.value().status == 200) metrics = r.value().body;
+    if (metrics.empty()) std::this_thread::sleep_for(milliseconds(100));
+  }
+  REQUIRE_FALSE(metrics.empty());
+  CHECK(MetricSum(metrics, "shoal_tracker_http_connections_shed_total") >= 1);
+  CHECK(tracker.process->LogTail().find("refused with 503") != std::string::npos);
   CHECK(tracker.process->Stop() == 0);
 }
 

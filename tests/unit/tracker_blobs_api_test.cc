@@ -6,6 +6,7 @@
 #include <chrono>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <prometheus/registry.h>
 #include <nlohmann/json.hpp>
@@ -144,6 +145,82 @@ TEST_CASE("tracker blobs api: create, lease, publish and read a table") {
              json{{"agent", "node-2"}, {"info_hash", swarm::Sha1Hex(info_hash)}}.dump());
   CHECK(s8 == 200);
   CHECK(dropped["dropped"] == true);
+}
+
+TEST_CASE("tracker blobs api: one ready poll answers every ready chunk it names, and never grants") {
+  Api a;
+  auto ready_body = [](std::vector<uint32_t> chunks, const std::string& agent = "node-2") {
+    json j = json::parse(SourceBody(agent));
+    j["chunks"] = chunks;
+    return j.dump();
+  };
+  // Nothing is ready: wait (not granted, although nobody fetches chunk 0).
+  auto [s1, wait] = a.Call(http::verb::post, kBlob + "/ready", "wait_ms=0", ready_body({0, 1, 2}));
+  REQUIRE(s1 == 200);
+  CHECK(wait["state"] == "wait");
+  CHECK(wait["retry_after_ms"].get<int>() > 0);
+  CHECK(wait["size"] == kSize);
+  CHECK(wait["chunk_size"] == kChunk);
+  CHECK(a.api.table().totals().blobs == 1);
+  // node-1 fetches and publishes chunks 0 and 2.
+  std::string meta0 = Metainfo(kChunk), meta2 = Metainfo(100);
+  for (auto [k, meta] : {std::pair<uint32_t, std::string>{0, meta0}, {2, meta2}}) {
+    auto [sl, lease] = a.Call(http::verb::post, kBlob + "/chunks/" + std::to_string(k) + "/lease",
+                              "", SourceBody());
+    REQUIRE(lease["state"] == "granted");
+    json publish = json::parse(SourceBody());
+    publish["lease_id"] = lease["lease_id"];
+    publish["metainfo"] = Base64Encode(meta);
+    auto [sp, published] =
+        a.Call(http::verb::put, kBlob + "/chunks/" + std::to_string(k), "", publish.dump());
+    REQUIRE(sp == 200);
+  }
+  // Both ready chunks in one answer, in the order asked; chunk 1 is not there.
+  auto [s2, ready] = a.Call(http::verb::post, kBlob + "/ready", "", ready_body({2, 1, 0}));
+  REQUIRE(s2 == 200);
+  CHECK(ready["state"] == "ready");
+  REQUIRE(ready["chunks"].size() == 2);
+  CHECK(ready["chunks"][0]["chunk"] == 2);
+  CHECK(Base64Decode(ready["chunks"][0]["metainfo"].get<std::string>()) == meta2);
+  CHECK(ready["chunks"][1]["chunk"] == 0);
+  CHECK(Base64Decode(ready["chunks"][1]["metainfo"].get<std::string>()) == meta0);
+  // Only chunk 1 asked for: wait, and chunk 1 is still not leased to anyone.
+  auto [s3, still] = a.Call(http::verb::post, kBlob + "/ready", "", ready_body({1}));
+  CHECK(still["state"] == "wait");
+  auto [s4, table] = a.Call(http::verb::get, kBlob, "", "");
+  CHECK(table["chunks"][1]["state"] == "none");
+
+  // Malformed: each a 400 naming what is wrong.
+  json no_chunks = json::parse(SourceBody());
+  json many = json::parse(ready_body({0}));
+  many["chunks"] = std::vector<uint32_t>(65, 0);
+  for (uint32_t i = 0; i < 65; ++i) many["chunks"][i] = i;
+  json negative = json::parse(ready_body({0}));
+  negative["chunks"] = json::array({0, -1});
+  json text = json::parse(ready_body({0}));
+  text["chunks"] = json::array({"0"});
+  struct Case {
+    std::string body, query, expect;
+  } cases[] = {
+      {no_chunks.dump(), "", "\"chunks\" must be an array of 1 to 64"},
+      {ready_body({}), "", "\"chunks\" must be an array of 1 to 64"},
+      {many.dump(), "", "\"chunks\" must be an array of 1 to 64"},
+      {negative.dump(), "", "not a non-negative integer"},
+      {text.dump(), "", "not a non-negative integer"},
+      {ready_body({1, 1}), "", "names chunk 1 twice"},
+      {ready_body({0, 3}), "", "out of range"},
+      {ready_body({0}), "wait_ms=later", "wait_ms"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.body);
+    auto reply = a.Call(http::verb::post, kBlob + "/ready", c.query, c.body);
+    CHECK(reply.first == 400);
+    CHECK_MESSAGE(reply.second.value("error", "").find(c.expect) != std::string::npos,
+                  reply.second.dump());
+  }
+  BlobResponse r = a.api.HandleNow(BlobRequest{http::verb::get, kBlob + "/ready", "", ""}, kT0);
+  CHECK(r.status == 405);
+  CHECK(r.allow == "POST");
 }
 
 TEST_CASE("tracker blobs api: release by query, 409 for a non-holder, 404 for unknown blobs") {
