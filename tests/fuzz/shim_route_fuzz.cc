@@ -124,6 +124,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case Route::Kind::kPush:
       FUZZ_CHECK(path.starts_with("/v2/" + r.name + "/blobs/uploads"));
       break;
+    case Route::Kind::kTags:
+      FUZZ_CHECK(path == "/v2/" + r.name + "/tags/list");
+      break;
+    case Route::Kind::kReferrers:
+      FUZZ_CHECK(path == "/v2/" + r.name + "/referrers/" + r.reference);
+      break;
     case Route::Kind::kNotFound:
       break;
   }
