@@ -105,6 +105,9 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   awaitable<void> Direct(uint32_t k);
   // Logs and counts that the tracker gave no usable answer (e), then fetches chunk k as Direct.
   awaitable<void> NoTracker(uint32_t k, Error e);
+  // Chunk k's download from peers failed (again): logs it and tells whether to give up on peers
+  // for it (kMaxPeerFailures, counted as a peers_failed fallback).
+  bool PeersFailed(uint32_t k, const Error& e, int& peer_failures);
   // Counts a failed upstream fetch against the blob's budget (options.upstream_attempts, over
   // all of its chunks). Returns whether to try again; false after failing the fetch.
   bool UpstreamFailed(const Error& e);
@@ -270,6 +273,16 @@ awaitable<void> ChunkFetcher::NoTracker(uint32_t k, Error e) {
   co_await Direct(k);
 }
 
+bool ChunkFetcher::PeersFailed(uint32_t k, const Error& e, int& peer_failures) {
+  spdlog::warn("chunk {} of {} from peers: {}", k, fetch_->digest().str(), e.message);
+  if (swarm_cut_off_ || ++peer_failures < kMaxPeerFailures || fetch_->ended()) return false;
+  // The tracker keeps saying ready but no peer delivers: bounded, then upstream.
+  spdlog::warn("chunk {} of {}: peers failed {} times; fetching it straight from upstream", k,
+               fetch_->digest().str(), peer_failures);
+  s_.metrics.fallbacks.Add({{"reason", "peers_failed"}}).Increment();
+  return true;
+}
+
 awaitable<void> ChunkFetcher::Direct(uint32_t k) {
   const std::string no_lease;
   while (!fetch_->ended()) {
@@ -318,13 +331,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
       Status st = co_await FromPeers(k, metainfo);
       if (st) co_return;
       if (ready_meta_[k] == metainfo) ready_meta_[k].clear();  // ask the tracker again
-      spdlog::warn("chunk {} of {} from peers: {}", k, fetch_->digest().str(), st.error().message);
-      if (!swarm_cut_off_ && ++peer_failures >= kMaxPeerFailures && !fetch_->ended()) {
-        spdlog::warn("chunk {} of {}: peers failed {} times; fetching it straight from upstream",
-                     k, fetch_->digest().str(), peer_failures);
-        s_.metrics.fallbacks.Add({{"reason", "peers_failed"}}).Increment();
-        co_return co_await Direct(k);
-      }
+      if (PeersFailed(k, st.error(), peer_failures)) co_return co_await Direct(k);
       continue;
     }
     auto started = Clock::now();
@@ -354,15 +361,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
       case LeaseAnswer::Kind::kReady: {
         Status st = co_await FromPeers(k, a.metainfo);
         if (st) co_return;
-        spdlog::warn("chunk {} of {} from peers: {}", k, fetch_->digest().str(),
-                     st.error().message);
-        if (!swarm_cut_off_ && ++peer_failures >= kMaxPeerFailures && !fetch_->ended()) {
-          // The tracker keeps saying ready but no peer delivers: bounded, then upstream.
-          spdlog::warn("chunk {} of {}: peers failed {} times; fetching it straight from upstream",
-                       k, fetch_->digest().str(), peer_failures);
-          s_.metrics.fallbacks.Add({{"reason", "peers_failed"}}).Increment();
-          co_return co_await Direct(k);
-        }
+        if (PeersFailed(k, st.error(), peer_failures)) co_return co_await Direct(k);
         break;
       }
       case LeaseAnswer::Kind::kGranted: {
