@@ -146,6 +146,33 @@ bool WaitForPolls(const Tracker& t, int n) {
       seconds(3), milliseconds(10));
 }
 
+// The answer to a long-poll (POST url with body) that is parked while "holder" holds the lease
+// on chunk 1, and how long after chunk 1's publication it came.
+struct WokenPoll {
+  Reply answer;
+  milliseconds after_publish{0};
+  milliseconds total{0};  // since the poll was sent
+};
+WokenPoll PollWokenByPublish(const Tracker& t, const std::string& url, const std::string& body) {
+  Reply granted = Send("POST", t.Chunk(1, "lease"), Source("holder"));
+  REQUIRE(granted.body["state"] == "granted");
+  Clock::time_point asked = Clock::now();
+  LongPoll poll(url, body);
+  REQUIRE_MESSAGE(WaitForPolls(t, 1), "the poll was not parked");
+  // Other connections are served while it waits.
+  auto health = HttpGet(t.base + "/healthz", {}, seconds(1));
+  REQUIRE(health.has_value());
+  CHECK(health.value().status == 200);
+  Clock::time_point published_at = Clock::now();
+  Reply published =
+      Send("PUT", t.Chunk(1), PublishBody("holder", granted.body["lease_id"], Metainfo(kChunk)));
+  REQUIRE(published.status == 200);
+  WokenPoll out{poll.Join()};
+  out.after_publish = std::chrono::duration_cast<milliseconds>(poll.done_at() - published_at);
+  out.total = std::chrono::duration_cast<milliseconds>(poll.done_at() - asked);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("tracker lease: tables, grants, waits and publication over HTTP, with a tracker id") {
@@ -264,31 +291,14 @@ TEST_CASE("tracker lease: malformed requests get 400 JSON errors, unknown blobs 
 TEST_CASE("tracker lease: a long-poll on a leased chunk answers right after the publish") {
   TempDir dir("shoal-tracker-lease-poll");
   Tracker t = StartTracker(dir);
-  Reply granted = Send("POST", t.Chunk(1, "lease"), Source("holder"));
-  REQUIRE(granted.body["state"] == "granted");
-
-  Clock::time_point asked = Clock::now();
-  LongPoll poll(t.Chunk(1, "lease") + "?wait_ms=8000", Source("waiter"));
-  REQUIRE_MESSAGE(WaitForPolls(t, 1), "the lease request was not parked");
-  // Other connections are served while it waits.
-  auto health = HttpGet(t.base + "/healthz", {}, seconds(1));
-  REQUIRE(health.has_value());
-  CHECK(health.value().status == 200);
-
-  Clock::time_point published_at = Clock::now();
-  Reply published =
-      Send("PUT", t.Chunk(1), PublishBody("holder", granted.body["lease_id"], Metainfo(kChunk)));
-  REQUIRE(published.status == 200);
-  Reply answer = poll.Join();
-  CHECK(answer.status == 200);
-  CHECK(answer.body["state"] == "ready");
-  CHECK(Base64Decode(answer.body.value("metainfo", "")) == Metainfo(kChunk));
-  auto after_publish = std::chrono::duration_cast<milliseconds>(poll.done_at() - published_at);
-  auto total = std::chrono::duration_cast<milliseconds>(poll.done_at() - asked);
-  MESSAGE("long-poll answered " << after_publish.count() << " ms after the publish, "
-                                << total.count() << " ms after it was sent");
-  CHECK(after_publish < milliseconds(1000));
-  CHECK(total < milliseconds(8000));
+  WokenPoll poll = PollWokenByPublish(t, t.Chunk(1, "lease") + "?wait_ms=8000", Source("waiter"));
+  CHECK(poll.answer.status == 200);
+  CHECK(poll.answer.body["state"] == "ready");
+  CHECK(Base64Decode(poll.answer.body.value("metainfo", "")) == Metainfo(kChunk));
+  MESSAGE("long-poll answered " << poll.after_publish.count() << " ms after the publish, "
+                                << poll.total.count() << " ms after it was sent");
+  CHECK(poll.after_publish < milliseconds(1000));
+  CHECK(poll.total < milliseconds(8000));
   auto metrics = HttpGet(t.base + "/metrics");
   REQUIRE(metrics.has_value());
   CHECK(MetricSum(metrics.value().body, "shoal_tracker_lease_waits_total") == 1);
@@ -298,26 +308,17 @@ TEST_CASE("tracker lease: a long-poll on a leased chunk answers right after the 
 TEST_CASE("tracker lease: one ready poll for several chunks answers right after any is published") {
   TempDir dir("shoal-tracker-ready-poll");
   Tracker t = StartTracker(dir);
-  Reply granted = Send("POST", t.Chunk(1, "lease"), Source("holder"));
-  REQUIRE(granted.body["state"] == "granted");
-
   json body = json::parse(Source("waiter"));
   body["chunks"] = json::array({0, 1});
-  LongPoll poll(t.base + "/v1/blobs/" + kDigest + "/ready?wait_ms=8000", body.dump());
-  REQUIRE_MESSAGE(WaitForPolls(t, 1), "the ready poll was not parked");
-  Clock::time_point published_at = Clock::now();
-  Reply published =
-      Send("PUT", t.Chunk(1), PublishBody("holder", granted.body["lease_id"], Metainfo(kChunk)));
-  REQUIRE(published.status == 200);
-  Reply answer = poll.Join();
-  CHECK(answer.status == 200);
-  CHECK(answer.body["state"] == "ready");
-  REQUIRE(answer.body["chunks"].size() == 1);
-  CHECK(answer.body["chunks"][0]["chunk"] == 1);
-  CHECK(Base64Decode(answer.body["chunks"][0].value("metainfo", "")) == Metainfo(kChunk));
-  auto after_publish = std::chrono::duration_cast<milliseconds>(poll.done_at() - published_at);
-  MESSAGE("ready poll answered " << after_publish.count() << " ms after the publish");
-  CHECK(after_publish < milliseconds(1000));
+  WokenPoll poll =
+      PollWokenByPublish(t, t.base + "/v1/blobs/" + kDigest + "/ready?wait_ms=8000", body.dump());
+  CHECK(poll.answer.status == 200);
+  CHECK(poll.answer.body["state"] == "ready");
+  REQUIRE(poll.answer.body["chunks"].size() == 1);
+  CHECK(poll.answer.body["chunks"][0]["chunk"] == 1);
+  CHECK(Base64Decode(poll.answer.body["chunks"][0].value("metainfo", "")) == Metainfo(kChunk));
+  MESSAGE("ready poll answered " << poll.after_publish.count() << " ms after the publish");
+  CHECK(poll.after_publish < milliseconds(1000));
   // Chunk 0 was only waited for, never leased to the waiter.
   Reply table = Send("GET", t.base + "/v1/blobs/" + kDigest, "");
   CHECK(table.body["chunks"][0]["state"] == "none");
