@@ -217,6 +217,7 @@ int RunAgent(const AgentConfig& config) {
   fetch_options.window = config.range_streams;
   fetch_options.lease_wait = std::chrono::milliseconds(config.lease_wait_ms);
   fetch_options.tracker_grace = std::chrono::milliseconds(config.tracker_grace_ms);
+  fetch_options.tracker_busy_grace = std::chrono::milliseconds(config.tracker_busy_grace_ms);
   fetch_options.peer_stall = std::chrono::milliseconds(config.peer_stall_ms);
   FetchServices services{ioc,          client,      tracker.enabled() ? &tracker : nullptr,
                          swarm.get(),  seeds.get(), fetch_options,

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
@@ -105,6 +107,12 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   awaitable<void> Direct(uint32_t k);
   // Logs and counts that the tracker gave no usable answer (e), then fetches chunk k as Direct.
   awaitable<void> NoTracker(uint32_t k, Error e);
+  // Whether to ask the tracker again after the failed call e instead of going upstream: it did
+  // not answer, for less than options.tracker_grace (and not known down for that long), or it
+  // is full (503), for less than options.tracker_busy_grace; both since this blob's last usable
+  // answer. A full tracker is alive: the whole cluster going upstream at once is what it sheds
+  // to prevent.
+  bool KeepAskingTracker(const Error& e) const;
   // Chunk k's download from peers failed (again): logs it and tells whether to give up on peers
   // for it (kMaxPeerFailures, counted as a peers_failed fallback).
   bool PeersFailed(uint32_t k, const Error& e, int& peer_failures);
@@ -173,6 +181,26 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   bool swarm_cut_off_ = false;  // our announces fail: no peers either way
 };
 
+// The shoal_swarm_fallback_total reason for going upstream after the tracker call failed with e.
+std::string_view TrackerFallbackReason(const Error& e) {
+  switch (e.code) {
+    case ErrorCode::kUnavailable: return "tracker_unreachable";
+    case ErrorCode::kTooManyRequests: return "tracker_busy";
+    default: return "tracker_error";
+  }
+}
+
+// How long to wait before asking the tracker again after the failed call e: a full tracker's
+// Retry-After, spread over 0.5x-1.5x so that the agents it shed do not come back together;
+// otherwise 500 ms.
+std::chrono::milliseconds TrackerPause(const Error& e) {
+  if (e.code != ErrorCode::kTooManyRequests) return std::chrono::milliseconds(500);
+  thread_local std::minstd_rand rng{std::random_device{}()};
+  const int64_t base = std::clamp<int64_t>(int64_t{e.retry_after_s} * 1000, 200, 10'000);
+  return std::chrono::milliseconds(
+      std::uniform_int_distribution<int64_t>(base / 2, base + base / 2)(rng));
+}
+
 // Times a chunk may fail from peers before it is fetched from upstream directly.
 constexpr int kMaxPeerFailures = 4;
 // Chunks one ready poll asks for: the window workers' chunks and those they take next.
@@ -190,25 +218,22 @@ awaitable<void> ChunkFetcher::Run() {
     use_tracker_ = false;
   }
   if (use_tracker_) {
-    auto deadline = Clock::now() + s_.options.tracker_grace;
     for (;;) {
       auto table = co_await s_.tracker->Table(fetch_->digest(), source_);
       if (table) {
         layout_ = table.value().layout;
+        tracker_ok_ = Clock::now();
         break;
       }
-      if (table.error().code != ErrorCode::kUnavailable || Clock::now() >= deadline ||
-          s_.tracker->Unreachable(s_.options.tracker_grace)) {
+      if (!KeepAskingTracker(table.error())) {
         spdlog::warn("no usable tracker for {} ({}); fetching it straight from upstream",
                      fetch_->digest().str(), table.error().message);
-        s_.metrics.fallbacks
-            .Add({{"reason", table.error().code == ErrorCode::kUnavailable ? "tracker_unreachable"
-                                                                           : "tracker_error"}})
+        s_.metrics.fallbacks.Add({{"reason", std::string(TrackerFallbackReason(table.error()))}})
             .Increment();
         use_tracker_ = false;
         break;
       }
-      co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+      co_await Sleep(s_.ioc, TrackerPause(table.error()));
     }
   }
   if (!use_tracker_) {
@@ -267,10 +292,15 @@ awaitable<void> ChunkFetcher::Worker() {
 awaitable<void> ChunkFetcher::NoTracker(uint32_t k, Error e) {
   spdlog::warn("chunk {} of {}: no tracker answer ({}); fetching it straight from upstream", k,
                fetch_->digest().str(), e.message);
-  s_.metrics.fallbacks
-      .Add({{"reason", e.code == ErrorCode::kUnavailable ? "tracker_unreachable" : "tracker_error"}})
-      .Increment();
+  s_.metrics.fallbacks.Add({{"reason", std::string(TrackerFallbackReason(e))}}).Increment();
   co_await Direct(k);
+}
+
+bool ChunkFetcher::KeepAskingTracker(const Error& e) const {
+  const auto since_ok = Clock::now() - tracker_ok_;
+  if (e.code == ErrorCode::kTooManyRequests) return since_ok < s_.options.tracker_busy_grace;
+  return e.code == ErrorCode::kUnavailable && !s_.tracker->Unreachable(s_.options.tracker_grace) &&
+         since_ok < s_.options.tracker_grace;
 }
 
 bool ChunkFetcher::PeersFailed(uint32_t k, const Error& e, int& peer_failures) {
@@ -341,11 +371,8 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
     if (in_upstream_[k]) continue;
     if (!answer) {
       const Error& e = answer.error();
-      // Unreachable: no replica answered anyone for the grace (known before this blob, too);
-      // tracker_ok_: this blob got no usable answer for the grace (e.g. 503s from a full one).
-      if (e.code == ErrorCode::kUnavailable && !s_.tracker->Unreachable(s_.options.tracker_grace) &&
-          Clock::now() - tracker_ok_ < s_.options.tracker_grace) {
-        co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+      if (KeepAskingTracker(e)) {
+        co_await Sleep(s_.ioc, TrackerPause(e));
         continue;
       }
       co_return co_await NoTracker(k, e);
@@ -414,15 +441,12 @@ awaitable<void> ChunkFetcher::ReadyWatcher() {
     if (fetch_->ended()) co_return;
     if (!answer) {
       const Error& e = answer.error();
-      // Unreachable: no replica answered anyone for the grace (known before this blob, too);
-      // tracker_ok_: this blob got no usable answer for the grace (e.g. 503s from a full one).
-      // Past both, the waiting workers fetch their chunks straight from upstream.
-      if (e.code != ErrorCode::kUnavailable || s_.tracker->Unreachable(s_.options.tracker_grace) ||
-          Clock::now() - tracker_ok_ >= s_.options.tracker_grace) {
+      // Past the grace, the waiting workers fetch their chunks straight from upstream.
+      if (!KeepAskingTracker(e)) {
         watch_error_ = e;
         ready_changed_.NotifyAll();
       }
-      co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+      co_await Sleep(s_.ioc, TrackerPause(e));
       continue;
     }
     tracker_ok_ = Clock::now();
@@ -458,7 +482,7 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     if (fetch_->ended()) co_return;
     if (!answer) {
       // The window workers decide about falling back to upstream; just do not spin.
-      co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+      co_await Sleep(s_.ioc, TrackerPause(answer.error()));
       continue;
     }
     LeaseAnswer& a = answer.value();

@@ -3,7 +3,8 @@
 // upstream under a tracker lease (we fetch it, hash its pieces, seed it and publish its
 // metainfo), or waits for whoever holds the lease. While the tracker is healthy this agent never
 // fetches from upstream on its own; when no tracker answers for `tracker_grace` it fetches
-// straight from upstream (never worse than no mirror) and says so in logs and metrics.
+// straight from upstream (never worse than no mirror) and says so in logs and metrics. A full
+// tracker (503) is waited for longer (`tracker_busy_grace`), at the pace its Retry-After sets.
 // Without a tracker configured every chunk comes from upstream.
 
 #include <utility>
@@ -34,6 +35,8 @@ struct ChunkFetchOptions {
   int window = 4;  // chunks of one blob worked on at once
   std::chrono::milliseconds lease_wait{5000};
   std::chrono::milliseconds tracker_grace{10000};  // tracker errors tolerated before going direct
+  // A full tracker (503 + Retry-After) is waited for this long before going direct.
+  std::chrono::milliseconds tracker_busy_grace{30000};
   std::chrono::milliseconds peer_stall{30000};     // no verified piece for this long: re-lease
   // Failed upstream chunk fetches (each already retried by the client) before the blob fails,
   // counted over all of the blob's chunks.

@@ -134,6 +134,12 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_TRACKER_GRACE_MS")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
+  app.add_option("--tracker-busy-grace-ms", c.tracker_busy_grace_ms,
+                 "How long a full tracker (503 with Retry-After, at --max-connections) is asked "
+                 "again, at the pace it sets, before fetching from upstream directly")
+      ->envname("SHOAL_TRACKER_BUSY_GRACE_MS")
+      ->check(CLI::Range(0, 600000))
+      ->capture_default_str();
   app.add_option("--manifest-wait-ms", c.manifest_wait_ms,
                  "Longest wait for another agent's upstream manifest fetch through the "
                  "tracker's manifest cache before fetching it upstream directly")

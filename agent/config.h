@@ -43,6 +43,7 @@ struct AgentConfig {
   bool insecure_peers = false;   // no peer CA: plain, unauthenticated peers (tests, trials)
   int lease_wait_ms = 5000;                   // long-poll per lease request
   int tracker_grace_ms = 10000;  // tracker errors tolerated before fetching upstream directly
+  int tracker_busy_grace_ms = 30000;  // a full tracker (503) is waited for this long, then upstream
   int manifest_wait_ms = 20000;  // longest wait on the tracker's manifest cache, then upstream
   int peer_stall_ms = 15000;     // a chunk with no verified piece for this long is re-leased
   int unchoke_slots = -1;        // peers uploaded to at once; -1: every interested LAN peer

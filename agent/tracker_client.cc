@@ -14,6 +14,7 @@
 
 #include "lib/core/base64.h"
 #include "lib/core/sha256.h"
+#include "lib/http/retry_after.h"
 
 namespace shoal::agent {
 namespace asio = boost::asio;
@@ -177,6 +178,17 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::CallReplica(size_t replic
     NoteHealth(replica, false);
     co_return read.error();
   }
+  if (resp.status() == 503 && !resp.header(http_::field::retry_after).empty()) {
+    // A full tracker (--max-connections) sheds with 503 + Retry-After: it is alive, and asking
+    // another replica would split the blob's leases over two tables. The caller waits and asks
+    // it again (ChunkFetchOptions::tracker_busy_grace).
+    NoteHealth(replica, true);
+    Error busy = MakeError(ErrorCode::kTooManyRequests,
+                           "tracker " + req.url.str() + " is full (503, Retry-After " +
+                               std::string(resp.header(http_::field::retry_after)) + ")");
+    busy.retry_after_s = std::max(1, http::RetryAfterSeconds(resp.header(http_::field::retry_after)));
+    co_return busy;
+  }
   if (resp.status() >= 502 && resp.status() <= 504) {  // a proxy in front of a dead replica
     NoteHealth(replica, false);
     co_return MakeError(ErrorCode::kUnavailable,
@@ -200,6 +212,7 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::Call(const Digest& digest
   for (size_t replica : order) {
     auto reply = co_await CallReplica(replica, method, target, body);
     if (reply) co_return std::move(reply.value());
+    if (reply.error().code == ErrorCode::kTooManyRequests) co_return reply.error();  // busy
     last = reply.error();
   }
   co_return MakeError(ErrorCode::kUnavailable,

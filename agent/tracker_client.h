@@ -132,6 +132,7 @@ class TrackerClient {
   std::vector<size_t> Order(const Digest& digest) const;
 
   // Creates (or reads) the chunk table. Errors: kUnavailable when no replica answers,
+  // kTooManyRequests when the owner replica is full (503 + Retry-After; retry_after_s set),
   // kProtocol for an answer we cannot use, kInvalidArgument/kDenied for a 4xx.
   boost::asio::awaitable<Result<ChunkTable>> Table(const Digest& digest, const BlobSource& source);
   // Reads a table without creating it; kNotFound when the tracker does not know the blob.
@@ -221,11 +222,12 @@ class TrackerClient {
     std::string body;
     size_t replica = 0;
   };
-  // Sends to the replicas in digest's order until one answers (any HTTP status).
+  // Sends to the replicas in digest's order until one answers (any HTTP status); a full one
+  // (kTooManyRequests) ends the search: the next replica does not hold the blob's leases.
   boost::asio::awaitable<Result<Reply>> Call(const Digest& digest, boost::beast::http::verb method,
                                              std::string target, std::string body);
   // Sends to one replica. Errors: kUnavailable when it does not answer (or a proxy in front of
-  // it answers 502..504).
+  // it answers 502..504), kTooManyRequests when it sheds the connection (503 + Retry-After).
   boost::asio::awaitable<Result<Reply>> CallReplica(size_t replica, boost::beast::http::verb method,
                                                     const std::string& target,
                                                     const std::string& body);

@@ -23,6 +23,7 @@
 #include "lib/core/content_hash.h"
 #include "lib/http/client.h"
 #include "lib/http/range.h"
+#include "lib/http/retry_after.h"
 #include "lib/upstream/www_authenticate.h"
 
 // GCC 12 takes the recycled coroutine frames of Boost 1.74 (awaitable_frame_base's operator
@@ -42,7 +43,6 @@ constexpr size_t kMaxManifestBytes = 4 << 20;
 constexpr size_t kMaxErrorBody = 64 << 10;
 constexpr size_t kMaxTokenBody = 1 << 20;
 constexpr int kMaxRedirects = 5;
-constexpr int kMaxRetryAfterSeconds = 24 * 3600;
 constexpr size_t kMaxCachedTokens = 1024;
 
 bool IsRedirect(unsigned s) { return s == 301 || s == 302 || s == 303 || s == 307 || s == 308; }
@@ -156,22 +156,6 @@ std::string UpstreamMessage(const std::string& body) {
   return Printable(out, 300);
 }
 
-// Retry-After as delta-seconds or an HTTP-date; 0 when absent or unparsable.
-int RetryAfterSeconds(std::string_view v) {
-  if (v.empty()) return 0;
-  if (std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    if (v.size() > 6) return kMaxRetryAfterSeconds;
-    return std::min(std::stoi(std::string(v)), kMaxRetryAfterSeconds);
-  }
-  std::tm tm{};
-  std::string text(v);
-  if (!strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S", &tm)) return 0;
-  time_t when = timegm(&tm);
-  time_t now = std::time(nullptr);
-  if (when <= now) return 0;
-  return static_cast<int>(std::min<time_t>(when - now, kMaxRetryAfterSeconds));
-}
-
 // The media type of a Content-Type value: parameters dropped, trimmed, lowercased.
 std::string MediaType(std::string_view content_type) {
   std::string_view t = content_type.substr(0, content_type.find(';'));
@@ -204,7 +188,7 @@ Error StatusError(const http::Response& resp, const std::string& what, const std
     msg = what + ": " + resp.url().Redacted() + " answered " + std::to_string(s) + suffix;
   }
   Error e = MakeError(code, std::move(msg));
-  e.retry_after_s = RetryAfterSeconds(resp.header(bhttp::field::retry_after));
+  e.retry_after_s = http::RetryAfterSeconds(resp.header(bhttp::field::retry_after));
   return e;
 }
 

@@ -14,9 +14,11 @@
 
 #include <atomic>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <thread>
 
+#include "lib/core/sha256.h"
 #include "tests/support/agent.h"
 #include "tests/support/counted_upstream.h"
 #include "tests/support/counting_proxy.h"
@@ -394,6 +396,100 @@ TEST_CASE("robustness: an upstream failing before the first byte gets 503 in bou
   CHECK(took < seconds(16));
   CHECK(w.proxy->BlobGets(layer) <= 30);
   CHECK(agent.Running());
+}
+
+// Idle TCP connections to 127.0.0.1:port, held open until destroyed: `n` of them fill a tracker
+// at --max-connections n, which then sheds every other connection with 503.
+class HeldConnections {
+ public:
+  HeldConnections(uint16_t port, int n) {
+    for (int i = 0; i < n; ++i) {
+      // CLOEXEC: agents started later must not inherit (and so keep open) these connections.
+      int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_port = htons(port);
+      ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+      fds_.push_back(fd);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) break;
+      ++connected_;
+    }
+  }
+  ~HeldConnections() {
+    for (int fd : fds_) ::close(fd);
+  }
+  int connected() const { return connected_; }
+
+ private:
+  std::vector<int> fds_;
+  int connected_ = 0;
+};
+
+// A full tracker answers 503 + Retry-After (--max-connections). It is alive: the agent keeps
+// asking it for --tracker-busy-grace-ms instead of sending the cluster upstream after the
+// (shorter) --tracker-grace-ms, and goes upstream only once the busy grace is spent.
+TEST_CASE("robustness: a full tracker (503) is waited for, and bypassed only after the busy grace") {
+  World w;
+  auto img = w.Push("busy", 3 << 20, 61);
+  auto img2 = w.Push("busy2", 3 << 20, 62);
+  constexpr int kSlots = 8;
+  auto tracker = TrackerProcess::Start({"--max-connections", std::to_string(kSlots)});
+  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  // Full before the agents start, so that none of them holds a connection that gets through.
+  auto held = std::make_unique<HeldConnections>(tracker.value()->port(), kSlots);
+  REQUIRE(held->connected() == kSlots);
+  CHECK(WaitUntil(
+      [&] {
+        auto r = HttpGet(tracker.value()->Url() + "/healthz", {}, seconds(2));
+        return r.has_value() && r.value().status == 503 &&
+               !r.value().Header("Retry-After").empty();
+      },
+      seconds(5), milliseconds(50)));
+  auto agent_with = [&](const std::string& name, const std::string& busy_grace) -> Agent& {
+    return w.AddAgent(w.dir.Sub("cache-" + name),
+                      {"--tracker", tracker.value()->Url(), "--swarm-listen", "127.0.0.1:0",
+                       "--agent-id", name, "--tracker-grace-ms", "1000",
+                       "--tracker-busy-grace-ms", busy_grace, "--manifest-wait-ms", "500"});
+  };
+  Agent& patient = agent_with("patient", "30000");
+  Agent& hasty = agent_with("hasty", "2000");
+  const Digest layer = img.layer_digests.front();
+  const Digest layer2 = img2.layer_digests.front();
+  for (auto [a, name] : {std::pair{&patient, "busy"}, std::pair{&hasty, "busy2"}}) {
+    auto m = HttpGet(a->Url() + "/v2/demo/" + name + "/manifests/1");
+    REQUIRE(m.has_value());
+    REQUIRE(m.value().status == 200);  // from upstream: the tracker is full
+  }
+
+  std::optional<Result<HttpResponse>> got, got2;
+  std::thread pull([&] { got = HttpGet(BlobUrl(patient, "busy", layer), {}, seconds(60)); });
+  std::thread pull2([&] { got2 = HttpGet(BlobUrl(hasty, "busy2", layer2), {}, seconds(60)); });
+  // Three times the tracker grace: the patient agent still waits for the tracker.
+  std::this_thread::sleep_for(milliseconds(3000));
+  CHECK(patient.Metric("shoal_swarm_fallback_total") == 0);
+  CHECK(w.proxy->BlobGets(layer) == 0);
+  held.reset();  // the tracker has room again
+  const auto released = std::chrono::steady_clock::now();
+  pull.join();
+  // Within a Retry-After or two (0.5-1.5 s each) of the tracker having room.
+  CHECK(std::chrono::steady_clock::now() - released < seconds(10));
+  pull2.join();
+  REQUIRE(got.has_value());
+  REQUIRE_MESSAGE(got->has_value(), (got->error().ToString() + "\n" + patient.LogTail()));
+  CHECK(got->value().status == 200);
+  CHECK(Sha256::Of(got->value().body) == layer);
+  CHECK_MESSAGE(patient.Metric("shoal_swarm_fallback_total") == 0, patient.LogTail());
+  CHECK(patient.Metric("shoal_swarm_leases_granted_total") >= 1);
+  CHECK(tracker.value()->Metric("shoal_tracker_http_connections_shed_total") >= 1);
+  // The hasty agent's busy grace (2 s) ran out while the tracker was full: upstream, counted.
+  REQUIRE(got2.has_value());
+  REQUIRE_MESSAGE(got2->has_value(), (got2->error().ToString() + "\n" + hasty.LogTail()));
+  CHECK(got2->value().status == 200);
+  CHECK(Sha256::Of(got2->value().body) == layer2);
+  CHECK(hasty.Metric("shoal_swarm_fallback_total", {{"reason", "tracker_busy"}}) >= 1);
+  CHECK(patient.Running());
+  CHECK(hasty.Running());
 }
 
 // Defect 6: with the tracker down, every blob paid --tracker-grace-ms on its own. Once the
