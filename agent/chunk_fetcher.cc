@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <random>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -190,17 +189,6 @@ std::string_view TrackerFallbackReason(const Error& e) {
   }
 }
 
-// How long to wait before asking the tracker again after the failed call e: a full tracker's
-// Retry-After, spread over 0.5x-1.5x so that the agents it shed do not come back together;
-// otherwise 500 ms.
-std::chrono::milliseconds TrackerPause(const Error& e) {
-  if (e.code != ErrorCode::kTooManyRequests) return std::chrono::milliseconds(500);
-  thread_local std::minstd_rand rng{std::random_device{}()};
-  const int64_t base = std::clamp<int64_t>(int64_t{e.retry_after_s} * 1000, 200, 10'000);
-  return std::chrono::milliseconds(
-      std::uniform_int_distribution<int64_t>(base / 2, base + base / 2)(rng));
-}
-
 // Times a chunk may fail from peers before it is fetched from upstream directly.
 constexpr int kMaxPeerFailures = 4;
 // Chunks one ready poll asks for: the window workers' chunks and those they take next.
@@ -233,7 +221,7 @@ awaitable<void> ChunkFetcher::Run() {
         use_tracker_ = false;
         break;
       }
-      co_await Sleep(s_.ioc, TrackerPause(table.error()));
+      co_await Sleep(s_.ioc, TrackerRetryPause(table.error()));
     }
   }
   if (!use_tracker_) {
@@ -372,7 +360,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
     if (!answer) {
       const Error& e = answer.error();
       if (KeepAskingTracker(e)) {
-        co_await Sleep(s_.ioc, TrackerPause(e));
+        co_await Sleep(s_.ioc, TrackerRetryPause(e));
         continue;
       }
       co_return co_await NoTracker(k, e);
@@ -446,7 +434,7 @@ awaitable<void> ChunkFetcher::ReadyWatcher() {
         watch_error_ = e;
         ready_changed_.NotifyAll();
       }
-      co_await Sleep(s_.ioc, TrackerPause(e));
+      co_await Sleep(s_.ioc, TrackerRetryPause(e));
       continue;
     }
     tracker_ok_ = Clock::now();
@@ -482,7 +470,7 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     if (fetch_->ended()) co_return;
     if (!answer) {
       // The window workers decide about falling back to upstream; just do not spin.
-      co_await Sleep(s_.ioc, TrackerPause(answer.error()));
+      co_await Sleep(s_.ioc, TrackerRetryPause(answer.error()));
       continue;
     }
     LeaseAnswer& a = answer.value();

@@ -282,6 +282,15 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
     const auto asked = Clock::now();
     auto answer =
         co_await tracker.ResolveManifest(mref, std::min(left, std::chrono::milliseconds(5000)));
+    if (!answer && answer.error().code == ErrorCode::kTooManyRequests) {
+      // A full tracker is alive: 2,500 nodes resolving one tag upstream at once is what its
+      // manifest cache prevents. Ask again at its pace, within the same deadline.
+      asio::steady_timer timer(co_await asio::this_coro::executor);
+      timer.expires_after(std::min(TrackerRetryPause(answer.error()), left));
+      boost::system::error_code ec;
+      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      continue;
+    }
     if (!answer) {
       // Never worse than no mirror: a tracker that fails costs one upstream request.
       spdlog::warn("manifest {}: tracker failed ({}); fetching upstream", name,

@@ -3,6 +3,7 @@
 #include "lib/auth/tokens.h"
 
 #include <algorithm>
+#include <random>
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
@@ -153,6 +154,14 @@ void TrackerClient::NoteTrackerId(size_t replica, const std::string& body) {
                  options_.trackers[replica].str(), id);
     if (on_restart_) on_restart_(replica);
   }
+}
+
+std::chrono::milliseconds TrackerRetryPause(const Error& e) {
+  if (e.code != ErrorCode::kTooManyRequests) return std::chrono::milliseconds(500);
+  thread_local std::minstd_rand rng{std::random_device{}()};
+  const int64_t base = std::clamp<int64_t>(int64_t{e.retry_after_s} * 1000, 200, 10'000);
+  return std::chrono::milliseconds(
+      std::uniform_int_distribution<int64_t>(base / 2, base + base / 2)(rng));
 }
 
 awaitable<Result<TrackerClient::Reply>> TrackerClient::CallReplica(size_t replica,

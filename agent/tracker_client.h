@@ -116,7 +116,13 @@ struct TrackerClientOptions {
   std::shared_ptr<auth::ClientToken> token;
 };
 
+// How long to wait before asking the tracker again after the failed call e: a full tracker's
+// Retry-After (kTooManyRequests), spread over 0.5x-1.5x so that the agents it shed do not come
+// back together; otherwise 500 ms.
+std::chrono::milliseconds TrackerRetryPause(const Error& e);
+
 // Thread-affine: use from the agent's network thread.
+
 class TrackerClient {
  public:
   TrackerClient(boost::asio::any_io_executor executor, TrackerClientOptions options);
