@@ -35,6 +35,14 @@ SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
                      .Register(registry)),
       announces_ok_(announces_.Add({{"result", "ok"}})),
       announces_error_(announces_.Add({{"result", "error"}})),
+      hashed_(prometheus::BuildCounter()
+                  .Name("shoal_swarm_piece_hashed_bytes_total")
+                  .Help("Piece bytes hashed (SHA-1) before a piece is accepted, by source: memory "
+                        "(followed as the blocks were written) or file (read back from the blob "
+                        "file; should stay near 0)")
+                  .Register(registry)),
+      hashed_memory_(hashed_.Add({{"source", "memory"}})),
+      hashed_file_(hashed_.Add({{"source", "file"}})),
       torrents_(prometheus::BuildGauge()
                     .Name("shoal_swarm_torrents")
                     .Help("Chunk torrents in the session (seeding or downloading)")
@@ -60,6 +68,8 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   AddDelta(tls_refused_, s.peer_tls_refused, last_.peer_tls_refused);
   AddDelta(announces_ok_, s.announce_replies, last_.announce_replies);
   AddDelta(announces_error_, s.announce_errors, last_.announce_errors);
+  AddDelta(hashed_memory_, s.piece_bytes_hashed_from_memory, last_.piece_bytes_hashed_from_memory);
+  AddDelta(hashed_file_, s.piece_bytes_read_back, last_.piece_bytes_read_back);
   torrents_.Set(static_cast<double>(s.torrents));
   for (size_t i = 0; i < wasted_.size(); ++i) AddDelta(*wasted_[i], s.wasted[i], last_.wasted[i]);
   last_.wasted = s.wasted;
@@ -71,6 +81,8 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   last_.peer_tls_refused = s.peer_tls_refused;
   last_.announce_replies = s.announce_replies;
   last_.announce_errors = s.announce_errors;
+  last_.piece_bytes_hashed_from_memory = s.piece_bytes_hashed_from_memory;
+  last_.piece_bytes_read_back = s.piece_bytes_read_back;
 }
 
 }  // namespace shoal::agent

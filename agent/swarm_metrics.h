@@ -28,6 +28,9 @@ class SwarmMetrics {
   prometheus::Family<prometheus::Counter>& announces_;  // shoal_swarm_announces_total{result}
   prometheus::Counter& announces_ok_;
   prometheus::Counter& announces_error_;
+  prometheus::Family<prometheus::Counter>& hashed_;  // shoal_swarm_piece_hashed_bytes_total{source}
+  prometheus::Counter& hashed_memory_;
+  prometheus::Counter& hashed_file_;
   prometheus::Gauge& torrents_;
   std::vector<prometheus::Counter*> wasted_;  // by swarm::kWasteReasons
   swarm::SwarmStats last_;

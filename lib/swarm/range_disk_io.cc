@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -100,8 +101,32 @@ lt::error_code PwriteFull(int fd, const char* buf, size_t len, uint64_t off) {
   return {};
 }
 
+// A piece's SHA-1 followed as its blocks are written, from the copies that were written: in
+// the common case the piece is never read back from the file to be hashed.
+struct PieceProgress {
+  lt::hasher hash;      // over the piece's bytes [0, cursor)
+  uint32_t cursor = 0;  // bytes hashed so far
+  // Blocks written past the cursor (start -> bytes), hashed once the cursor reaches them.
+  std::map<uint32_t, std::string> ahead;
+  // No longer followed past `cursor` (memory cap): the rest is read back at hash time.
+  bool stopped = false;
+};
+
 // One chunk torrent's storage.
 struct Storage {
+  explicit Storage(std::shared_ptr<std::atomic<int64_t>> retained_bytes)
+      : retained(std::move(retained_bytes)) {}
+  ~Storage() {
+    for (auto& [piece, p] : progress) Drop(p);
+  }
+  // Frees the blocks waiting in p.ahead.
+  void Drop(PieceProgress& p) {
+    int64_t bytes = 0;
+    for (auto& [start, block] : p.ahead) bytes += static_cast<int64_t>(block.size());
+    p.ahead.clear();
+    retained->fetch_sub(bytes);
+  }
+
   Sha1 info_hash{};
   std::string name;
   FileRange range;       // range.file is null when the storage is unusable
@@ -120,6 +145,12 @@ struct Storage {
   std::set<uint64_t> inflight;
   // (F, action): run action once every job with a sequence number below F has completed.
   std::deque<std::pair<uint64_t, Task>> fences;
+
+  // Pieces being hashed as they are written; guarded by hash_mu.
+  std::mutex hash_mu;
+  std::unordered_map<int, PieceProgress> progress;
+  // Bytes waiting in every storage's `ahead` blocks (shared with RangeDiskIo's cap).
+  std::shared_ptr<std::atomic<int64_t>> retained;
 };
 using StoragePtr = std::shared_ptr<Storage>;
 
@@ -153,7 +184,7 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   // ---- disk_interface
   lt::storage_holder new_torrent(const lt::storage_params& p,
                                  const std::shared_ptr<void>&) override {
-    auto st = std::make_shared<Storage>();
+    auto st = std::make_shared<Storage>(retained_);
     std::copy(p.info_hash.begin(), p.info_hash.end(), st->info_hash.begin());
     st->name = p.files.name();
     st->piece_length = static_cast<uint32_t>(p.files.piece_length());
@@ -252,9 +283,9 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     }
     // libtorrent's buffer is only valid during this call.
     size_t len = static_cast<size_t>(r.length);
-    std::unique_ptr<char[]> copy(new char[len]);
-    std::memcpy(copy.get(), buf, len);
+    std::string copy(buf, len);
     int piece = static_cast<int>(r.piece);
+    const int start = r.start;
     bool exceeded = false;
     uint64_t seq;
     {
@@ -268,10 +299,11 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
         if (o) observers_.push_back(std::move(o));
       }
     }
-    Submit(Task([this, st, seq, piece, len, off = off.value(), copy = std::move(copy),
+    Submit(Task([this, st, seq, piece, start, len, off = off.value(), copy = std::move(copy),
                  h = std::move(handler)]() mutable {
-      lt::error_code ec = PwriteFull(st->range.file->fd(), copy.get(), len, off);
-      copy.reset();
+      lt::error_code ec = PwriteFull(st->range.file->fd(), copy.data(), len, off);
+      // Before Finish: a hash job parked on this piece runs only after it.
+      Absorb(*st, piece, static_cast<uint32_t>(start), ec ? nullptr : &copy);
       if (ec) {
         if (!st->write_error_logged.exchange(true)) {
           spdlog::warn("swarm disk: writing {} bytes at offset {} for chunk {} failed: {}", len,
@@ -404,7 +436,19 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
 
   void async_clear_piece(lt::storage_index_t storage, lt::piece_index_t index,
                          std::function<void(lt::piece_index_t)> handler) override {
-    Fence(Get(storage), [h = std::move(handler), index]() { h(index); });
+    StoragePtr st = Get(storage);
+    Fence(st, [st, h = std::move(handler), index]() {
+      {
+        // The piece is downloaded again from scratch: what was followed of it is stale.
+        std::lock_guard<std::mutex> lock(st->hash_mu);
+        auto it = st->progress.find(static_cast<int>(index));
+        if (it != st->progress.end()) {
+          st->Drop(it->second);
+          st->progress.erase(it);
+        }
+      }
+      h(index);
+    });
   }
 
   void update_stats_counters(lt::counters& c) const override {
@@ -520,14 +564,82 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     }
   }
 
-  lt::error_code HashPiece(const Storage& st, int piece, lt::sha1_hash& out) {
+  // Follows piece `piece` of `st` with the block just written at `start` (`block`, or null
+  // when the write failed). A block written over bytes already followed (a piece downloaded
+  // again) makes the whole piece be read back from the file at hash time.
+  void Absorb(Storage& st, int piece, uint32_t start, std::string* block) {
+    std::lock_guard<std::mutex> lock(st.hash_mu);
+    PieceProgress& p = st.progress[piece];
+    const uint32_t len = block ? static_cast<uint32_t>(block->size()) : 0;
+    const uint32_t end = start + len;
+    bool overlaps = start < p.cursor;
+    if (!overlaps && !p.ahead.empty()) {
+      auto it = p.ahead.lower_bound(start);
+      if (it != p.ahead.end() && it->first < end) overlaps = true;
+      if (it != p.ahead.begin()) {
+        --it;
+        if (it->first + it->second.size() > start) overlaps = true;
+      }
+    }
+    if (overlaps) {
+      st.Drop(p);
+      p = PieceProgress();
+      p.stopped = true;  // from byte 0: everything is read back
+      return;
+    }
+    if (p.stopped || block == nullptr) {
+      // A failed write leaves a hole: the cursor stops before it.
+      st.Drop(p);
+      p.stopped = true;
+      return;
+    }
+    if (start == p.cursor) {
+      p.hash.update(block->data(), static_cast<int>(len));
+      p.cursor = end;
+      while (!p.ahead.empty() && p.ahead.begin()->first == p.cursor) {
+        std::string& next = p.ahead.begin()->second;
+        p.hash.update(next.data(), static_cast<int>(next.size()));
+        p.cursor += static_cast<uint32_t>(next.size());
+        retained_->fetch_sub(static_cast<int64_t>(next.size()));
+        p.ahead.erase(p.ahead.begin());
+      }
+      return;
+    }
+    if (retained_->fetch_add(len) + len > options_.max_retained_bytes) {
+      retained_->fetch_sub(len);
+      st.Drop(p);
+      p.stopped = true;
+      return;
+    }
+    p.ahead.emplace(start, std::move(*block));
+  }
+
+  // The piece's SHA-1: what Absorb followed, then the rest read back from the file.
+  lt::error_code HashPiece(Storage& st, int piece, lt::sha1_hash& out) {
     constexpr size_t kSlice = 1u << 20;
-    thread_local std::vector<char> buf;
-    if (buf.size() < kSlice) buf.resize(kSlice);
     uint64_t begin = static_cast<uint64_t>(piece) * st.piece_length;
     uint64_t end = std::min<uint64_t>(begin + st.piece_length, st.range.length);
     lt::hasher h;
-    for (uint64_t pos = begin; pos < end;) {
+    uint64_t pos = begin;
+    {
+      std::lock_guard<std::mutex> lock(st.hash_mu);
+      auto it = st.progress.find(piece);
+      if (it != st.progress.end()) {
+        if (it->second.cursor <= end - begin) {
+          h = it->second.hash;
+          pos = begin + it->second.cursor;
+        }
+        st.Drop(it->second);
+        st.progress.erase(it);
+      }
+    }
+    if (options_.stats) {
+      options_.stats->bytes_hashed_from_memory.fetch_add(pos - begin);
+      options_.stats->bytes_read_back.fetch_add(end - pos);
+    }
+    thread_local std::vector<char> buf;
+    if (pos < end && buf.size() < kSlice) buf.resize(kSlice);
+    while (pos < end) {
       size_t take = static_cast<size_t>(std::min<uint64_t>(kSlice, end - pos));
       size_t got = 0;
       lt::error_code ec =
@@ -577,6 +689,8 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   lt::counters& counters_;
   RangeDiskIoOptions options_;
   std::atomic<int64_t> max_queued_bytes_{1 << 20};
+  // Bytes of blocks kept for hashing (PieceProgress::ahead), at most options_.max_retained_bytes.
+  std::shared_ptr<std::atomic<int64_t>> retained_ = std::make_shared<std::atomic<int64_t>>(0);
 
   // Touched on libtorrent's network thread only.
   std::vector<StoragePtr> torrents_;

@@ -8,8 +8,12 @@
 //   (file_error_alert). The same happens when the registered range's length is not the
 //   torrent's size.
 // - Reads (pread into a freshly allocated 16 KiB buffer), writes (pwrite of a copy of the
-//   block) and piece hashing (pread + SHA-1) run on a small thread pool of our own. Completions
-//   are posted to libtorrent's io_context.
+//   block) and piece hashing run on a small thread pool of our own. Completions are posted to
+//   libtorrent's io_context.
+// - A piece's SHA-1 is followed as its blocks are written, from the copy just written: a block
+//   that lands past the piece's hashed prefix waits in memory (at most max_retained_bytes in
+//   all) until the prefix reaches it. At hash time only what was not followed is read back
+//   from the file (pread): after the memory cap, a failed write, or a block written twice.
 // - Writes are bounded in memory: once more than max_queued_disk_bytes (libtorrent setting) are
 //   waiting, async_write returns true and libtorrent stops reading from that peer until we call
 //   its disk_observer back, when the queue has drained to half of that.
@@ -26,6 +30,7 @@
 
 #include <utility>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,6 +45,12 @@ namespace shoal::swarm {
 
 namespace lt = libtorrent;
 
+// Where hashed bytes came from; counters only grow. Shared with the embedding code's metrics.
+struct RangeDiskIoStats {
+  std::atomic<uint64_t> bytes_hashed_from_memory{0};  // followed as the blocks were written
+  std::atomic<uint64_t> bytes_read_back{0};           // read back from the file to be hashed
+};
+
 struct RangeDiskIoOptions {
   // Chunk torrents' info-hash -> file range. Required.
   std::shared_ptr<FileRangeRegistry> registry;
@@ -49,6 +60,10 @@ struct RangeDiskIoOptions {
   // libtorrent hears of it, with the file offset and length written. Must be quick and
   // thread-safe. (A piece's completion still comes from libtorrent's piece_finished_alert.)
   std::function<void(const Sha1& info_hash, uint64_t file_offset, uint64_t length)> on_write_landed;
+  // Blocks kept in memory for hashing (written past a piece's hashed prefix), in all storages.
+  int64_t max_retained_bytes = 64ll << 20;
+  // Optional: counts where hashed bytes came from.
+  std::shared_ptr<RangeDiskIoStats> stats;
 };
 
 // Creates the disk subsystem directly (tests drive it without a session). `ioc` is libtorrent's

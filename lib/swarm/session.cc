@@ -196,6 +196,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   boost::asio::io_context& ioc;
   SwarmOptions options;
   std::shared_ptr<FileRangeRegistry> registry = std::make_shared<FileRangeRegistry>();
+  std::shared_ptr<RangeDiskIoStats> disk_stats = std::make_shared<RangeDiskIoStats>();
   std::unique_ptr<lt::session> session;
   uint16_t port = 0;
   std::map<Sha1, Chunk> chunks;
@@ -448,7 +449,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     }
     lt::session_params params(std::move(settings));
     params.disk_io_constructor =
-        RangeDiskIoConstructor(RangeDiskIoOptions{registry, options.disk_threads});
+        RangeDiskIoConstructor(RangeDiskIoOptions{registry, options.disk_threads, nullptr,
+                                                  int64_t{64} << 20, disk_stats});
     try {
       session = std::make_unique<lt::session>(std::move(params));
     } catch (const std::exception& e) {
@@ -638,6 +640,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     out.announce_replies = announce_replies;
     out.announce_errors = announce_errors;
     out.peer_tls_refused = peer_tls_refused;
+    out.piece_bytes_hashed_from_memory = disk_stats->bytes_hashed_from_memory.load();
+    out.piece_bytes_read_back = disk_stats->bytes_read_back.load();
     out.wasted = wasted;
     out.torrents = chunks.size();
     if (!session) return out;

@@ -143,6 +143,10 @@ struct SwarmStats {
   // Peer connections that ended in their TLS handshake (no certificate, one from another CA, a
   // plain BitTorrent client on the TLS port): with peer TLS on, every outsider's attempt.
   uint64_t peer_tls_refused = 0;
+  // Piece bytes hashed (SHA-1) as they were written, and read back from the blob file to be
+  // hashed (range_disk_io.h): the second should stay near 0.
+  uint64_t piece_bytes_hashed_from_memory = 0;
+  uint64_t piece_bytes_read_back = 0;
   size_t torrents = 0;            // chunks currently added
   std::vector<ChunkStats> chunks;
 };

@@ -98,9 +98,11 @@ struct Rig {
   bool hold = false;
   int landed = 0;
 
-  explicit Rig(int max_queued = 1 << 20) {
+  std::shared_ptr<RangeDiskIoStats> stats = std::make_shared<RangeDiskIoStats>();
+
+  explicit Rig(int max_queued = 1 << 20, int64_t max_retained = int64_t{64} << 20) {
     settings.set_int(lt::settings_pack::max_queued_disk_bytes, max_queued);
-    RangeDiskIoOptions o{registry, 2, nullptr};
+    RangeDiskIoOptions o{registry, 2, nullptr, max_retained, stats};
     o.on_write_landed = [this](const Sha1&, uint64_t, uint64_t) {
       std::unique_lock<std::mutex> lock(mu);
       ++landed;
@@ -145,6 +147,36 @@ struct Rig {
                          lt::sha1_hash(reinterpret_cast<const char*>(ih.data())));
     t->holder = disk->new_torrent(p, nullptr);
     return t;
+  }
+
+  // Writes the block of `data` at chunk offset `off`; ++*completed when it completes.
+  void WriteBlock(lt::storage_index_t st, const std::string& data, size_t off, int* completed) {
+    lt::peer_request r;
+    r.piece = lt::piece_index_t(static_cast<int>(off / kPiece));
+    r.start = static_cast<int>(off % kPiece);
+    r.length = static_cast<int>(std::min<size_t>(lt::default_block_size, data.size() - off));
+    disk->async_write(st, r, data.data() + off, nullptr, [completed](const lt::storage_error& e) {
+      CHECK_FALSE(e);
+      ++*completed;
+    });
+    disk->submit_jobs();
+  }
+  int Landed() {
+    std::lock_guard<std::mutex> lock(mu);
+    return landed;
+  }
+  // The v1 hash of `piece`, as libtorrent asks for it.
+  lt::sha1_hash Hash(lt::storage_index_t st, int piece) {
+    std::optional<lt::sha1_hash> h;
+    disk->async_hash(
+        st, lt::piece_index_t(piece), {}, lt::disk_interface::v1_hash,
+        [&](lt::piece_index_t, const lt::sha1_hash& got, const lt::storage_error& e) {
+          CHECK_FALSE(e);
+          h = got;
+        });
+    disk->submit_jobs();
+    REQUIRE(RunUntil([&] { return h.has_value(); }));
+    return *h;
   }
 
   // Writes `data` (whole chunk) block by block; returns how many writes said "queue full".
@@ -385,6 +417,77 @@ TEST_CASE("swarm range disk io: the write queue is bounded and wakes its observe
     CHECK(rig.landed == 16);
   }
   CHECK(ReadAt(*file, 0, data.size()) == data);
+}
+
+// Piece hashes follow the writes: the file is not read back to hash a piece, also when its
+// blocks land out of order (the later block waits in memory for the earlier one).
+TEST_CASE("swarm range disk io: pieces are hashed as they are written, out of order too") {
+  for (int64_t cap : {int64_t{64} << 20, int64_t{0}}) {
+    CAPTURE(cap);
+    Rig rig(1 << 20, cap);
+    const std::string data = Bytes(2 * Rig::kPiece, 11);
+    auto file = TempFile(data.size(), 0);
+    REQUIRE(rig.registry->Register(Ih(7), FileRange{file, 0, data.size()}).has_value());
+    auto t = rig.Add(Ih(7), data.size());
+    int written = 0;
+    // Piece 0: its second block lands (and a disk thread holds) before its first is issued.
+    rig.Hold(true);
+    rig.WriteBlock(t->holder, data, lt::default_block_size, &written);
+    REQUIRE(rig.RunUntil([&] { return rig.Landed() == 1; }));
+    rig.Hold(false);
+    rig.WriteBlock(t->holder, data, 0, &written);
+    REQUIRE(rig.RunUntil([&] { return written == 2; }));
+    // Piece 1 in order (each write completes before the next is issued).
+    rig.WriteBlock(t->holder, data, Rig::kPiece, &written);
+    REQUIRE(rig.RunUntil([&] { return written == 3; }));
+    rig.WriteBlock(t->holder, data, Rig::kPiece + lt::default_block_size, &written);
+    for (int p = 0; p < 2; ++p) {
+      CHECK(rig.Hash(t->holder, p) ==
+            lt::hasher(data.data() + p * Rig::kPiece, Rig::kPiece).final());
+    }
+    REQUIRE(rig.RunUntil([&] { return written == 4; }));
+    CHECK(ReadAt(*file, 0, data.size()) == data);
+    if (cap > 0) {
+      CHECK(rig.stats->bytes_hashed_from_memory == data.size());
+      CHECK(rig.stats->bytes_read_back == 0);
+    } else {
+      // No memory for the block that came early: piece 0 is read back, piece 1 is not.
+      CHECK(rig.stats->bytes_hashed_from_memory == Rig::kPiece);
+      CHECK(rig.stats->bytes_read_back == Rig::kPiece);
+    }
+  }
+}
+
+// A block written again over bytes already hashed (a piece downloaded again) must not leave a
+// hash of the old bytes: the piece is read back, and the hash is of what the file holds.
+TEST_CASE("swarm range disk io: a block written twice makes its piece be hashed from the file") {
+  Rig rig;
+  const std::string data = Bytes(Rig::kPiece, 12);
+  const std::string other = Bytes(Rig::kPiece, 13);
+  auto file = TempFile(data.size(), 0);
+  REQUIRE(rig.registry->Register(Ih(8), FileRange{file, 0, data.size()}).has_value());
+  auto t = rig.Add(Ih(8), data.size());
+  int written = 0;
+  rig.WriteAll(t->holder, data, &written);
+  REQUIRE(rig.RunUntil([&] { return written == 2; }));
+  rig.WriteBlock(t->holder, other, 0, &written);
+  REQUIRE(rig.RunUntil([&] { return written == 3; }));
+  std::string now = other.substr(0, lt::default_block_size) + data.substr(lt::default_block_size);
+  CHECK(rig.Hash(t->holder, 0) == lt::hasher(now.data(), Rig::kPiece).final());
+  CHECK(ReadAt(*file, 0, data.size()) == now);
+  CHECK(rig.stats->bytes_read_back == Rig::kPiece);
+
+  // After clear_piece (a failed hash), the piece is followed from scratch again.
+  bool cleared = false;
+  rig.disk->async_clear_piece(t->holder, lt::piece_index_t(0), [&](lt::piece_index_t) {
+    cleared = true;
+  });
+  REQUIRE(rig.RunUntil([&] { return cleared; }));
+  rig.WriteAll(t->holder, data, &written);
+  REQUIRE(rig.RunUntil([&] { return written == 5; }));
+  CHECK(rig.Hash(t->holder, 0) == lt::hasher(data.data(), Rig::kPiece).final());
+  CHECK(rig.stats->bytes_read_back == Rig::kPiece);
+  CHECK(rig.stats->bytes_hashed_from_memory == Rig::kPiece);
 }
 
 }  // namespace shoal::swarm
