@@ -45,8 +45,11 @@ struct SwarmOptions {
   std::string listen_interface = "0.0.0.0:0";
   // Several sessions on one host (tests) need this; a cluster node has one agent per IP.
   bool allow_multiple_connections_per_ip = false;
-  // Threads doing the chunk torrents' disk I/O (pread, pwrite, piece hashing).
-  int disk_threads = 2;
+  // Threads doing the chunk torrents' disk I/O (pread, pwrite, piece hashing). One: a blob's
+  // chunk torrents share one file, and two threads writing it contend for its inode lock
+  // (ext4 i_rwsem, spinning): 6.6 core-s/GiB received with two, 5.7 with one, at the same
+  // throughput (docs/benchmarks.md, "Where the receiver's core-seconds go").
+  int disk_threads = 1;
   // Peer connections of the whole session.
   int connections_limit = 400;
   // Peers unchoked at once (uploading to them); -1 unchokes everyone.
