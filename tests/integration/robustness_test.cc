@@ -487,7 +487,13 @@ TEST_CASE("robustness: a full tracker (503) is waited for, and bypassed only aft
   REQUIRE_MESSAGE(got2->has_value(), (got2->error().ToString() + "\n" + hasty.LogTail()));
   CHECK(got2->value().status == 200);
   CHECK(Sha256::Of(got2->value().body) == layer2);
-  CHECK(hasty.Metric("shoal_swarm_fallback_total", {{"reason", "tracker_busy"}}) >= 1);
+  // Counted as tracker_busy; under load a shed connection can also end in a reset before its
+  // 503 is read, which counts as tracker_unreachable. Either way it went upstream once.
+  const double busy = hasty.Metric("shoal_swarm_fallback_total", {{"reason", "tracker_busy"}});
+  const double unreachable =
+      hasty.Metric("shoal_swarm_fallback_total", {{"reason", "tracker_unreachable"}});
+  CHECK_MESSAGE(busy + unreachable >= 1, hasty.LogTail());
+  CHECK(w.proxy->BlobGets(layer2) >= 1);
   CHECK(patient.Running());
   CHECK(hasty.Running());
 }
