@@ -15,6 +15,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "agent/sleep.h"
 #include "lib/core/log.h"
 
 namespace shoal::agent {
@@ -66,13 +67,6 @@ ChunkFetchMetrics::ChunkFetchMetrics(prometheus::Registry& registry)
                       .Add({})) {}
 
 namespace {
-
-awaitable<void> Sleep(asio::io_context& ioc, std::chrono::milliseconds d) {
-  asio::steady_timer timer(ioc);
-  timer.expires_after(d);
-  boost::system::error_code ec;
-  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-}
 
 bool Fatal(const Error& e) {
   return e.code == ErrorCode::kNotFound || e.code == ErrorCode::kDenied ||
@@ -221,7 +215,7 @@ awaitable<void> ChunkFetcher::Run() {
         use_tracker_ = false;
         break;
       }
-      co_await Sleep(s_.ioc, TrackerRetryPause(table.error()));
+      co_await SleepFor(TrackerRetryPause(table.error()));
     }
   }
   if (!use_tracker_) {
@@ -307,7 +301,7 @@ awaitable<void> ChunkFetcher::Direct(uint32_t k) {
     Status st = co_await Upstream(k, no_lease, std::chrono::milliseconds(0));
     if (st) co_return;
     if (!UpstreamFailed(st.error())) co_return;
-    co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+    co_await SleepFor(std::chrono::milliseconds(500));
   }
 }
 
@@ -360,7 +354,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
     if (!answer) {
       const Error& e = answer.error();
       if (KeepAskingTracker(e)) {
-        co_await Sleep(s_.ioc, TrackerRetryPause(e));
+        co_await SleepFor(TrackerRetryPause(e));
         continue;
       }
       co_return co_await NoTracker(k, e);
@@ -392,7 +386,7 @@ awaitable<void> ChunkFetcher::Chunk(uint32_t k) {
         if (Clock::now() - started < std::chrono::milliseconds(200)) {
           auto pause = std::clamp(a.retry_after, std::chrono::milliseconds(100),
                                   std::chrono::milliseconds(2000));
-          co_await Sleep(s_.ioc, pause);
+          co_await SleepFor(pause);
         }
         break;
     }
@@ -434,7 +428,7 @@ awaitable<void> ChunkFetcher::ReadyWatcher() {
         watch_error_ = e;
         ready_changed_.NotifyAll();
       }
-      co_await Sleep(s_.ioc, TrackerRetryPause(e));
+      co_await SleepFor(TrackerRetryPause(e));
       continue;
     }
     tracker_ok_ = Clock::now();
@@ -451,7 +445,7 @@ awaitable<void> ChunkFetcher::ReadyWatcher() {
     } else if (Clock::now() - started < std::chrono::milliseconds(200)) {
       // The tracker long-polls; an early empty answer (it is shutting down, or full of
       // waiters) asks us to back off.
-      co_await Sleep(s_.ioc, std::clamp(a.retry_after, std::chrono::milliseconds(100),
+      co_await SleepFor(std::clamp(a.retry_after, std::chrono::milliseconds(100),
                                         std::chrono::milliseconds(2000)));
     }
   }
@@ -470,7 +464,7 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     if (fetch_->ended()) co_return;
     if (!answer) {
       // The window workers decide about falling back to upstream; just do not spin.
-      co_await Sleep(s_.ioc, TrackerRetryPause(answer.error()));
+      co_await SleepFor(TrackerRetryPause(answer.error()));
       continue;
     }
     LeaseAnswer& a = answer.value();
@@ -487,7 +481,7 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     }
     if (a.kind != LeaseAnswer::Kind::kGranted) {
       if (Clock::now() - started < std::chrono::milliseconds(200)) {
-        co_await Sleep(s_.ioc, std::clamp(a.retry_after, std::chrono::milliseconds(100),
+        co_await SleepFor(std::clamp(a.retry_after, std::chrono::milliseconds(100),
                                           std::chrono::milliseconds(2000)));
       }
       continue;
@@ -515,7 +509,7 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
             "waiting {} ms",
             k, fetch_->digest().str(), n, pause.count());
       }
-      co_await Sleep(s_.ioc, pause);
+      co_await SleepFor(pause);
       continue;
     }
     in_upstream_[k] = true;
@@ -525,7 +519,7 @@ awaitable<void> ChunkFetcher::UpstreamWorker() {
     if (st) continue;
     spdlog::warn("chunk {} of {} from upstream: {}", k, fetch_->digest().str(), st.error().message);
     if (!UpstreamFailed(st.error())) co_return;
-    co_await Sleep(s_.ioc, std::chrono::milliseconds(500));
+    co_await SleepFor(std::chrono::milliseconds(500));
   }
 }
 
@@ -552,7 +546,7 @@ awaitable<Status> ChunkFetcher::AddChunkRetrying(uint32_t k, const swarm::ChunkT
   for (int attempt = 0; attempt < 20; ++attempt) {
     st = SeedChunk(k, torrent, spec);
     if (st || st.error().code != ErrorCode::kInternal) co_return st;
-    co_await Sleep(s_.ioc, std::chrono::milliseconds(50));
+    co_await SleepFor(std::chrono::milliseconds(50));
   }
   co_return st;
 }
@@ -650,7 +644,7 @@ awaitable<void> ChunkFetcher::RenewLoop(uint32_t k, std::string lease_id,
   auto period = std::max(std::chrono::milliseconds(200), ttl / 3);
   uint64_t last = 0;
   while (!*done && !fetch_->ended()) {
-    co_await Sleep(s_.ioc, period);
+    co_await SleepFor(period);
     if (*done || fetch_->ended()) break;
     if (*progress == last && *progress != 0) continue;  // stalled: let the lease run out
     last = *progress;

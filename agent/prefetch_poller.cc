@@ -12,18 +12,13 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "agent/sleep.h"
+
 namespace shoal::agent {
 namespace asio = boost::asio;
 using asio::awaitable;
 
 namespace {
-
-awaitable<void> Sleep(std::chrono::milliseconds d) {
-  asio::steady_timer timer(co_await asio::this_coro::executor);
-  timer.expires_after(d);
-  boost::system::error_code ec;
-  co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-}
 
 TrackerPrefetchProgress ProgressOf(const PrefetchJob& job) {
   TrackerPrefetchProgress p;
@@ -84,7 +79,7 @@ awaitable<void> PrefetchPoller::PollLoop(size_t replica) {
                      jobs.error().ToString());
       }
       failing = true;
-      co_await Sleep(backoff);
+      co_await SleepFor(backoff);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(10'000));
       continue;
     }
@@ -137,13 +132,13 @@ awaitable<void> PrefetchPoller::Reporter(size_t replica, std::string id) {
         spdlog::warn("prefetch: giving up reporting job {}: {}", id, st.error().ToString());
         co_return;
       }
-      co_await Sleep(options_.report_every);
+      co_await SleepFor(options_.report_every);
       continue;
     }
     failures = 0;
     sent_version = version;
     if (ended) co_return;
-    co_await Sleep(options_.report_every);
+    co_await SleepFor(options_.report_every);
     co_await prefetcher_.WaitChange(id, sent_version, std::chrono::seconds(5));
   }
 }

@@ -13,6 +13,7 @@
 
 #include "agent/admin.h"
 #include "agent/on_pool.h"
+#include "agent/sleep.h"
 #include "lib/core/content_hash.h"
 
 #include "lib/oci/manifest.h"
@@ -285,10 +286,7 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
     if (!answer && answer.error().code == ErrorCode::kTooManyRequests) {
       // A full tracker is alive: 2,500 nodes resolving one tag upstream at once is what its
       // manifest cache prevents. Ask again at its pace, within the same deadline.
-      asio::steady_timer timer(co_await asio::this_coro::executor);
-      timer.expires_after(std::min(TrackerRetryPause(answer.error()), left));
-      boost::system::error_code ec;
-      co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_await SleepFor(std::min(TrackerRetryPause(answer.error()), left));
       continue;
     }
     if (!answer) {
@@ -361,10 +359,8 @@ awaitable<std::optional<Result<shim::ManifestResult>>> PullThrough::ViaTracker(
         // make a busy loop.
         auto elapsed = Clock::now() - asked;
         if (elapsed < m.retry_after) {
-          asio::steady_timer timer(ioc_);
-          timer.expires_after(m.retry_after - elapsed);
-          boost::system::error_code ec;
-          co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+          co_await SleepFor(
+              std::chrono::duration_cast<std::chrono::milliseconds>(m.retry_after - elapsed));
         }
         break;
       }

@@ -122,7 +122,6 @@ struct TrackerClientOptions {
 std::chrono::milliseconds TrackerRetryPause(const Error& e);
 
 // Thread-affine: use from the agent's network thread.
-
 class TrackerClient {
  public:
   TrackerClient(boost::asio::any_io_executor executor, TrackerClientOptions options);

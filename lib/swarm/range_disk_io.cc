@@ -581,16 +581,13 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
         if (it->first + it->second.size() > start) overlaps = true;
       }
     }
-    if (overlaps) {
+    if (overlaps) {  // from byte 0: everything is read back
       st.Drop(p);
       p = PieceProgress();
-      p.stopped = true;  // from byte 0: everything is read back
-      return;
     }
-    if (p.stopped || block == nullptr) {
-      // A failed write leaves a hole: the cursor stops before it.
-      st.Drop(p);
-      p.stopped = true;
+    // A failed write leaves a hole: the cursor stops before it.
+    if (overlaps || p.stopped || block == nullptr) {
+      StopFollowing(st, p);
       return;
     }
     if (start == p.cursor) {
@@ -607,11 +604,16 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     }
     if (retained_->fetch_add(len) + len > options_.max_retained_bytes) {
       retained_->fetch_sub(len);
-      st.Drop(p);
-      p.stopped = true;
+      StopFollowing(st, p);
       return;
     }
     p.ahead.emplace(start, std::move(*block));
+  }
+
+  // p is no longer followed past its cursor; its waiting blocks are freed.
+  static void StopFollowing(Storage& st, PieceProgress& p) {
+    st.Drop(p);
+    p.stopped = true;
   }
 
   // The piece's SHA-1: what Absorb followed, then the rest read back from the file.
