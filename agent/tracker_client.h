@@ -1,5 +1,5 @@
 #pragma once
-// The agent's client for the tracker's blob API (tracker/blob_api.h): chunk tables, upstream
+// The agent's client for the tracker's blob API (tracker/blobs/blob_api.h): chunk tables, upstream
 // leases, publishing chunk metainfo. With several tracker replicas, each blob has an owner
 // replica by rendezvous hashing of its digest over the replica URLs; when the owner does not
 // answer, the next replica in that blob's order is asked. No database is involved: a replica
@@ -63,7 +63,7 @@ struct ReadyAnswer {
   std::chrono::milliseconds retry_after{0};             // when ready is empty
 };
 
-// ---- The cluster-wide manifest cache (tracker/manifest_api.h) ----
+// ---- The cluster-wide manifest cache (tracker/manifests/manifest_api.h) ----
 
 // What a manifest reference names: a tag or a digest ("sha256:...") in one repository.
 struct ManifestRef {
@@ -89,7 +89,7 @@ struct TrackerManifest {
   std::string lease_id;                      // kFetch: quote it when publishing or releasing
 };
 
-// ---- Cluster prefetch jobs (tracker/prefetch_api.h) ----
+// ---- Cluster prefetch jobs (tracker/prefetch/prefetch_api.h) ----
 
 // A job the tracker hands to this node.
 struct TrackerPrefetchJob {
@@ -171,7 +171,7 @@ class TrackerClient {
   boost::asio::awaitable<Status> ReportBad(const Digest& digest, uint32_t k,
                                            const std::string& info_hash_hex);
 
-  // ---- The cluster-wide manifest cache (tracker/manifest_api.h). The owner replica is chosen by
+  // ---- The cluster-wide manifest cache (tracker/manifests/manifest_api.h). The owner replica is chosen by
   // rendezvous over "registry/repository:reference", so every agent asks the same one. ----
 
   // Asks for ref: found, fetch (we hold the lease) or wait. With wait > 0 the tracker holds the

@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 #include <boost/algorithm/string/predicate.hpp>
 
-#include "tracker/blob_api.h"
-#include "tracker/manifest_api.h"
-#include "tracker/prefetch_api.h"
+#include "tracker/blobs/blob_api.h"
+#include "tracker/manifests/manifest_api.h"
+#include "tracker/prefetch/prefetch_api.h"
 
 namespace shoal::tracker {
 namespace http = boost::beast::http;

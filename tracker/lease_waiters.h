@@ -14,7 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "lib/core/digest.h"
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
 

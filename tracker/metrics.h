@@ -9,8 +9,8 @@
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
-#include "tracker/announce.h"
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/announce.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
 

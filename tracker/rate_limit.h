@@ -7,7 +7,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
 

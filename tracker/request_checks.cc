@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "lib/oci/quote.h"
-#include "tracker/announce.h"
+#include "tracker/swarms/announce.h"
 
 namespace shoal::tracker {
 using nlohmann::json;

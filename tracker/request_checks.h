@@ -26,7 +26,7 @@ std::string Quoted(std::string_view text);
 // A decimal of at most max_digits digits, or nullopt.
 std::optional<uint64_t> ParseDecimal(std::string_view text, size_t max_digits);
 // Splits "a=1&b=2" into decoded pairs; a parameter given twice, or a query longer than
-// kMaxQueryBytes (tracker/announce.h), is an error.
+// kMaxQueryBytes (tracker/swarms/announce.h), is an error.
 std::optional<Rejection> ParseQuery(std::string_view query,
                                     std::map<std::string, std::string>& out);
 // Whether s holds ASCII control characters.

@@ -23,11 +23,11 @@
 #include "lib/swarm/chunk_torrent.h"
 #include "lib/tls/node_ca.h"
 #include "tracker/access.h"
-#include "tracker/blob_api.h"
-#include "tracker/manifest_api.h"
-#include "tracker/prefetch_api.h"
+#include "tracker/blobs/blob_api.h"
+#include "tracker/manifests/manifest_api.h"
+#include "tracker/prefetch/prefetch_api.h"
 #include "tracker/server.h"
-#include "tracker/service.h"
+#include "tracker/swarms/service.h"
 
 namespace shoal::tracker {
 namespace asio = boost::asio;

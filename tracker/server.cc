@@ -14,7 +14,7 @@
 #include <boost/beast/http.hpp>
 
 #include "tracker/access.h"
-#include "tracker/response.h"
+#include "tracker/swarms/response.h"
 
 namespace shoal::tracker {
 namespace asio = boost::asio;

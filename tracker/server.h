@@ -18,10 +18,10 @@
 
 #include "lib/core/error.h"
 #include "tracker/access.h"
-#include "tracker/blob_api.h"
-#include "tracker/manifest_api.h"
-#include "tracker/prefetch_api.h"
-#include "tracker/service.h"
+#include "tracker/blobs/blob_api.h"
+#include "tracker/manifests/manifest_api.h"
+#include "tracker/prefetch/prefetch_api.h"
+#include "tracker/swarms/service.h"
 
 namespace shoal::tracker {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tests/fuzz/fuzz_check.h"
-#include "tracker/announce.h"
+#include "tracker/swarms/announce.h"
 
 using namespace shoal;
 using namespace shoal::tracker;

@@ -27,9 +27,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/fuzz/fuzz_check.h"
-#include "tracker/blob_api.h"
-#include "tracker/manifest_api.h"
-#include "tracker/prefetch_api.h"
+#include "tracker/blobs/blob_api.h"
+#include "tracker/manifests/manifest_api.h"
+#include "tracker/prefetch/prefetch_api.h"
 
 using namespace shoal;
 using namespace shoal::tracker;

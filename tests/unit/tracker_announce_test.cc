@@ -3,7 +3,7 @@
 #include <string>
 
 #include "lib/http/url.h"
-#include "tracker/announce.h"
+#include "tracker/swarms/announce.h"
 
 namespace shoal::tracker {
 namespace {

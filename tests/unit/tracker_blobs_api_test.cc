@@ -13,7 +13,7 @@
 
 #include "lib/core/base64.h"
 #include "lib/swarm/chunk_torrent.h"
-#include "tracker/blob_api.h"
+#include "tracker/blobs/blob_api.h"
 
 namespace shoal::tracker {
 namespace {

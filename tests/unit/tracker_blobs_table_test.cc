@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "lib/swarm/chunk_torrent.h"
-#include "tracker/blob_table.h"
+#include "tracker/blobs/blob_table.h"
 
 namespace shoal::tracker {
 namespace {

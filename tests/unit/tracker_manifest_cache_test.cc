@@ -1,5 +1,5 @@
-// The tracker's cluster-wide manifest cache (tracker/manifest_cache.*) with a fake clock, and
-// its JSON API (tracker/manifest_api.*) through HandleNow: TTL, single-flight fetch leases,
+// The tracker's cluster-wide manifest cache (tracker/manifests/manifest_cache.*) with a fake clock, and
+// its JSON API (tracker/manifests/manifest_api.*) through HandleNow: TTL, single-flight fetch leases,
 // lease expiry passing the fetch on, digest verification on publish, LRU bounds.
 
 #include <doctest/doctest.h>
@@ -13,8 +13,8 @@
 
 #include "lib/core/base64.h"
 #include "lib/core/sha256.h"
-#include "tracker/manifest_api.h"
-#include "tracker/manifest_cache.h"
+#include "tracker/manifests/manifest_api.h"
+#include "tracker/manifests/manifest_cache.h"
 
 namespace shoal::tracker {
 namespace {

@@ -11,7 +11,7 @@
 #include <prometheus/registry.h>
 #include <nlohmann/json.hpp>
 
-#include "tracker/prefetch_api.h"
+#include "tracker/prefetch/prefetch_api.h"
 
 namespace shoal::tracker {
 namespace {

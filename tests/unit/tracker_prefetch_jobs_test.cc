@@ -8,7 +8,7 @@
 #include <string>
 #include <variant>
 
-#include "tracker/prefetch_jobs.h"
+#include "tracker/prefetch/prefetch_jobs.h"
 
 namespace shoal::tracker {
 namespace {

@@ -13,8 +13,8 @@
 
 #include "lib/http/url.h"
 #include "lib/swarm/bencode.h"
-#include "tracker/response.h"
-#include "tracker/service.h"
+#include "tracker/swarms/response.h"
+#include "tracker/swarms/service.h"
 
 namespace shoal::tracker {
 namespace {

@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
 namespace {

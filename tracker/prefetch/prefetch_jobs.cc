@@ -1,4 +1,4 @@
-#include "tracker/prefetch_jobs.h"
+#include "tracker/prefetch/prefetch_jobs.h"
 
 #include <algorithm>
 

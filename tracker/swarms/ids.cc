@@ -1,4 +1,4 @@
-#include "tracker/ids.h"
+#include "tracker/swarms/ids.h"
 
 #include <utility>
 

@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "lib/core/digest.h"
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
 

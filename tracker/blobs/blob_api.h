@@ -20,7 +20,7 @@
 #include <boost/beast/http/verb.hpp>
 #include <nlohmann/json_fwd.hpp>
 
-#include "tracker/blob_table.h"
+#include "tracker/blobs/blob_table.h"
 #include "tracker/lease_waiters.h"
 #include "tracker/metrics.h"
 #include "tracker/rate_limit.h"

@@ -1,4 +1,4 @@
-#include "tracker/announce.h"
+#include "tracker/swarms/announce.h"
 
 #include <algorithm>
 #include <charconv>

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "tracker/ids.h"
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/ids.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
 

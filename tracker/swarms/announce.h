@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "lib/core/error.h"
-#include "tracker/ids.h"
+#include "tracker/swarms/ids.h"
 
 namespace shoal::tracker {
 

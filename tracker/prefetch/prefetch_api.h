@@ -1,5 +1,5 @@
 #pragma once
-// The tracker's prefetch API: cluster-wide prefetch jobs (tracker/prefetch_jobs.h) as JSON over
+// The tracker's prefetch API: cluster-wide prefetch jobs (tracker/prefetch/prefetch_jobs.h) as JSON over
 // HTTP under /v1/prefetch. Operators (shoalctl prefetch --cluster) create and watch jobs;
 // agents long-poll for their part and report progress:
 //   POST /v1/prefetch/jobs  {"images":[...],"platform","ttl_s","parallel","nodes":[...],
@@ -28,9 +28,9 @@
 #include <boost/asio/awaitable.hpp>
 #include <nlohmann/json_fwd.hpp>
 
-#include "tracker/blob_api.h"
+#include "tracker/blobs/blob_api.h"
 #include "tracker/lease_waiters.h"
-#include "tracker/prefetch_jobs.h"
+#include "tracker/prefetch/prefetch_jobs.h"
 
 namespace shoal::tracker {
 

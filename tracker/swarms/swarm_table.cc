@@ -1,4 +1,4 @@
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/swarm_table.h"
 
 #include <algorithm>
 #include <cmath>

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "lib/core/error.h"
-#include "tracker/announce.h"
-#include "tracker/ids.h"
+#include "tracker/swarms/announce.h"
+#include "tracker/swarms/ids.h"
 
 namespace shoal::tracker {
 

@@ -25,7 +25,7 @@
 
 #include "lib/core/digest.h"
 #include "lib/swarm/chunk_torrent.h"
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
 

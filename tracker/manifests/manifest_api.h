@@ -1,5 +1,5 @@
 #pragma once
-// The tracker's manifest API: the cluster-wide manifest cache (tracker/manifest_cache.h) as JSON
+// The tracker's manifest API: the cluster-wide manifest cache (tracker/manifests/manifest_cache.h) as JSON
 // over HTTP under /v1/manifests. Agents ask here before going upstream; the tracker never
 // fetches upstream itself (it holds no registry credentials):
 //   POST /v1/manifests/resolve?wait_ms=N  {"agent","registry","repository","reference"}
@@ -29,9 +29,9 @@
 #include <boost/asio/awaitable.hpp>
 #include <nlohmann/json_fwd.hpp>
 
-#include "tracker/blob_api.h"
+#include "tracker/blobs/blob_api.h"
 #include "tracker/lease_waiters.h"
-#include "tracker/manifest_cache.h"
+#include "tracker/manifests/manifest_cache.h"
 
 namespace shoal::tracker {
 

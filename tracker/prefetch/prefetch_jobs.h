@@ -3,7 +3,7 @@
 // (node name, agent id, labels; silent ones count as gone after agent_ttl), jobs that prefetch
 // images on a selection of those nodes (all, by name, by label selector, a percentage picked by
 // rendezvous hashing of node names), each node's progress as its agent reports it, and bounds.
-// tracker/prefetch_api.h serves it as JSON.
+// tracker/prefetch/prefetch_api.h serves it as JSON.
 
 #include <chrono>
 #include <cstddef>
@@ -15,7 +15,7 @@
 #include <variant>
 #include <vector>
 
-#include "tracker/swarm_table.h"  // TimePoint
+#include "tracker/swarms/swarm_table.h"  // TimePoint
 
 namespace shoal::tracker {
 

@@ -1,4 +1,4 @@
-#include "tracker/blob_table.h"
+#include "tracker/blobs/blob_table.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,4 +1,4 @@
-#include "tracker/manifest_api.h"
+#include "tracker/manifests/manifest_api.h"
 
 #include <algorithm>
 #include <optional>
@@ -10,7 +10,7 @@
 #include "lib/core/base64.h"
 #include "lib/core/sha256.h"
 #include "lib/oci/quote.h"
-#include "tracker/announce.h"
+#include "tracker/swarms/announce.h"
 
 namespace shoal::tracker {
 namespace http = boost::beast::http;

@@ -1,4 +1,4 @@
-#include "tracker/manifest_cache.h"
+#include "tracker/manifests/manifest_cache.h"
 
 #include <algorithm>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "tracker/prefetch_api.h"
+#include "tracker/prefetch/prefetch_api.h"
 
 #include <algorithm>
 #include <map>
@@ -11,7 +11,7 @@
 
 #include "lib/core/sha256.h"
 #include "lib/oci/reference.h"
-#include "tracker/announce.h"
+#include "tracker/swarms/announce.h"
 #include "tracker/request_checks.h"
 
 namespace shoal::tracker {

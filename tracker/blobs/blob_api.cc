@@ -1,4 +1,4 @@
-#include "tracker/blob_api.h"
+#include "tracker/blobs/blob_api.h"
 
 #include <algorithm>
 #include <map>
@@ -11,7 +11,7 @@
 
 #include "lib/core/base64.h"
 #include "lib/oci/quote.h"
-#include "tracker/announce.h"
+#include "tracker/swarms/announce.h"
 #include "tracker/request_checks.h"
 
 namespace shoal::tracker {

@@ -1,4 +1,4 @@
-#include "tracker/response.h"
+#include "tracker/swarms/response.h"
 
 #include "lib/swarm/bencode.h"
 

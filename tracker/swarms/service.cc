@@ -1,4 +1,4 @@
-#include "tracker/service.h"
+#include "tracker/swarms/service.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "tracker/announce.h"
-#include "tracker/response.h"
+#include "tracker/swarms/announce.h"
+#include "tracker/swarms/response.h"
 
 namespace shoal::tracker {
 namespace {

@@ -15,7 +15,7 @@
 #include <boost/asio/ip/address.hpp>
 
 #include "tracker/metrics.h"
-#include "tracker/swarm_table.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
 
