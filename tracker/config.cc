@@ -1,5 +1,8 @@
 #include "tracker/config.h"
 
+#include <algorithm>
+#include <string>
+
 namespace shoal::tracker {
 
 void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
@@ -108,10 +111,26 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->capture_default_str();
   app.add_option("--max-upstream-fetchers", c.max_upstream_fetchers,
                  "Upstream leases active at once in the whole cluster: at most this many agents "
-                 "fetch chunks from the registries at a time")
+                 "fetch chunks from the registries at a time. With --replicas N each replica "
+                 "grants at most a 1/N share (rounded down) for the blobs it owns")
       ->envname("SHOAL_MAX_UPSTREAM_FETCHERS")
       ->check(CLI::Range(1u, 100'000u))
       ->capture_default_str();
+  app.add_option("--replicas", c.replicas,
+                 "Tracker replicas in the cluster (every agent's --tracker list): they share "
+                 "--max-upstream-fetchers, so the cap holds for the cluster, not per replica")
+      ->envname("SHOAL_TRACKER_REPLICAS")
+      ->check(CLI::Range(1u, 1'000u))
+      ->capture_default_str();
+  app.callback([&c] {
+    if (c.max_upstream_fetchers < c.replicas) {
+      throw CLI::ValidationError(
+          "--max-upstream-fetchers",
+          std::to_string(c.max_upstream_fetchers) + " is less than --replicas " +
+              std::to_string(c.replicas) +
+              ": each replica needs at least one upstream lease of the cluster's cap");
+    }
+  });
   app.add_option("--max-leases-per-blob", c.max_leases_per_blob,
                  "Upstream leases active at once on one blob: the upstream link goes to the "
                  "blob's next chunks, so peers can share them sooner")
@@ -200,3 +219,7 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
 }
 
 }  // namespace shoal::tracker
+
+uint32_t UpstreamLeasesPerReplica(const TrackerConfig& config) {
+  return config.max_upstream_fetchers / std::max(config.replicas, 1u);
+}

@@ -28,6 +28,7 @@ struct TrackerConfig {
   uint64_t min_chunk_size_kib = 1024;  // but not below 1 MiB
   uint64_t first_chunk_kib = 1024;     // ramp: chunk 0 is 1 MiB, then 2, 4, ... (0: no ramp)
   uint32_t max_upstream_fetchers = 8;  // active leases in the whole cluster (NAT quota)
+  uint32_t replicas = 1;               // tracker replicas that share max_upstream_fetchers
   uint32_t max_leases_per_agent = 2;
   uint32_t max_leases_per_blob = 4;
   int head_start_ms = 500;  // a blob's chunk 0 fetches alone this long, or until it is ready
@@ -54,6 +55,12 @@ struct TrackerConfig {
 };
 
 // Registers every flag (with its SHOAL_* environment variable) on app, writing into config.
+// Parsing fails with a ValidationError when max_upstream_fetchers < replicas.
 void AddTrackerFlags(CLI::App& app, TrackerConfig& config);
+
+// The upstream leases this replica may grant: its share of the cluster's max_upstream_fetchers,
+// max_upstream_fetchers / replicas rounded down, so the replicas' sum never exceeds the cap
+// (replicas share no state, and each owns the leases of its own blobs).
+uint32_t UpstreamLeasesPerReplica(const TrackerConfig& config);
 
 }  // namespace shoal::tracker

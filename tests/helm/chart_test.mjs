@@ -216,6 +216,11 @@ test("tracker: StatefulSet with required anti-affinity, headless Service, PDB, n
   assert.equal(sts.spec.template.spec.securityContext.runAsNonRoot, true);
   assert.equal(c.ports[0].containerPort, 7070);
   assert.equal(envOf(c).SHOAL_TRUST_IP_PARAM, "true");
+  // The replicas share the cluster's upstream cap (each grants maxUpstreamFetchers / replicas).
+  assert.equal(envOf(c).SHOAL_MAX_UPSTREAM_FETCHERS, "9");
+  assert.equal(envOf(c).SHOAL_TRACKER_REPLICAS, "3");
+  assert.match(renderFails(["--set", "tracker.replicas=4", "--set", "tracker.maxUpstreamFetchers=3"]),
+    /tracker.maxUpstreamFetchers \(3\) must be at least tracker.replicas \(4\)/);
   for (const p of ["startupProbe", "readinessProbe", "livenessProbe"]) assert.equal(c[p].httpGet.path, "/healthz");
   assert.equal(sts.spec.template.metadata.annotations["prometheus.io/scrape"], "true");
   // A preferred spread when asked for (e.g. a test cluster smaller than the replica count).

@@ -396,3 +396,25 @@ TEST_CASE("tracker lease: a long-poll with nothing happening answers wait after 
 }
 
 }  // namespace shoal::testkit
+
+TEST_CASE("tracker lease: replicas share the cluster cap, and a cap below the replica count is "
+          "refused at start") {
+  TempDir dir("shoal-tracker-lease-replicas");
+  // 5 over 2 replicas: this replica grants 2, so both together never pass 5.
+  Tracker t = StartTracker(dir, {"--max-upstream-fetchers", "5", "--replicas", "2"});
+  CHECK(Send("POST", t.Chunk(2, "lease"), Source("a1")).body["state"] == "granted");
+  CHECK(Send("POST", t.Chunk(1, "lease"), Source("a2")).body["state"] == "granted");
+  Reply capped = Send("POST", t.Chunk(0, "lease"), Source("a3"));
+  CHECK(capped.body["state"] == "wait");
+  CHECK(capped.body["reason"] == "cluster_cap");
+  CHECK(t.process->Stop() == 0);
+
+  auto refused = RunCommand({SHOAL_TRACKER_BIN, "--listen", "127.0.0.1:0", "--insecure-open",
+                             "--max-upstream-fetchers", "2", "--replicas", "3"},
+                            std::chrono::seconds(20));
+  REQUIRE_FALSE(refused.has_value());
+  CHECK_MESSAGE(refused.error().ToString().find(
+                    "2 is less than --replicas 3: each replica needs at least one") !=
+                    std::string::npos,
+                refused.error().ToString());
+}
