@@ -6,6 +6,7 @@
 
 #include <sys/mount.h>
 
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -75,8 +76,8 @@ class ScopedMount {
     }
     int err = errno;
     mounted_ = rc == 0;
-    REQUIRE_MESSAGE(mounted_, "mount -t " + m.type + " " + m.source + " " + target + ": " +
-                                  std::strerror(err));
+    REQUIRE_MESSAGE(mounted_, ("mount -t " + m.type + " " + m.source + " " + target + ": " +
+                               std::strerror(err)));
   }
   ~ScopedMount() {
     if (mounted_) ::umount2(target_.c_str(), MNT_DETACH);
@@ -100,6 +101,14 @@ std::vector<std::string> MountsUnder(const std::string& dir) {
     if (point.rfind(dir, 0) == 0) out.push_back(point);
   }
   return out;
+}
+
+// How many entries `dir` has (0 when it is missing).
+size_t Entries(const std::string& dir) {
+  std::error_code ec;
+  size_t n = 0;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) ++n;
+  return n;
 }
 
 // Rows of a ctr table (the header dropped), split at whitespace.
@@ -163,15 +172,15 @@ struct World {
   std::string Snap(std::vector<std::string> args, const std::string& snapshotter = "shoal") {
     args.insert(args.begin(), {"snapshots", "--snapshotter", snapshotter});
     auto out = containerd->Ctr(args, std::chrono::seconds(60));
-    REQUIRE_MESSAGE(out.has_value(), out.error().ToString() + "\nagent:\n" + agent->LogTail() +
-                                         "\ncontainerd:\n" + containerd->LogTail());
+    REQUIRE_MESSAGE(out.has_value(), (out.error().ToString() + "\nagent:\n" + agent->LogTail() +
+                                      "\ncontainerd:\n" + containerd->LogTail()));
     return out.value();
   }
   // The same, for a call that must fail; returns the error message.
   std::string SnapFails(std::vector<std::string> args) {
     args.insert(args.begin(), {"snapshots", "--snapshotter", "shoal"});
     auto out = containerd->Ctr(args, std::chrono::seconds(60));
-    REQUIRE_MESSAGE(!out.has_value(), "ctr succeeded: " + out.value());
+    REQUIRE_MESSAGE(!out.has_value(), ("ctr succeeded: " + out.value()));
     return out.error().message;
   }
   PrintedMount Mounts(const std::string& key, const std::string& snapshotter = "shoal") {
@@ -253,9 +262,13 @@ TEST_CASE("snapshotter: ctr prepares, commits, views, lists, measures and remove
 
   // A layer with children cannot go; containerd names the reason.
   CHECK(w.SnapFails({"rm", "layer1"}).find("failed precondition") != std::string::npos);
-  // Removing the leaves and then the layer frees its directory on the agent's disk.
+  // Removing the leaves and then the layer frees their directories on the agent's disk.
+  // containerd drops them from its own metadata at once and removes them from the snapshotter
+  // in its next garbage collection, which the removal schedules.
   w.Snap({"rm", "view-key", "view1-key"});
   w.Snap({"rm", "layer2"});
+  CHECK(WaitUntil([&] { return Entries(snaps) == 1; }, std::chrono::seconds(30),
+                  std::chrono::milliseconds(100)));
   CHECK_FALSE(fs::exists(child.Value("upperdir")));
   CHECK(fs::exists(base.source + "/one"));
 
@@ -274,7 +287,7 @@ TEST_CASE("snapshotter: ctr prepares, commits, views, lists, measures and remove
         return out.has_value();
       },
       std::chrono::seconds(30), std::chrono::milliseconds(200));
-  REQUIRE_MESSAGE(back, w.agent->LogTail() + "\n" + w.containerd->LogTail());
+  REQUIRE_MESSAGE(back, (w.agent->LogTail() + "\n" + w.containerd->LogTail()));
   CHECK(info.find("\"Kind\": \"Committed\"") != std::string::npos);
   CHECK(info.find(label) != std::string::npos);
   PrintedMount pending = w.Mounts("pending-key");
@@ -287,7 +300,10 @@ TEST_CASE("snapshotter: ctr prepares, commits, views, lists, measures and remove
   w.Snap({"rm", "pending-key"});
   w.Snap({"rm", "layer1"});
   CHECK(Rows(w.Snap({"ls"})).empty());
-  CHECK(fs::is_empty(snaps));
+  CHECK(WaitUntil([&] { return Entries(snaps) == 0; }, std::chrono::seconds(30),
+                  std::chrono::milliseconds(100)));
+  CHECK(ReadFile(w.dir.Sub("cache/snapshotter/metadata.json")).find("\"snapshots\":[]") !=
+        std::string::npos);
   CHECK(MountsUnder(w.dir.path()).empty());
 }
 
@@ -312,8 +328,8 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
 
   // containerd fetches through the agent's shim and unpacks into the agent's snapshotter.
   auto pulled = w.containerd->Pull(hosts_dir, "gcr.io/proj/img:1", "shoal");
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().ToString() + "\n" + w.agent->LogTail() +
-                                          "\n" + w.containerd->LogTail());
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+                                       "\n" + w.containerd->LogTail()));
   CHECK(w.proxy->BlobBytes() == built.value().total_blob_bytes);
   // The same image unpacked by containerd's native snapshotter: the reference tree.
   auto native = w.containerd->Pull(hosts_dir, "gcr.io/proj/img:1", "native");
@@ -366,7 +382,8 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
   bool collected = WaitUntil([&] { return Rows(w.Snap({"ls"})).empty(); }, std::chrono::seconds(30),
                              std::chrono::milliseconds(200));
   CHECK(collected);
-  CHECK(fs::is_empty(w.SnapshotsDir()));
+  CHECK(WaitUntil([&] { return Entries(w.SnapshotsDir()) == 0; }, std::chrono::seconds(30),
+                  std::chrono::milliseconds(100)));
   CHECK(MountsUnder(w.dir.path()).empty());
 }
 
