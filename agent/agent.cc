@@ -39,6 +39,8 @@
 #include "lib/upstream/upstream_map.h"
 #include "registry-shim/metrics.h"
 #include "registry-shim/server.h"
+#include "snapshotter/service.h"
+#include "snapshotter/store.h"
 
 namespace shoal::agent {
 namespace asio = boost::asio;
@@ -267,6 +269,25 @@ int RunAgent(const AgentConfig& config) {
     backend.UpdateCacheMetrics();
     return prometheus::TextSerializer().Serialize(registry.Collect());
   });
+  // The containerd snapshotter: gRPC's own threads serve it, beside the io_context. It is up
+  // before the port file is written, which tells supervisors and tests the agent is ready.
+  std::unique_ptr<snapshotter::Store> snapshots;
+  std::unique_ptr<snapshotter::Server> snapshot_server;
+  if (!config.snapshotter_socket.empty()) {
+    std::string root = config.snapshotter_root.empty() ? config.cache_dir + "/snapshotter"
+                                                       : config.snapshotter_root;
+    auto opened = snapshotter::Store::Open(root);
+    if (!opened) {
+      return fail(MakeError(ErrorCode::kIo, "snapshotter store: " + opened.error().ToString()));
+    }
+    snapshots = std::move(opened.value());
+    auto started = snapshotter::Server::Start(*snapshots, config.snapshotter_socket);
+    if (!started) return fail(started.error());
+    snapshot_server = std::move(started.value());
+    spdlog::info("containerd snapshotter on unix:{}, {} snapshots in {}",
+                 config.snapshotter_socket, snapshots->List().size(), snapshots->root());
+  }
+
   auto port = server.Listen(listen.value().first, listen.value().second);
   if (!port) return fail(port.error());
   if (!config.port_file.empty()) {
@@ -306,6 +327,7 @@ int RunAgent(const AgentConfig& config) {
     drain_check();
   });
   ioc.run();
+  if (snapshot_server) snapshot_server->Stop();  // calls in flight finish; the socket goes
   pool.join();
   if (auto st = store.value()->Flush(); !st) spdlog::warn("cache index: {}", st.error().ToString());
   spdlog::info("stopped");

@@ -162,6 +162,14 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
                  "comma-separated), e.g. max_out_request_queue=64; for tuning, applied last")
       ->envname("SHOAL_LIBTORRENT_SETTINGS")
       ->delimiter(',');
+  app.add_option("--snapshotter-socket", c.snapshotter_socket,
+                 "Serve containerd's snapshots API on this unix socket (a proxy snapshotter: "
+                 "[proxy_plugins.shoal] type = \"snapshot\", address = this path); empty: off")
+      ->envname("SHOAL_SNAPSHOTTER_SOCKET");
+  app.add_option("--snapshotter-root", c.snapshotter_root,
+                 "Directory of the snapshotter's overlayfs snapshots and their metadata (on the "
+                 "node's SSD, a file system with d_type); default <cache-dir>/snapshotter")
+      ->envname("SHOAL_SNAPSHOTTER_ROOT");
   app.add_option("--node-name", c.node_name,
                  "This node's name for cluster prefetch jobs (shoalctl prefetch --nodes); default "
                  "the hostname (in Kubernetes set it from spec.nodeName)")

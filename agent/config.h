@@ -48,6 +48,8 @@ struct AgentConfig {
   int peer_stall_ms = 15000;     // a chunk with no verified piece for this long is re-leased
   int unchoke_slots = -1;        // peers uploaded to at once; -1: every interested LAN peer
   std::vector<std::string> libtorrent_settings;  // "name=value" settings_pack overrides
+  std::string snapshotter_socket;  // containerd snapshotter's unix socket; empty = not served
+  std::string snapshotter_root;    // its snapshots; default <cache_dir>/snapshotter
   std::string node_name;                 // cluster prefetch: this node's name; default hostname
   std::vector<std::string> node_labels;  // cluster prefetch: "k=v" labels for selectors
   std::string log_format = "json";

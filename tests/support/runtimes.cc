@@ -133,7 +133,13 @@ std::string Dockerd::LogTail() const { return process_ ? process_->LogTail(6000)
 
 // ---- containerd ------------------------------------------------------------------------------
 
-Result<std::unique_ptr<Containerd>> Containerd::Start() {
+std::string Containerd::ProxySnapshotterConfig(const std::string& name,
+                                               const std::string& socket_path) {
+  return "[proxy_plugins]\n  [proxy_plugins." + name + "]\n    type = \"snapshot\"\n" +
+         "    address = \"" + socket_path + "\"\n";
+}
+
+Result<std::unique_ptr<Containerd>> Containerd::Start(const std::string& extra_config) {
   std::unique_ptr<Containerd> c(new Containerd());
   const TempDir& dir = *c->dir_;
   std::string cfg;
@@ -145,6 +151,7 @@ Result<std::unique_ptr<Containerd>> Containerd::Start() {
   cfg += "[ttrpc]\n  address = \"" + dir.Sub("containerd-ttrpc.sock") + "\"\n";
   cfg += "[debug]\n  address = \"\"\n  level = \"debug\"\n";
   cfg += "[metrics]\n  address = \"\"\n";
+  cfg += extra_config;
   WriteFile(dir.Sub("config.toml"), cfg);
   auto proc =
       Process::Start({"containerd", "--config", dir.Sub("config.toml")}, dir.Sub("containerd.log"));
@@ -172,8 +179,9 @@ Result<std::string> Containerd::Ctr(std::vector<std::string> args, std::chrono::
   return RunCommand(std::move(args), timeout);
 }
 
-Result<std::string> Containerd::Pull(const std::string& hosts_dir, const std::string& ref) {
-  return Ctr({"images", "pull", "--snapshotter", "native", "--hosts-dir", hosts_dir, ref});
+Result<std::string> Containerd::Pull(const std::string& hosts_dir, const std::string& ref,
+                                     const std::string& snapshotter) {
+  return Ctr({"images", "pull", "--snapshotter", snapshotter, "--hosts-dir", hosts_dir, ref});
 }
 
 Result<std::string> Containerd::ImageDigest(const std::string& ref) {

@@ -57,8 +57,14 @@ class Dockerd {
 // Not thread-safe; the destructor stops it.
 class Containerd {
  public:
-  // Starts it and waits up to 30 s for `ctr version`. Errors: kUnavailable with the log tail.
-  static Result<std::unique_ptr<Containerd>> Start();
+  // Starts it and waits up to 30 s for `ctr version`. `extra_config` is TOML appended to its
+  // config.toml (version 2), e.g. a `[proxy_plugins.NAME]` section for a snapshotter. Errors:
+  // kUnavailable with the log tail.
+  static Result<std::unique_ptr<Containerd>> Start(const std::string& extra_config = "");
+  // The TOML for a proxy snapshotter plugin `name` served on the unix socket `socket_path`
+  // (containerd then accepts `--snapshotter name`).
+  static std::string ProxySnapshotterConfig(const std::string& name,
+                                            const std::string& socket_path);
   ~Containerd();
   Containerd(const Containerd&) = delete;
   Containerd& operator=(const Containerd&) = delete;
@@ -66,9 +72,11 @@ class Containerd {
   // Runs `ctr --address SOCK <args>`. Errors: as RunCommand.
   Result<std::string> Ctr(std::vector<std::string> args,
                           std::chrono::seconds timeout = std::chrono::seconds(180));
-  // `ctr images pull --snapshotter native --hosts-dir hosts_dir <ref>` (no --plain-http: the
-  // scheme comes from hosts.toml, and a fallback to the real registry fails without internet).
-  Result<std::string> Pull(const std::string& hosts_dir, const std::string& ref);
+  // `ctr images pull --snapshotter <snapshotter> --hosts-dir hosts_dir <ref>` (no --plain-http:
+  // the scheme comes from hosts.toml, and a fallback to the real registry fails without
+  // internet). The default, native, needs no mounts per layer.
+  Result<std::string> Pull(const std::string& hosts_dir, const std::string& ref,
+                           const std::string& snapshotter = "native");
   // The manifest (or index) digest of an image in containerd's store. Errors: kNotFound.
   Result<std::string> ImageDigest(const std::string& ref);
   std::string LogTail() const;

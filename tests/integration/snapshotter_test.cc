@@ -1,0 +1,390 @@
+// The agent's containerd snapshotter driven by the real containerd (Debian's 1.6) and its `ctr`:
+// containerd reaches it as a proxy plugin over the agent's unix socket, exactly as a node would
+// be configured. The tests mount what the snapshotter answers with mount(2) (overlay works as
+// root here; see shared/reference/runtimes.md) and unmount it again.
+#include <doctest/doctest.h>
+
+#include <sys/mount.h>
+
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "lib/core/sha256.h"
+
+#include "tests/support/agent.h"
+#include "tests/support/counted_upstream.h"
+#include "tests/support/counting_proxy.h"
+#include "tests/support/image.h"
+#include "tests/support/layer_tar.h"
+#include "tests/support/process.h"
+#include "tests/support/registry.h"
+#include "tests/support/runtimes.h"
+
+namespace shoal::testkit {
+namespace {
+namespace fs = std::filesystem;
+
+// A mount as `ctr snapshots mounts TARGET KEY` prints it: "mount -t TYPE SOURCE TARGET -o OPTS".
+struct PrintedMount {
+  std::string type, source, target;
+  std::vector<std::string> options;
+
+  bool Has(const std::string& option) const {
+    for (const auto& o : options)
+      if (o == option) return true;
+    return false;
+  }
+  // The value of an option "name=value"; "" when absent.
+  std::string Value(const std::string& name) const {
+    for (const auto& o : options)
+      if (o.rfind(name + "=", 0) == 0) return o.substr(name.size() + 1);
+    return "";
+  }
+};
+
+PrintedMount ParseMount(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  INFO("ctr snapshots mounts printed: ", text);
+  REQUIRE(words.size() == 7);
+  REQUIRE(words[0] == "mount");
+  REQUIRE(words[1] == "-t");
+  REQUIRE(words[5] == "-o");
+  PrintedMount m{words[2], words[3], words[4], {}};
+  std::istringstream opts(words[6]);
+  for (std::string o; std::getline(opts, o, ',');) m.options.push_back(o);
+  return m;
+}
+
+// Mounts a PrintedMount at `target` with mount(2) and unmounts it when destroyed.
+class ScopedMount {
+ public:
+  ScopedMount(const PrintedMount& m, const std::string& target) : target_(target) {
+    fs::create_directories(target);
+    int rc;
+    if (m.type == "bind") {
+      rc = ::mount(m.source.c_str(), target.c_str(), nullptr, MS_BIND | MS_REC, nullptr);
+      if (rc == 0 && m.Has("ro")) {
+        rc = ::mount(nullptr, target.c_str(), nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY, nullptr);
+      }
+    } else {
+      std::string data;
+      for (const auto& o : m.options) data += (data.empty() ? "" : ",") + o;
+      rc = ::mount(m.source.c_str(), target.c_str(), m.type.c_str(), 0, data.c_str());
+    }
+    int err = errno;
+    mounted_ = rc == 0;
+    REQUIRE_MESSAGE(mounted_, ("mount -t " + m.type + " " + m.source + " " + target + ": " +
+                               std::strerror(err)));
+  }
+  ~ScopedMount() {
+    if (mounted_) ::umount2(target_.c_str(), MNT_DETACH);
+  }
+  ScopedMount(const ScopedMount&) = delete;
+  ScopedMount& operator=(const ScopedMount&) = delete;
+
+ private:
+  std::string target_;
+  bool mounted_ = false;
+};
+
+// Mount points under `dir` still in this process's mount table.
+std::vector<std::string> MountsUnder(const std::string& dir) {
+  std::vector<std::string> out;
+  std::istringstream in(ReadFile("/proc/self/mounts"));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream fields(line);
+    std::string dev, point;
+    fields >> dev >> point;
+    if (point.rfind(dir, 0) == 0) out.push_back(point);
+  }
+  return out;
+}
+
+// How many entries `dir` has (0 when it is missing).
+size_t Entries(const std::string& dir) {
+  std::error_code ec;
+  size_t n = 0;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) ++n;
+  return n;
+}
+
+// Rows of a ctr table (the header dropped), split at whitespace.
+std::vector<std::vector<std::string>> Rows(const std::string& text) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream in(text);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::vector<std::string> row;
+    for (std::string f; fields >> f;) row.push_back(f);
+    if (!row.empty()) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// containerd's chain ID of the top layer: chain(1) = diff(1), chain(n) = sha256(chain(n-1) +
+// " " + diff(n)). Snapshots of unpacked layers are named by it.
+std::string ChainId(const std::vector<Digest>& diff_ids) {
+  std::string chain = diff_ids.at(0).str();
+  for (size_t i = 1; i < diff_ids.size(); ++i) chain = Sha256::Of(chain + " " + diff_ids[i].str()).str();
+  return chain;
+}
+
+// An agent serving the snapshotter on a socket in the test's temp dir (upstreams optional), and
+// a containerd that has it as proxy plugin "shoal". Members are destroyed bottom up: mounts
+// made by a test go before containerd, containerd before the agent, the dir last.
+struct World {
+  TempDir dir{"shoal-snap"};
+  std::unique_ptr<Registry> registry;
+  std::unique_ptr<CountingProxy> proxy;
+  std::unique_ptr<Agent> agent;
+  std::unique_ptr<Containerd> containerd;
+
+  explicit World(bool with_upstream) {
+    AgentOptions opts;
+    opts.cache_dir = dir.Sub("cache");
+    opts.extra_args = {"--snapshotter-socket", Socket(), "--log-level", "debug"};
+    if (with_upstream) {
+      auto up = CountedUpstream::Start();
+      REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+      registry = std::move(up.value().registry);
+      proxy = std::move(up.value().proxy);
+      opts.upstreams = {"gcr.io=" + proxy->Url()};
+      opts.extra_args.insert(opts.extra_args.end(), {"--unmapped", "error"});
+    }
+    auto a = Agent::Start(opts);
+    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    agent = std::move(a.value());
+    auto c = Containerd::Start(Containerd::ProxySnapshotterConfig("shoal", Socket()));
+    REQUIRE_MESSAGE(c.has_value(), c.error().ToString());
+    containerd = std::move(c.value());
+  }
+
+  std::string Socket() const { return dir.Sub("snapshotter.sock"); }
+  // The snapshotter's directories, under the agent's cache dir by default.
+  std::string SnapshotsDir() const { return dir.Sub("cache/snapshotter/snapshots"); }
+
+  // `ctr snapshots --snapshotter shoal <args>`; REQUIREs success and returns the output.
+  std::string Snap(std::vector<std::string> args, const std::string& snapshotter = "shoal") {
+    args.insert(args.begin(), {"snapshots", "--snapshotter", snapshotter});
+    auto out = containerd->Ctr(args, std::chrono::seconds(60));
+    REQUIRE_MESSAGE(out.has_value(), (out.error().ToString() + "\nagent:\n" + agent->LogTail() +
+                                      "\ncontainerd:\n" + containerd->LogTail()));
+    return out.value();
+  }
+  // The same, for a call that must fail; returns the error message.
+  std::string SnapFails(std::vector<std::string> args) {
+    args.insert(args.begin(), {"snapshots", "--snapshotter", "shoal"});
+    auto out = containerd->Ctr(args, std::chrono::seconds(60));
+    REQUIRE_MESSAGE(!out.has_value(), ("ctr succeeded: " + out.value()));
+    return out.error().message;
+  }
+  PrintedMount Mounts(const std::string& key, const std::string& snapshotter = "shoal") {
+    return ParseMount(Snap({"mounts", dir.Sub("target"), key}, snapshotter));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("snapshotter: ctr prepares, commits, views, lists, measures and removes on the agent") {
+  World w(false);
+  const std::string snaps = w.SnapshotsDir();
+
+  // A base layer: a writable bind mount of a fresh directory on the agent's disk.
+  w.Snap({"prepare", "base-key"});
+  PrintedMount base = w.Mounts("base-key");
+  CHECK(base.type == "bind");
+  CHECK(base.Has("rw"));
+  CHECK(base.Has("rbind"));
+  CHECK(base.source.rfind(snaps + "/", 0) == 0);
+  CHECK(fs::path(base.source).filename() == "fs");
+  WriteFile(base.source + "/one", std::string(200000, '1'));
+  w.Snap({"commit", "layer1", "base-key"});
+
+  // A second layer on top: an overlay whose lower dir is the first layer. Written through a
+  // real overlay mount, as containerd's unpacker does.
+  w.Snap({"prepare", "child-key", "layer1"});
+  PrintedMount child = w.Mounts("child-key");
+  CHECK(child.type == "overlay");
+  CHECK(child.Value("lowerdir") == base.source);
+  CHECK(child.Value("upperdir").rfind(snaps + "/", 0) == 0);
+  CHECK(child.Value("workdir").rfind(snaps + "/", 0) == 0);
+  {
+    ScopedMount m(child, w.dir.Sub("mnt-child"));
+    CHECK(ReadFile(w.dir.Sub("mnt-child/one")).size() == 200000);
+    WriteFile(w.dir.Sub("mnt-child/two"), "second layer");
+  }
+  CHECK(ReadFile(child.Value("upperdir") + "/two") == "second layer");
+  CHECK_FALSE(fs::exists(child.Value("upperdir") + "/one"));
+  w.Snap({"commit", "layer2", "child-key"});
+
+  // A read-only view of both layers: an overlay of two lower dirs, nearest first.
+  w.Snap({"view", "view-key", "layer2"});
+  PrintedMount view = w.Mounts("view-key");
+  CHECK(view.type == "overlay");
+  CHECK(view.Value("lowerdir") == child.Value("upperdir") + ":" + base.source);
+  CHECK(view.Value("upperdir").empty());
+  {
+    ScopedMount m(view, w.dir.Sub("mnt-view"));
+    CHECK(ReadFile(w.dir.Sub("mnt-view/two")) == "second layer");
+    CHECK(ReadFile(w.dir.Sub("mnt-view/one")).size() == 200000);
+  }
+  // A view of one layer is a read-only bind of it.
+  w.Snap({"view", "view1-key", "layer1"});
+  PrintedMount view1 = w.Mounts("view1-key");
+  CHECK(view1.type == "bind");
+  CHECK(view1.source == base.source);
+  CHECK(view1.Has("ro"));
+
+  // ctr lists what the agent holds, kinds and parents included.
+  std::map<std::string, std::vector<std::string>> listed;
+  for (auto& row : Rows(w.Snap({"ls"}))) listed[row[0]] = row;
+  CHECK(listed.size() == 4);
+  CHECK(listed["layer1"] == std::vector<std::string>{"layer1", "Committed"});
+  CHECK(listed["layer2"] == std::vector<std::string>{"layer2", "layer1", "Committed"});
+  CHECK(listed["view-key"] == std::vector<std::string>{"view-key", "layer2", "View"});
+  // Usage: the first layer holds its 200 kB file.
+  auto usage = Rows(w.Snap({"usage", "layer1"}));
+  REQUIRE(usage.size() == 1);
+  CHECK(usage[0][0] == "layer1");
+  CHECK(usage[0][2] == "KiB");  // "196 KiB" or so: at least the file's blocks
+  CHECK(std::stod(usage[0][1]) >= 195.0);
+  // Labels under containerd.io/snapshot/ are the ones containerd hands to its snapshotter
+  // (it keeps the others itself): Update stores them on the agent, Stat gives them back.
+  const std::string label = "containerd.io/snapshot/shoal-test";
+  w.Snap({"label", "layer1", label + "=owner"});
+  CHECK(w.Snap({"info", "layer1"}).find("\"" + label + "\": \"owner\"") != std::string::npos);
+  CHECK(ReadFile(w.dir.Sub("cache/snapshotter/metadata.json")).find(label) != std::string::npos);
+
+  // A layer with children cannot go; containerd names the reason.
+  CHECK(w.SnapFails({"rm", "layer1"}).find("failed precondition") != std::string::npos);
+  // Removing the leaves and then the layer frees their directories on the agent's disk.
+  // containerd drops them from its own metadata at once and removes them from the snapshotter
+  // in its next garbage collection, which the removal schedules.
+  w.Snap({"rm", "view-key", "view1-key"});
+  w.Snap({"rm", "layer2"});
+  CHECK(WaitUntil([&] { return Entries(snaps) == 1; }, std::chrono::seconds(30),
+                  std::chrono::milliseconds(100)));
+  CHECK_FALSE(fs::exists(child.Value("upperdir")));
+  CHECK(fs::exists(base.source + "/one"));
+
+  // The agent restarts (SIGTERM: the socket goes, then comes back): committed snapshots and
+  // active ones are still there, and containerd's connection finds the new socket.
+  w.Snap({"prepare", "pending-key", "layer1"});
+  REQUIRE(w.agent->Stop() == 0);
+  CHECK_FALSE(fs::exists(w.Socket()));
+  REQUIRE(w.agent->Restart().has_value());
+  std::string info;
+  bool back = WaitUntil(
+      [&] {
+        auto out = w.containerd->Ctr({"snapshots", "--snapshotter", "shoal", "info", "layer1"},
+                                     std::chrono::seconds(10));
+        if (out) info = out.value();
+        return out.has_value();
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(200));
+  REQUIRE_MESSAGE(back, (w.agent->LogTail() + "\n" + w.containerd->LogTail()));
+  CHECK(info.find("\"Kind\": \"Committed\"") != std::string::npos);
+  CHECK(info.find(label) != std::string::npos);
+  PrintedMount pending = w.Mounts("pending-key");
+  CHECK(pending.Value("lowerdir") == base.source);
+  CHECK(Rows(w.Snap({"ls"})).size() == 2);
+  CHECK(w.agent->Log().find("containerd snapshotter on unix:" + w.Socket() + ", 2 snapshots") !=
+        std::string::npos);
+
+  // Everything removed: nothing left on the agent's disk.
+  w.Snap({"rm", "pending-key"});
+  w.Snap({"rm", "layer1"});
+  CHECK(Rows(w.Snap({"ls"})).empty());
+  CHECK(WaitUntil([&] { return Entries(snaps) == 0; }, std::chrono::seconds(30),
+                  std::chrono::milliseconds(100)));
+  CHECK(ReadFile(w.dir.Sub("cache/snapshotter/metadata.json")).find("\"snapshots\":[]") !=
+        std::string::npos);
+  CHECK(MountsUnder(w.dir.path()).empty());
+}
+
+TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal snapshots that "
+          "mount to the native snapshotter's tree") {
+  World w(true);
+  // Two layers: files, a symlink and a hard link, then a whiteout and an opaque directory.
+  ImageSpec spec;
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 12, {1ull << 20}, 1801});
+  LayerSpec top{Compression::kGzip, 6, {}, 1802};
+  top.with_whiteout = true;
+  spec.layers.push_back(top);
+  const std::string layout = w.dir.Sub("layout");
+  auto built = BuildImage(spec, layout, "1");
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  auto pushed = PushImage(*w.registry, layout, "1", "proj/img");
+  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+  const std::string hosts_dir = w.dir.Sub("certs.d");
+  auto generated = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
+                             "gcr.io", "-o", hosts_dir});
+  REQUIRE_MESSAGE(generated.has_value(), generated.error().ToString());
+
+  // containerd fetches through the agent's shim and unpacks into the agent's snapshotter.
+  auto pulled = w.containerd->Pull(hosts_dir, "gcr.io/proj/img:1", "shoal");
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+                                       "\n" + w.containerd->LogTail()));
+  CHECK(w.proxy->BlobBytes() == built.value().total_blob_bytes);
+  // The same image unpacked by containerd's native snapshotter: the reference tree.
+  auto native = w.containerd->Pull(hosts_dir, "gcr.io/proj/img:1", "native");
+  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+
+  // One committed snapshot per layer, named by chain ID, the top one on the bottom one.
+  const std::string bottom = built.value().diff_ids.at(0).str();
+  const std::string top_chain = ChainId(built.value().diff_ids);
+  std::map<std::string, std::vector<std::string>> listed;
+  for (auto& row : Rows(w.Snap({"ls"}))) listed[row[0]] = row;
+  REQUIRE(listed.size() == 2);
+  CHECK(listed[bottom] == std::vector<std::string>{bottom, "Committed"});
+  CHECK(listed[top_chain] == std::vector<std::string>{top_chain, bottom, "Committed"});
+
+  // Views of the top layer in both snapshotters, mounted: the same tree, file for file (modes,
+  // owners, contents, links, xattrs; the whiteouts hidden by overlayfs).
+  w.Snap({"view", "shoal-view", top_chain});
+  w.Snap({"view", "native-view", top_chain}, "native");
+  PrintedMount shoal_mount = w.Mounts("shoal-view");
+  CHECK(shoal_mount.type == "overlay");
+  PrintedMount native_mount = w.Mounts("native-view", "native");
+  {
+    ScopedMount a(shoal_mount, w.dir.Sub("mnt-shoal"));
+    ScopedMount b(native_mount, w.dir.Sub("mnt-native"));
+    Tree shoal_tree = SnapshotTree(w.dir.Sub("mnt-shoal"));
+    Tree native_tree = SnapshotTree(w.dir.Sub("mnt-native"));
+    CHECK(shoal_tree.size() > 10);
+    CHECK(shoal_tree.size() == native_tree.size());
+    for (const auto& [path, node] : native_tree) {
+      CAPTURE(path);
+      auto it = shoal_tree.find(path);
+      REQUIRE(it != shoal_tree.end());
+      CHECK(it->second.type == node.type);
+      CHECK(it->second.mode == node.mode);
+      CHECK(it->second.uid == node.uid);
+      CHECK(it->second.gid == node.gid);
+      CHECK(it->second.content_sha == node.content_sha);
+      CHECK(it->second.link == node.link);
+      CHECK(it->second.xattrs == node.xattrs);
+      CHECK(it->second.hardlink_group == node.hardlink_group);
+      if (node.type != 'd') CHECK(it->second.mtime == node.mtime);
+    }
+  }
+
+  // containerd's own garbage collection removes the snapshots once the image is gone.
+  w.Snap({"rm", "shoal-view"});
+  w.Snap({"rm", "native-view"}, "native");
+  auto removed = w.containerd->Ctr({"images", "rm", "--sync", "gcr.io/proj/img:1"});
+  REQUIRE_MESSAGE(removed.has_value(), removed.error().ToString());
+  bool collected = WaitUntil([&] { return Rows(w.Snap({"ls"})).empty(); }, std::chrono::seconds(30),
+                             std::chrono::milliseconds(200));
+  CHECK(collected);
+  CHECK(WaitUntil([&] { return Entries(w.SnapshotsDir()) == 0; }, std::chrono::seconds(30),
+                  std::chrono::milliseconds(100)));
+  CHECK(MountsUnder(w.dir.path()).empty());
+}
+
+}  // namespace shoal::testkit
