@@ -218,8 +218,8 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->capture_default_str();
 }
 
-}  // namespace shoal::tracker
-
 uint32_t UpstreamLeasesPerReplica(const TrackerConfig& config) {
   return config.max_upstream_fetchers / std::max(config.replicas, 1u);
 }
+
+}  // namespace shoal::tracker
