@@ -20,6 +20,8 @@ PKGS=(
   unzip apache2-utils openssl
   # the container image (scripts/build-image.sh) and `podman kube play` (catatonit: infra)
   mmdebstrap catatonit
+  # headless chromium: the tracker's cluster page, loaded and screenshotted by a test
+  chromium fonts-dejavu-core
 )
 
 SUDO=""

@@ -4,6 +4,7 @@
 #include <boost/algorithm/string/predicate.hpp>
 
 #include "tracker/blobs/blob_api.h"
+#include "tracker/cluster/cluster_view.h"
 #include "tracker/manifests/manifest_api.h"
 #include "tracker/prefetch/prefetch_api.h"
 
@@ -44,6 +45,7 @@ std::string_view BearerToken(std::string_view authorization) {
 Role RequiredRole(http::verb method, std::string_view path) {
   if (path == "/announce" || path == "/scrape") return Role::kAgent;
   if (BlobApi::Owns(path) || ManifestApi::Owns(path)) return Role::kAgent;
+  if (path == kClusterPath) return Role::kOperator;  // names images, nodes and agents
   if (PrefetchApi::Owns(path)) {
     // The agent side: polling for jobs, and reporting progress on one node's part.
     if (method == http::verb::post && path == "/v1/prefetch/poll") return Role::kAgent;
@@ -54,7 +56,7 @@ Role RequiredRole(http::verb method, std::string_view path) {
     }
     return Role::kOperator;
   }
-  return Role::kAnyone;  // /healthz, /metrics, the status page's totals, 404s
+  return Role::kAnyone;  // /healthz, /metrics, the status page's totals, /ui (no data), 404s
 }
 
 std::string_view AnnounceKeyOf(std::string_view query) {

@@ -24,6 +24,7 @@
 #include "lib/tls/node_ca.h"
 #include "tracker/access.h"
 #include "tracker/blobs/blob_api.h"
+#include "tracker/cluster/cluster_view.h"
 #include "tracker/manifests/manifest_api.h"
 #include "tracker/prefetch/prefetch_api.h"
 #include "tracker/server.h"
@@ -177,6 +178,20 @@ int RunTracker(const TrackerConfig& config) {
   Server server(ioc, service, blobs, manifests, prefetch, access.value(), server_options);
   server.SetMetricsHandler(
       [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
+  server.SetClusterViewHandler([&] {
+    TimePoint now = TrackerClock::now();
+    blobs.Sweep(now);
+    prefetch.Sweep(now);
+    ClusterViewInput in;
+    in.tracker_id = blobs.tracker_id();
+    in.replicas = config.replicas;
+    in.upstream_cap_cluster = config.max_upstream_fetchers;
+    in.blobs = &blobs.table();
+    in.lease_waiters = blobs.waiters();
+    in.swarms = &service.table();
+    in.prefetch = &prefetch.jobs();
+    return BuildClusterView(in, now).dump();
+  });
   auto port = server.Listen(listen.value().first, listen.value().second);
   if (!port) return fail(port.error());
   if (!config.port_file.empty()) {

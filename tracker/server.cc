@@ -14,6 +14,8 @@
 #include <boost/beast/http.hpp>
 
 #include "tracker/access.h"
+#include "tracker/cluster/cluster_view.h"
+#include "tracker/cluster/page.h"
 #include "tracker/swarms/response.h"
 
 namespace shoal::tracker {
@@ -36,7 +38,7 @@ constexpr char kServerName[] = "shoal-tracker";
 using Request = http::request<http::string_body>;
 using StringResponse = http::response<http::string_body>;
 
-enum class Route { kAnnounce, kScrape, kMetrics, kHealth, kStatus, kNotFound };
+enum class Route { kAnnounce, kScrape, kMetrics, kHealth, kStatus, kCluster, kUi, kNotFound };
 
 std::string_view RouteName(Route route) {
   switch (route) {
@@ -50,6 +52,10 @@ std::string_view RouteName(Route route) {
       return "health";
     case Route::kStatus:
       return "status";
+    case Route::kCluster:
+      return "cluster";
+    case Route::kUi:
+      return "ui";
     case Route::kNotFound:
       return "other";
   }
@@ -62,6 +68,8 @@ Route RouteOf(std::string_view path) {
   if (path == "/metrics") return Route::kMetrics;
   if (path == "/healthz") return Route::kHealth;
   if (path == "/") return Route::kStatus;
+  if (path == kClusterPath) return Route::kCluster;
+  if (path == "/ui") return Route::kUi;
   return Route::kNotFound;
 }
 
@@ -84,7 +92,8 @@ class Connection {
  public:
   Connection(tcp::socket socket, TrackerService& service, BlobApi& blobs, ManifestApi& manifests,
              PrefetchApi& prefetch, Access& access, const ServerOptions& options,
-             const std::function<std::string()>& metrics_text)
+             const std::function<std::string()>& metrics_text,
+             const std::function<std::string()>& cluster_view)
       : stream_(std::move(socket)),
         service_(service),
         access_(access),
@@ -92,7 +101,8 @@ class Connection {
         manifests_(manifests),
         prefetch_(prefetch),
         options_(options),
-        metrics_text_(metrics_text) {
+        metrics_text_(metrics_text),
+        cluster_view_(cluster_view) {
     beast::error_code ec;
     remote_ = stream_.socket().remote_endpoint(ec);
   }
@@ -266,7 +276,8 @@ class Connection {
     if (announce) {
       res =
           MakeResponse(req.version(), req.keep_alive(), status, EncodeFailure(text), "text/plain");
-    } else if (label == "blobs" || label == "manifests" || label == "prefetch") {
+    } else if (label == "blobs" || label == "manifests" || label == "prefetch" ||
+               label == "cluster") {
       BlobResponse answer = blobs_.Error(static_cast<unsigned>(status), text);
       res = MakeResponse(req.version(), req.keep_alive(), status, std::move(answer.body),
                          "application/json");
@@ -320,6 +331,27 @@ class Connection {
             service_.StatusPage(true) + "\n" + blobs_.StatusSection(TrackerClock::now()) +
                 manifests_.StatusSection() + prefetch_.StatusSection(TrackerClock::now()),
             "text/plain; charset=utf-8");
+      case Route::kCluster: {
+        StringResponse res = MakeResponse(v, keep, http::status::ok,
+                                          cluster_view_ ? cluster_view_() : "{}",
+                                          "application/json");
+        res.set(http::field::cache_control, "no-store");
+        return res;
+      }
+      case Route::kUi: {
+        // The page itself holds no data: it asks for an operator token and reads /v1/cluster.
+        // Nothing on it may load from anywhere else.
+        StringResponse res =
+            MakeResponse(v, keep, http::status::ok, std::string(ClusterPageHtml()),
+                         "text/html; charset=utf-8");
+        res.set("Content-Security-Policy",
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+                "frame-ancestors 'none'");
+        res.set("X-Content-Type-Options", "nosniff");
+        res.set(http::field::cache_control, "no-store");
+        return res;
+      }
       case Route::kNotFound:
         break;
     }
@@ -336,6 +368,7 @@ class Connection {
   PrefetchApi& prefetch_;
   const ServerOptions& options_;
   const std::function<std::string()>& metrics_text_;
+  const std::function<std::string()>& cluster_view_;
   tcp::endpoint remote_;
 };
 
@@ -443,7 +476,7 @@ awaitable<void> Server::Session(tcp::socket socket) {
   ++active_;
   service_.metrics().connections.Set(active_);
   Connection conn(std::move(socket), service_, blobs_, manifests_, prefetch_, access_, options_,
-                  metrics_text_);
+                  metrics_text_, cluster_view_);
   auto registered = stops_.insert(stops_.end(), [&conn] { conn.Stop(); });
   try {
     co_await conn.Run();

@@ -57,6 +57,10 @@ class Server {
   void SetMetricsHandler(std::function<std::string()> handler) {
     metrics_text_ = std::move(handler);
   }
+  // Provides the GET /v1/cluster body (JSON, tracker/cluster/cluster_view.h).
+  void SetClusterViewHandler(std::function<std::string()> handler) {
+    cluster_view_ = std::move(handler);
+  }
 
  private:
   boost::asio::awaitable<void> AcceptLoop();
@@ -73,6 +77,7 @@ class Server {
   ServerOptions options_;
   boost::asio::ip::tcp::acceptor acceptor_;
   std::function<std::string()> metrics_text_;
+  std::function<std::string()> cluster_view_;
   int active_ = 0;
   std::list<std::function<void()>> stops_;   // one per open connection: Connection::Stop
   int shedding_ = 0;                          // Shed coroutines running

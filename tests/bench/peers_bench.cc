@@ -299,6 +299,8 @@ Scenario RunAria2(const Options& o, const TempDir& dir, const std::string& blob_
   std::string seed_dir = dir.Sub("aria2-seed");
   fs::create_directories(seed_dir);
   const std::string name = "blob";
+  // A scenario named twice (--scenarios aria2c,shoal,aria2c) finds the link of its first run.
+  fs::remove(seed_dir + "/" + name);
   fs::create_hard_link(blob_file, seed_dir + "/" + name);
   const std::string torrent = dir.Sub("blob.torrent");
   std::string info_hash = MakeTorrent(seed_dir + "/" + name, announce, piece_size, torrent);
@@ -328,6 +330,7 @@ Scenario RunAria2(const Options& o, const TempDir& dir, const std::string& blob_
   for (int r = 0; r < o.rounds; ++r) {
     CheckStop();
     std::string out = dir.Sub("aria2-leech" + std::to_string(r));
+    fs::remove_all(out);  // left by an earlier aria2c scenario of this run: aria2c would resume
     fs::create_directories(out);
     auto argv = Aria2Common(FreePort());
     argv.insert(argv.end(), {"--dir=" + out, "--seed-time=0", torrent});

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -395,8 +396,6 @@ TEST_CASE("tracker lease: a long-poll with nothing happening answers wait after 
   CHECK(poll.done_at() - stopping < milliseconds(2000));
 }
 
-}  // namespace shoal::testkit
-
 TEST_CASE("tracker lease: replicas share the cluster cap, and a cap below the replica count is "
           "refused at start") {
   TempDir dir("shoal-tracker-lease-replicas");
@@ -418,3 +417,181 @@ TEST_CASE("tracker lease: replicas share the cluster cap, and a cap below the re
                     std::string::npos,
                 refused.error().ToString());
 }
+
+// Sends an operator's JSON request; returns status and body.
+Reply OperatorSend(const std::string& method, const std::string& url, const std::string& body) {
+  auto headers = OperatorAuth();
+  if (!body.empty()) headers.emplace_back("Content-Type", "application/json");
+  auto res = HttpRequest(method, url, headers, body, milliseconds(4000));
+  REQUIRE_MESSAGE(res.has_value(), method << " " << url << ": " << res.error().message);
+  json j = json::parse(res.value().body, nullptr, false);
+  return Reply{res.value().status, j.is_discarded() ? json::object() : j};
+}
+
+json ClusterView(const Tracker& t) {
+  Reply view = OperatorSend("GET", t.base + "/v1/cluster", "");
+  REQUIRE(view.status == 200);
+  return view.body;
+}
+
+// The page as headless chromium renders it after its script ran (--dump-dom), and a screenshot
+// of it at `width` x `height` into `png` (when not empty).
+std::string RenderPage(const TempDir& dir, const std::string& url, int width, int height,
+                       const std::string& png = "") {
+  std::vector<std::string> argv = {"chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
+                                   "--disable-dev-shm-usage", "--no-first-run",
+                                   "--user-data-dir=" + dir.Sub("chromium-profile"),
+                                   "--window-size=" + std::to_string(width) + "," +
+                                       std::to_string(height),
+                                   "--virtual-time-budget=6000"};
+  if (!png.empty()) {
+    auto shot = argv;
+    shot.push_back("--screenshot=" + png);
+    shot.push_back(url);
+    auto taken = RunCommand(shot, seconds(90));
+    REQUIRE_MESSAGE(taken.has_value(), taken.error().ToString());
+  }
+  argv.push_back("--dump-dom");
+  argv.push_back(url);
+  auto dom = RunCommand(argv, seconds(90));
+  REQUIRE_MESSAGE(dom.has_value(), dom.error().ToString());
+  return dom.value();
+}
+
+// The data-value of the element with this id in a dumped DOM ("" when absent).
+std::string PageValue(const std::string& dom, const std::string& id) {
+  std::string open = "id=\"" + id + "\"";
+  size_t at = dom.find(open);
+  if (at == std::string::npos) return "";
+  size_t end = dom.find('>', at);
+  size_t v = dom.find("data-value=\"", at);
+  if (v == std::string::npos || v > end) return "";
+  v += 12;
+  return dom.substr(v, dom.find('"', v) - v);
+}
+
+// Where tests leave files for people to look at (CI keeps the build dir): <build>/artifacts.
+std::string ArtifactDir() {
+  std::filesystem::path bin(SHOAL_TRACKER_BIN);  // <build>/tracker/shoal-tracker
+  std::filesystem::path dir = bin.parent_path().parent_path() / "artifacts";
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+TEST_CASE("tracker cluster view: operators get leases, blobs, jobs and agents as JSON, others "
+          "get 401/403") {
+  TempDir dir("shoal-tracker-cluster");
+  Tracker t = StartTracker(dir, {"--max-upstream-fetchers", "6", "--replicas", "2"});
+  auto anon = HttpGet(t.base + "/v1/cluster", {}, seconds(2));
+  REQUIRE(anon.has_value());
+  CHECK(anon.value().status == 401);
+  CHECK(anon.value().body.find("operator") != std::string::npos);
+  auto agent = HttpGet(t.base + "/v1/cluster", AgentAuth(), seconds(2));
+  REQUIRE(agent.has_value());
+  CHECK(agent.value().status == 403);
+
+  Reply polled = Send("POST", t.base + "/v1/prefetch/poll?wait_ms=0",
+                      json{{"agent", "n1-a"}, {"node", "n1"}}.dump());
+  REQUIRE(polled.status == 200);
+  Reply job = OperatorSend("POST", t.base + "/v1/prefetch/jobs",
+                           json{{"images", {"r.test/demo/app:1"}}, {"nodes", {"n1"}}}.dump());
+  REQUIRE_MESSAGE(job.status == 201, job.body.dump());
+  Reply granted = Send("POST", t.Chunk(2, "lease"), Source("a1"));
+  REQUIRE(granted.body["state"] == "granted");
+  REQUIRE(Send("POST", t.Chunk(2, "renew"),
+               json{{"agent", "a1"}, {"lease_id", granted.body["lease_id"]}, {"bytes", 500}}.dump())
+              .status == 200);
+
+  json v = ClusterView(t);
+  INFO(v.dump());
+  CHECK(v["tracker_id"] == granted.body["tracker_id"]);
+  CHECK(v["replicas"] == 2);
+  CHECK(v["upstream"]["cap_cluster"] == 6);
+  CHECK(v["upstream"]["cap_this_replica"] == 3);
+  CHECK(v["upstream"]["leases_active"] == 1);
+  REQUIRE(v["upstream"]["leases"].size() == 1);
+  CHECK(v["upstream"]["leases"][0]["agent"] == "a1");
+  CHECK(v["upstream"]["leases"][0]["bytes"] == 500);
+  CHECK(v["upstream"]["leases"][0]["length"] == 1000);
+  CHECK(v["blobs"]["count"] == 1);
+  REQUIRE(v["blobs"]["recent"].size() == 1);
+  const json& b = v["blobs"]["recent"][0];
+  CHECK(b["digest"] == kDigest);
+  CHECK(b["repository"] == "demo/app");
+  CHECK(b["size"] == kSize);
+  CHECK(b["chunks"] == 3);
+  CHECK(b["chunks_ready"] == 0);
+  CHECK(b["ready_after_ms"].is_null());
+  REQUIRE(v["prefetch_jobs"].size() == 1);
+  CHECK(v["prefetch_jobs"][0]["id"] == job.body["id"]);
+  CHECK(v["prefetch_jobs"][0]["slowest_nodes"][0]["node"] == "n1");
+  CHECK(v["agents"]["live"] == 1);
+  CHECK(v["agents"]["stale"] == 0);
+
+  // Publishing under the lease: the chunk crossed the NAT once, and the lease ended.
+  REQUIRE(Send("PUT", t.Chunk(2), PublishBody("a1", granted.body["lease_id"], Metainfo(1000)))
+              .status == 200);
+  v = ClusterView(t);
+  CHECK(v["upstream"]["leases_active"] == 0);
+  CHECK(v["upstream"]["bytes_total"] == 1000);
+  CHECK(v["blobs"]["recent"][0]["chunks_ready"] == 1);
+  CHECK(v["blobs"]["recent"][0]["upstream_bytes"] == 1000);
+  // Re-publishing without a lease (after a tracker restart) is not upstream traffic.
+  REQUIRE(Send("PUT", t.Chunk(0), PublishBody("a2", "", Metainfo(kChunk))).status == 200);
+  CHECK(ClusterView(t)["upstream"]["bytes_total"] == 1000);
+  CHECK(t.process->Stop() == 0);
+}
+
+TEST_CASE("tracker cluster page: chromium shows the JSON's numbers, follows the pull, and fits a "
+          "phone") {
+  TempDir dir("shoal-tracker-page");
+  Tracker t = StartTracker(dir);
+  auto page = HttpGet(t.base + "/ui", {}, seconds(2));
+  REQUIRE(page.has_value());
+  CHECK(page.value().status == 200);
+  CHECK(page.value().Header("content-type") == "text/html; charset=utf-8");
+  // Nothing on the page may come from elsewhere: the policy allows only this tracker.
+  CHECK(page.value().Header("content-security-policy").find("default-src 'none'") == 0);
+  CHECK(page.value().body.find("http://") == std::string::npos);
+  CHECK(page.value().body.find("https://") == std::string::npos);
+
+  Reply granted = Send("POST", t.Chunk(2, "lease"), Source("a1"));
+  REQUIRE(granted.body["state"] == "granted");
+  REQUIRE(Send("POST", t.Chunk(1, "lease"), Source("a2")).body["state"] == "granted");
+  REQUIRE(Send("POST", t.base + "/v1/prefetch/poll?wait_ms=0",
+               json{{"agent", "n1-a"}, {"node", "n1"}}.dump())
+              .status == 200);
+  const std::string url = t.base + "/ui#token=" + Tokens().op;
+  const std::string shots = ArtifactDir();
+
+  std::string dom = RenderPage(dir, url, 1280, 900, shots + "/cluster-page-desktop.png");
+  json v = ClusterView(t);
+  INFO(dom.substr(0, 4000));
+  CHECK(PageValue(dom, "leases-active") == to_string(v["upstream"]["leases_active"]));
+  CHECK(PageValue(dom, "leases-active") == "2");
+  CHECK(PageValue(dom, "cap-replica") == to_string(v["upstream"]["cap_this_replica"]));
+  CHECK(PageValue(dom, "blobs-count") == "1");
+  CHECK(PageValue(dom, "chunks-ready") == "0");
+  CHECK(PageValue(dom, "chunks-total") == to_string(v["blobs"]["chunks"]));
+  CHECK(PageValue(dom, "agents-live") == "1");
+  CHECK(dom.find("demo/app") != std::string::npos);
+
+  // The pull moves on: both chunks published, so the page's numbers change with the JSON's.
+  REQUIRE(Send("PUT", t.Chunk(2), PublishBody("a1", granted.body["lease_id"], Metainfo(1000)))
+              .status == 200);
+  dom = RenderPage(dir, url, 390, 844, shots + "/cluster-page-phone.png");
+  v = ClusterView(t);
+  CHECK(PageValue(dom, "leases-active") == "1");
+  CHECK(PageValue(dom, "chunks-ready") == "1");
+  CHECK(PageValue(dom, "upstream-bytes") == to_string(v["upstream"]["bytes_total"]));
+  CHECK(PageValue(dom, "upstream-bytes") == "1000");
+  CHECK(std::filesystem::file_size(shots + "/cluster-page-desktop.png") > 10'000);
+  CHECK(std::filesystem::file_size(shots + "/cluster-page-phone.png") > 10'000);
+
+  // A wrong token: the page asks for one instead of showing data.
+  dom = RenderPage(dir, t.base + "/ui#token=not-a-valid-token-at-all", 800, 600);
+  CHECK(dom.find("refused the token") != std::string::npos);
+  CHECK(t.process->Stop() == 0);
+}
+
+}  // namespace shoal::testkit

@@ -88,7 +88,7 @@ BlobResult<swarm::ChunkLayout> BlobTable::LayoutFor(uint64_t size) const {
 BlobResult<BlobView> BlobTable::Ensure(const Digest& digest, const BlobSource& source,
                                        TimePoint now) {
   ExpireLeases(now);
-  auto blob = EnsureBlob(digest, source);
+  auto blob = EnsureBlob(digest, source, now);
   if (!blob) return blob.error();
   return ViewOf(*blob.value());
 }
@@ -107,7 +107,7 @@ BlobResult<LeaseAnswer> BlobTable::Lease(const Digest& digest, uint32_t k, std::
   ExpireLeases(now);
   auto checked = CheckChunk(digest, source, k);
   if (!checked) return checked.error();
-  auto ensured = EnsureBlob(digest, source);
+  auto ensured = EnsureBlob(digest, source, now);
   if (!ensured) return ensured.error();
   Blob& blob = *ensured.value();
   Chunk& chunk = blob.chunks[k];
@@ -196,7 +196,7 @@ BlobTable::LeaseRecord& BlobTable::Grant(const Digest& digest, Blob& blob, uint3
 BlobResult<LeaseAnswer> BlobTable::Work(const Digest& digest, std::string_view agent,
                                         const BlobSource& source, TimePoint now) {
   ExpireLeases(now);
-  auto ensured = EnsureBlob(digest, source);
+  auto ensured = EnsureBlob(digest, source, now);
   if (!ensured) return ensured.error();
   Blob& blob = *ensured.value();
   LeaseAnswer answer;
@@ -293,7 +293,7 @@ BlobResult<PublishAnswer> BlobTable::Publish(const Digest& digest, uint32_t k,
     return Fail(BlobErrc::kInvalid,
                 "metainfo of " + ChunkName(digest, k) + ": " + parsed.error().message);
   }
-  auto ensured = EnsureBlob(digest, source);
+  auto ensured = EnsureBlob(digest, source, now);
   if (!ensured) return ensured.error();
   Blob& blob = *ensured.value();
   Chunk& chunk = blob.chunks[k];
@@ -320,8 +320,14 @@ BlobResult<PublishAnswer> BlobTable::Publish(const Digest& digest, uint32_t k,
   chunk.published = published;
   ++blob.ready;
   ++totals_.ready;
+  if (blob.ready == blob.chunks.size() && !blob.completed) blob.completed = now;
   if (chunk.lease) {
     answer.released_lease = !lease_id.empty() && chunk.lease->id == lease_id;
+    if (answer.released_lease) {
+      // The holder fetched it from upstream: the bytes crossed the NAT once.
+      blob.upstream_bytes += blob.layout.chunk_length(k);
+      totals_.upstream_bytes += blob.layout.chunk_length(k);
+    }
     EndLease(digest, blob, chunk, BlobEvent::kReleased);
   }
   Emit(BlobEvent::kPublished, digest);
@@ -408,6 +414,30 @@ std::vector<LeaseSummary> BlobTable::ActiveLeases(size_t limit) const {
   return out;
 }
 
+std::vector<BlobSummary> BlobTable::RecentBlobs(size_t limit) const {
+  std::vector<BlobSummary> out;
+  for (auto it = lru_.begin(); it != lru_.end() && out.size() < limit; ++it) {
+    const Blob& blob = blobs_.at(*it);
+    BlobSummary b{*it,
+                  blob.source,
+                  static_cast<uint32_t>(blob.chunks.size()),
+                  blob.ready,
+                  blob.leases,
+                  blob.upstream_bytes,
+                  blob.created,
+                  blob.completed,
+                  false,
+                  {}};
+    b.ready_info_hashes.reserve(blob.ready);
+    b.chunk0_ready = !blob.chunks.empty() && blob.chunks[0].published != nullptr;
+    for (const Chunk& c : blob.chunks) {
+      if (c.published) b.ready_info_hashes.push_back(c.published->info_hash);
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 BlobResult<swarm::ChunkLayout> BlobTable::CheckChunk(const Digest& digest, const BlobSource& source,
                                                      uint32_t k) const {
   swarm::ChunkLayout layout;
@@ -430,7 +460,8 @@ BlobResult<swarm::ChunkLayout> BlobTable::CheckChunk(const Digest& digest, const
   return layout;
 }
 
-BlobResult<BlobTable::Blob*> BlobTable::EnsureBlob(const Digest& digest, const BlobSource& source) {
+BlobResult<BlobTable::Blob*> BlobTable::EnsureBlob(const Digest& digest, const BlobSource& source,
+                                                   TimePoint now) {
   if (Blob* blob = Touch(digest)) {
     if (blob->source.size != source.size) {
       return Fail(BlobErrc::kConflict, fmt::format("blob {} is known with size {}, not {}",
@@ -450,6 +481,7 @@ BlobResult<BlobTable::Blob*> BlobTable::EnsureBlob(const Digest& digest, const B
   blob.source = source;
   blob.layout = layout.value();
   blob.chunks.resize(blob.layout.chunk_count());
+  blob.created = now;
   blob.lru = lru_.begin();
   ++totals_.blobs;
   totals_.chunks += blob.chunks.size();

@@ -149,7 +149,22 @@ struct BlobTotals {
   size_t blobs = 0;
   size_t chunks = 0;
   size_t ready = 0;
-  size_t leases = 0;  // active
+  size_t leases = 0;             // active
+  uint64_t upstream_bytes = 0;   // chunk bytes published by their lease holder, since start
+};
+
+// One blob table in brief, for the cluster view.
+struct BlobSummary {
+  Digest digest;
+  BlobSource source;
+  uint32_t chunks = 0;
+  uint32_t ready = 0;
+  uint32_t leases = 0;
+  uint64_t upstream_bytes = 0;  // its chunks fetched from upstream under a lease, so far
+  TimePoint created;            // when this replica made the table
+  std::optional<TimePoint> completed;  // when its last chunk became ready (first time)
+  bool chunk0_ready = false;
+  std::vector<swarm::Sha1> ready_info_hashes;  // the ready chunks' torrents, in chunk order
 };
 
 // One active lease, for the status page.
@@ -235,6 +250,8 @@ class BlobTable {
   BlobTotals totals() const { return totals_; }
   // Up to limit active leases, the soonest to expire first (for the status page).
   std::vector<LeaseSummary> ActiveLeases(size_t limit) const;
+  // Up to limit tables, the most recently used first (for the cluster view). O(limit x chunks).
+  std::vector<BlobSummary> RecentBlobs(size_t limit) const;
   const BlobTableOptions& options() const { return options_; }
 
  private:
@@ -260,11 +277,15 @@ class BlobTable {
     std::vector<Chunk> chunks;
     uint32_t leases = 0;              // active leases on this blob (such a blob is not evicted)
     uint32_t ready = 0;               // chunks with metainfo
+    uint64_t upstream_bytes = 0;      // chunk bytes published by their lease holder
+    TimePoint created;
+    std::optional<TimePoint> completed;
     std::list<Digest>::iterator lru;  // its entry in lru_
   };
 
-  // The table, created if absent (evicting as needed), moved to the front of the LRU order.
-  BlobResult<Blob*> EnsureBlob(const Digest& digest, const BlobSource& source);
+  // The table, created at `now` if absent (evicting as needed), moved to the front of the LRU
+  // order.
+  BlobResult<Blob*> EnsureBlob(const Digest& digest, const BlobSource& source, TimePoint now);
   // The layout of digest's table (existing or to be created from source) if k is one of its
   // chunks. Errors: kConflict for another size, kInvalid for a bad size or k. Creates nothing.
   BlobResult<swarm::ChunkLayout> CheckChunk(const Digest& digest, const BlobSource& source,

@@ -164,7 +164,9 @@ std::optional<PrefetchNodeState> ParseState(std::string_view s) {
   return std::nullopt;
 }
 
-json NodeJson(const PrefetchNode& n, TimePoint now) {
+}  // namespace
+
+json PrefetchNodeJson(const PrefetchNode& n, TimePoint now) {
   json j = {{"node", n.node},
             {"state", PrefetchNodeStateName(n.state)},
             {"bytes_done", n.bytes_done},
@@ -177,7 +179,7 @@ json NodeJson(const PrefetchNode& n, TimePoint now) {
   return j;
 }
 
-json JobJson(const PrefetchJobRecord& job, TimePoint now, bool with_nodes) {
+json PrefetchJobJson(const PrefetchJobRecord& job, TimePoint now, bool with_nodes) {
   size_t counts[4] = {0, 0, 0, 0};
   uint64_t bytes_done = 0, bytes_total = 0;
   json nodes = json::array();
@@ -185,7 +187,7 @@ json JobJson(const PrefetchJobRecord& job, TimePoint now, bool with_nodes) {
     ++counts[static_cast<int>(n.state)];
     bytes_done += n.bytes_done;
     bytes_total += n.bytes_total;
-    if (with_nodes) nodes.push_back(NodeJson(n, now));
+    if (with_nodes) nodes.push_back(PrefetchNodeJson(n, now));
   }
   json selector = json::object();
   for (const auto& [k, v] : job.spec.selector) selector[k] = v;
@@ -218,7 +220,6 @@ json JobJson(const PrefetchJobRecord& job, TimePoint now, bool with_nodes) {
   return j;
 }
 
-}  // namespace
 
 // A validated request.
 struct PrefetchApi::Call {
@@ -513,17 +514,17 @@ BlobResponse PrefetchApi::Execute(const Call& call, TimePoint now) {
       spdlog::info("prefetch job {}: {} images on {} nodes", job->id, job->spec.images.size(),
                    job->nodes.size());
       for (const auto& n : job->nodes) waiters_.WakeBlob(NodeKey(n.node));
-      return Json(201, JobJson(*job, now, true));
+      return Json(201, PrefetchJobJson(*job, now, true));
     }
     case Route::kList: {
       json list = json::array();
-      for (const auto* job : jobs_.List()) list.push_back(JobJson(*job, now, false));
+      for (const auto* job : jobs_.List()) list.push_back(PrefetchJobJson(*job, now, false));
       return Json(200, json{{"jobs", list}});
     }
     case Route::kGet: {
       const PrefetchJobRecord* job = jobs_.Find(call.id);
       if (!job) return Error(404, "no prefetch job " + Quoted(call.id) + " on this tracker");
-      return Json(200, JobJson(*job, now, true));
+      return Json(200, PrefetchJobJson(*job, now, true));
     }
     case Route::kReport: {
       if (auto err = jobs_.Report(call.id, call.node, call.report, now)) {
@@ -621,7 +622,7 @@ std::string PrefetchApi::StatusSection(TimePoint now) const {
                                 jobs_.LiveAgents(now).size(), options_.jobs.agent_ttl.count(),
                                 jobs_.job_count(), jobs_.running_jobs());
   for (const auto* job : jobs_.List()) {
-    json j = JobJson(*job, now, false);
+    json j = PrefetchJobJson(*job, now, false);
     out += fmt::format("  {} {} {} nodes ({} done, {} failed) {}\n", job->id,
                        j["state"].get<std::string>(), job->nodes.size(),
                        j["totals"]["done"].get<size_t>(), j["totals"]["failed"].get<size_t>(),

@@ -40,6 +40,12 @@ struct PrefetchApiOptions {
   size_t max_waiters = 10'000;                 // beyond, long-polls are answered at once
 };
 
+// One node's part of a job as JSON: node, state, bytes/blobs done and total, elapsed_ms, agent,
+// error (docs/api.md).
+nlohmann::json PrefetchNodeJson(const PrefetchNode& node, TimePoint now);
+// A job as JSON (id, state, images, totals over its nodes, ...); with_nodes adds every node.
+nlohmann::json PrefetchJobJson(const PrefetchJobRecord& job, TimePoint now, bool with_nodes);
+
 // Not thread-safe: runs on the server's single io_context thread. Requests and answers reuse
 // BlobRequest and BlobResponse.
 class PrefetchApi {

@@ -110,6 +110,9 @@ class PrefetchJobs {
                                          std::vector<std::string>* changed);
   // Agents heard from within agent_ttl, by node name.
   std::vector<PrefetchAgent> LiveAgents(TimePoint now) const;
+  // Every agent still remembered, live or silent (a silent one is forgotten after 10 agent_ttl),
+  // by node name.
+  const std::map<std::string, PrefetchAgent>& Agents() const { return agents_; }
   // The node names spec selects among live agents (sorted). Named nodes are kept even when not
   // live (their part fails at once).
   static std::vector<std::string> Select(const std::vector<PrefetchAgent>& live,
