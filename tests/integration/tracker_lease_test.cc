@@ -594,4 +594,112 @@ TEST_CASE("tracker cluster page: chromium shows the JSON's numbers, follows the 
   CHECK(t.process->Stop() == 0);
 }
 
+struct CtlRun {
+  int code = -1;
+  std::string out;
+};
+
+// `shoalctl status --cluster ...` with the test cluster's operator token; its exit code and
+// output (stdout and stderr).
+CtlRun ClusterStatus(const std::vector<std::string>& args, seconds timeout = seconds(30)) {
+  std::string cmd = std::string("'") + SHOAL_CTL_BIN +
+                    "' status --cluster --operator-token-file '" + Tokens().operator_file + "'";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  auto r = RunCommand({"sh", "-c", cmd + " 2>&1; echo \"exit=$?\""}, timeout);
+  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  CtlRun run;
+  size_t at = r.value().rfind("exit=");
+  REQUIRE(at != std::string::npos);
+  run.code = std::stoi(r.value().substr(at + 5));
+  run.out = r.value().substr(0, at);
+  return run;
+}
+
+TEST_CASE("shoalctl status --cluster: merges the replicas, names the dead one, and tells by its "
+          "exit code whether an image is done on the nodes") {
+  TempDir dir("shoal-ctl-cluster");
+  Tracker t1 = StartTracker(dir, {"--max-upstream-fetchers", "4", "--replicas", "2"});
+  Tracker t2 = StartTracker(dir, {"--max-upstream-fetchers", "4", "--replicas", "2"});
+  const std::string dead = "http://127.0.0.1:" + std::to_string(FreePort());
+  const std::string trackers = t1.base + "," + t2.base + "," + dead;
+
+  for (const Tracker* t : {&t1, &t2}) {
+    for (const char* node : {"n1", "n2"}) {
+      REQUIRE(Send("POST", t->base + "/v1/prefetch/poll?wait_ms=0",
+                   json{{"agent", std::string(node) + "-a"}, {"node", node}}.dump())
+                  .status == 200);
+    }
+  }
+  const std::string image = "r.test/demo/app:1";
+  Reply job = OperatorSend("POST", t2.base + "/v1/prefetch/jobs",
+                           json{{"images", {image}}, {"nodes", {"n1", "n2"}}}.dump());
+  REQUIRE_MESSAGE(job.status == 201, job.body.dump());
+  const std::string id = job.body["id"];
+  REQUIRE(Send("POST", t1.Chunk(0, "lease"), Source("a1")).body["state"] == "granted");
+
+  CtlRun run = ClusterStatus({"--tracker", trackers, "--json", "--image", image});
+  INFO(run.out);
+  CHECK(run.code == 3);  // not yet done
+  json merged = json::parse(run.out, nullptr, false);
+  REQUIRE(merged.is_object());
+  CHECK(merged["replicas_up"] == 2);
+  REQUIRE(merged["replicas"].size() == 3);
+  CHECK(merged["replicas"][2]["up"] == false);
+  CHECK(merged["replicas"][2]["error"].get<std::string>().find("127.0.0.1") != std::string::npos);
+  CHECK(merged["replicas"][0]["agents_live"] == 2);
+  CHECK(merged["upstream"]["leases_active"] == 1);
+  CHECK(merged["upstream"]["cap_replicas_up"] == 4);  // 2 + 2 of the cluster's 4
+  CHECK(merged["upstream"]["cap_cluster"] == 4);
+  CHECK(merged["blobs"].size() == 1);
+  REQUIRE(merged["prefetch_jobs"].size() == 1);
+  CHECK(merged["prefetch_jobs"][0]["replica"] == t2.base);
+  CHECK(merged["image"]["state"] == "in_progress");
+
+  // The table names the dead replica and the job.
+  run = ClusterStatus({"--tracker", trackers, "--image", image});
+  CHECK(run.code == 3);
+  CHECK(run.out.find("tracker replicas: 2 of 3 answer") != std::string::npos);
+  CHECK(run.out.find(dead + " ") != std::string::npos);
+  CHECK(run.out.find("unreachable") != std::string::npos);
+  CHECK(run.out.find(id) != std::string::npos);
+  CHECK(run.out.find("r.test/demo/app") != std::string::npos);
+
+  // n1 finishes: done on n1 alone, not yet on both; a node outside the job is a failure.
+  const std::string n1 = t2.base + "/v1/prefetch/jobs/" + id + "/nodes/n1";
+  const std::string n2 = t2.base + "/v1/prefetch/jobs/" + id + "/nodes/n2";
+  REQUIRE(Send("PUT", n1, R"({"agent":"n1-a","state":"done","bytes_done":10,"bytes_total":10})")
+              .status == 200);
+  CHECK(ClusterStatus({"--tracker", trackers, "--image", image, "--nodes", "n1"}).code == 0);
+  CHECK(ClusterStatus({"--tracker", trackers, "--image", image}).code == 3);
+  run = ClusterStatus({"--tracker", trackers, "--image", image, "--nodes", "n1,n9"});
+  CHECK(run.code == 1);
+  CHECK(run.out.find("n9 (not in job " + id + ")") != std::string::npos);
+  CHECK(ClusterStatus({"--tracker", trackers, "--image", "r.test/other:1"}).code == 3);
+
+  // --watch returns as soon as the image is complete everywhere.
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(milliseconds(1500));
+    Send("PUT", n2, R"({"agent":"n2-a","state":"done","bytes_done":10,"bytes_total":10})");
+  });
+  auto started = Clock::now();
+  run = ClusterStatus({"--tracker", trackers, "--image", image, "--watch", "--interval", "0.5",
+                       "--timeout", "20s"});
+  finisher.join();
+  CHECK(run.code == 0);
+  CHECK(Clock::now() - started < seconds(10));
+  CHECK(run.out.find("2 of 2 nodes done") != std::string::npos);
+
+  // Usage errors and a missing token.
+  CHECK(ClusterStatus({"--nodes", "n1"}).code == 2);
+  auto anon = RunCommand({"sh", "-c", std::string("'") + SHOAL_CTL_BIN +
+                                          "' status --cluster --tracker " + t1.base +
+                                          " 2>&1; echo \"exit=$?\""},
+                         seconds(20));
+  REQUIRE(anon.has_value());
+  CHECK(anon.value().find("HTTP 401") != std::string::npos);
+  CHECK(anon.value().find("exit=1") != std::string::npos);
+  CHECK(t1.process->Stop() == 0);
+  CHECK(t2.process->Stop() == 0);
+}
+
 }  // namespace shoal::testkit

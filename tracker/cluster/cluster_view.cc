@@ -69,6 +69,7 @@ json LeaseJson(const LeaseSummary& l, TimePoint now) {
 // A job with its least advanced nodes (failed first, then by the share done), at most `limit`.
 json JobJson(const PrefetchJobRecord& job, TimePoint now, size_t limit) {
   json j = PrefetchJobJson(job, now, false);
+  j["age_ms"] = Ms(now - job.created);
   std::vector<const PrefetchNode*> nodes;
   nodes.reserve(job.nodes.size());
   for (const auto& n : job.nodes) nodes.push_back(&n);
