@@ -264,11 +264,32 @@ int RunAgent(const AgentConfig& config) {
         if (Prefetcher::Owns(target)) return prefetcher.HandleAdmin(method, target);
         return backend.HandleAdmin(method, target);
       });
-  server.SetMetricsHandler([&registry, &swarm, &swarm_metrics, &backend] {
+  std::function<std::string()> metrics_text = [&registry, &swarm, &swarm_metrics, &backend] {
     if (swarm && swarm_metrics) swarm_metrics->Update(swarm->Stats());
     backend.UpdateCacheMetrics();
     return prometheus::TextSerializer().Serialize(registry.Collect());
-  });
+  };
+  server.SetMetricsHandler(metrics_text);
+  // Prometheus on the node IP while the shim (and the pull API) stays on loopback.
+  std::unique_ptr<shim::Server> metrics_server;
+  if (!config.metrics_listen.empty()) {
+    auto where = SplitHostPort(config.metrics_listen);
+    if (!where) return fail(where.error());
+    shim::ServerOptions metrics_options;
+    metrics_options.metrics_only = true;
+    metrics_server = std::make_unique<shim::Server>(ioc, backend, shim_metrics, metrics_options);
+    metrics_server->SetMetricsHandler(metrics_text);
+    auto bound = metrics_server->Listen(where.value().first, where.value().second);
+    if (!bound) return fail(bound.error());
+    if (!config.metrics_port_file.empty()) {
+      std::string tmp = config.metrics_port_file + ".tmp";
+      std::ofstream(tmp) << bound.value() << "\n";
+      std::rename(tmp.c_str(), config.metrics_port_file.c_str());
+    }
+    metrics_server->Start();
+    spdlog::info("metrics (only /metrics and /healthz) on {}:{}", where.value().first,
+                 bound.value());
+  }
   // The containerd snapshotter: gRPC's own threads serve it, beside the io_context. It is up
   // before the port file is written, which tells supervisors and tests the agent is ready.
   std::unique_ptr<snapshotter::Store> snapshots;
@@ -322,6 +343,7 @@ int RunAgent(const AgentConfig& config) {
     if (ec) return;
     spdlog::info("signal {}: shutting down", sig);
     server.Stop();
+    if (metrics_server) metrics_server->Stop();
     if (swarm) swarm->Stop();  // stop announces tell the tracker we are gone
     deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     drain_check();

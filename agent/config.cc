@@ -8,6 +8,13 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->capture_default_str();
   app.add_option("--port-file", c.port_file, "Write the bound shim port to this file")
       ->envname("SHOAL_PORT_FILE");
+  app.add_option("--metrics-listen", c.metrics_listen,
+                 "Also serve GET /metrics and /healthz, and nothing else, on host:port (e.g. the "
+                 "node IP, for Prometheus, while the shim stays on loopback); empty: off")
+      ->envname("SHOAL_METRICS_LISTEN");
+  app.add_option("--metrics-port-file", c.metrics_port_file,
+                 "Write the bound --metrics-listen port to this file")
+      ->envname("SHOAL_METRICS_PORT_FILE");
   app.add_option("--cache-dir", c.cache_dir, "Blob cache directory (put it on the local SSD)")
       ->envname("SHOAL_CACHE_DIR")
       ->capture_default_str();

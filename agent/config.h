@@ -14,6 +14,8 @@ namespace shoal::agent {
 struct AgentConfig {
   std::string listen = "127.0.0.1:5000";       // registry shim address (host:port; port 0 = any)
   std::string port_file;                       // if set, the bound port is written here
+  std::string metrics_listen;  // host:port serving only /metrics and /healthz; empty: none
+  std::string metrics_port_file;  // if set, the metrics listener's bound port is written here
   std::string cache_dir = "/var/lib/shoal";    // blob cache root (the instance SSD)
   std::vector<std::string> upstreams;          // "registry=url", e.g. docker.io=https://...
   std::string default_registry = "docker.io";  // for names without a registry

@@ -40,13 +40,27 @@ Metrics Metrics::Create(prometheus::Registry& registry) {
                           "upstream map and, under --unmapped https, not at a global address "
                           "(the log says which)")
                       .Register(registry);
+  auto& first_byte = prometheus::BuildHistogram()
+                         .Name("shoal_shim_blob_first_byte_seconds")
+                         .Help(
+                             "Time from a blob request to its first body byte, by where the "
+                             "blob came from (cache, or upstream: a fetch in flight)")
+                         .Register(registry);
+  auto& complete = prometheus::BuildHistogram()
+                       .Name("shoal_shim_blob_complete_seconds")
+                       .Help(
+                           "Time from a blob request to its last body byte, by where the blob "
+                           "came from (cache, or upstream: a fetch in flight)")
+                       .Register(registry);
   return Metrics{requests,
                  bytes.Add({{"source", "cache"}}),
                  bytes.Add({{"source", "upstream"}}),
                  aborted,
                  connects,
                  handshakes.Add({}),
-                 refused.Add({})};
+                 refused.Add({}),
+                 first_byte,
+                 complete};
 }
 
 void Metrics::CountAborted(std::string_view reason) {
@@ -64,6 +78,20 @@ void Metrics::CountConnect(std::string_view mode) {
 void Metrics::CountBlobBytes(std::string_view source, uint64_t bytes) {
   (source == "cache" ? blob_bytes_cache : blob_bytes_upstream)
       .Increment(static_cast<double>(bytes));
+}
+
+}  // namespace shoal::shim
+
+namespace shoal::shim {
+
+void Metrics::ObserveBlobTime(std::string_view stage, std::string_view source,
+                              std::chrono::steady_clock::duration elapsed) {
+  // 10 ms to an hour: a cached layer's first byte to a 17 GB layer through a cold swarm.
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
+  auto& family = stage == "first_byte" ? blob_first_byte : blob_complete;
+  family.Add({{"source", source == "cache" ? "cache" : "upstream"}}, kBuckets)
+      .Observe(std::chrono::duration<double>(elapsed).count());
 }
 
 }  // namespace shoal::shim

@@ -1,10 +1,12 @@
 #pragma once
 // Prometheus counters of the registry shim, registered on the agent's registry.
 
+#include <chrono>
 #include <string_view>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 namespace shoal::shim {
@@ -21,6 +23,11 @@ struct Metrics {
   // shoal_shim_refused_registries_total: answers for registries not served (kRefused). No
   // reason label: /metrics is open to the shim's clients, and the reason is what must not show.
   prometheus::Counter& refused_registries;
+  // shoal_shim_blob_first_byte_seconds{source} and shoal_shim_blob_complete_seconds{source}:
+  // from a blob request to its first body byte and to its last, by where the blob came from
+  // (cache, or upstream: a fetch in flight, from peers or the registry).
+  prometheus::Family<prometheus::Histogram>& blob_first_byte;
+  prometheus::Family<prometheus::Histogram>& blob_complete;
 
   // Registers the families on registry.
   static Metrics Create(prometheus::Registry& registry);
@@ -28,6 +35,10 @@ struct Metrics {
   void CountRequest(std::string_view route, unsigned status);
   // Counts body bytes sent for a blob read from source ("cache" or "upstream").
   void CountBlobBytes(std::string_view source, uint64_t bytes);
+  // Records a blob response's time to its first body byte (stage "first_byte") or to its last
+  // ("complete"), by source ("cache" or "upstream").
+  void ObserveBlobTime(std::string_view stage, std::string_view source,
+                       std::chrono::steady_clock::duration elapsed);
   // Counts one blob response cut short, by reason (see aborted_responses).
   void CountAborted(std::string_view reason);
   // Counts one CONNECT by what the proxy did: "terminate", "tunnel" or "denied".

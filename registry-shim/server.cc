@@ -254,6 +254,7 @@ class Connection {
   }
 
   awaitable<bool> Handle(const Request& req) {
+    if (env_.options.metrics_only) co_return co_await HandleMetricsOnly(req);
     if (connect_registry_.empty() && req.target().starts_with("/shoal/v1/"))
       co_return co_await HandleAdmin(req);
     auto route = ParseRoute(req.target());
@@ -318,6 +319,29 @@ class Connection {
         co_return co_await Reply(r.kind, std::move(reply_));
       }
     }
+  }
+
+  // A metrics-only listener: /metrics and /healthz; nothing of the pull or admin API.
+  awaitable<bool> HandleMetricsOnly(const Request& req) {
+    std::string_view target = req.target();
+    std::string_view path = target.substr(0, target.find('?'));
+    Route::Kind kind = path == "/metrics"   ? Route::Kind::kMetrics
+                       : path == "/healthz" ? Route::Kind::kHealth
+                                            : Route::Kind::kNotFound;
+    StringResponse reply_;
+    if (kind == Route::Kind::kNotFound) {
+      reply_ = MakeResponse(req, http::status::not_found,
+                            "this listener serves only /metrics and /healthz\n", "text/plain");
+    } else if (req.method() != http::verb::get && req.method() != http::verb::head) {
+      reply_ = MakeResponse(req, http::status::method_not_allowed, "use GET\n", "text/plain");
+      reply_.set(http::field::allow, "GET, HEAD");
+    } else if (kind == Route::Kind::kHealth) {
+      reply_ = MakeResponse(req, http::status::ok, "ok\n", "text/plain");
+    } else {
+      reply_ = MakeResponse(req, http::status::ok, env_.metrics_text ? env_.metrics_text() : "",
+                            "text/plain; version=0.0.4");
+    }
+    co_return co_await Reply(kind, std::move(reply_));
   }
 
   awaitable<bool> HandleManifest(const Request& req, const Route& r) {
@@ -403,6 +427,7 @@ class Connection {
   }
 
   awaitable<bool> HandleBlob(const Request& req, const Route& r) {
+    const auto started = std::chrono::steady_clock::now();
     std::string_view oci_code;
     auto repo = ServedRepo(r, oci_code);
     if (!repo) {
@@ -484,7 +509,7 @@ class Connection {
     Lowest().expires_never();
     if (ec) co_return false;
     if (req.method() == http::verb::head || length == 0) co_return true;
-    co_return co_await SendBody(*reader, first, first + length, digest.value());
+    co_return co_await SendBody(*reader, first, first + length, digest.value(), started);
   }
 
   // tags/list and referrers/<digest>: passed to the upstream (a pull-only mirror still lists),
@@ -601,8 +626,12 @@ class Connection {
   // WaitReadable calls safe are sent (an in-flight blob's last byte only once it matched its
   // digest). On a failed fetch the connection is closed mid-body, so the client sees a
   // truncated response and never a complete one with wrong bytes.
-  awaitable<bool> SendBody(BlobReader& reader, uint64_t begin, uint64_t end, const Digest& digest) {
+  // `started`: when the request was read; the time to the first body byte and to the last go to
+  // the blob-time histograms by the reader's source.
+  awaitable<bool> SendBody(BlobReader& reader, uint64_t begin, uint64_t end, const Digest& digest,
+                           std::chrono::steady_clock::time_point started) {
     uint64_t offset = begin;
+    bool first_byte = true;
     // A Range answer that ends before the blob's last byte holds its own last byte until the
     // blob is known to be intact (a cached blob is hashed again the first time it is served).
     const uint64_t hold = end < reader.size() ? end - 1 : end;
@@ -622,7 +651,13 @@ class Connection {
       uint64_t avail = std::min<uint64_t>(readable.value(), offset < hold ? hold : end);
       bool sent = co_await SendRange(reader, offset, avail, digest);
       if (!sent) co_return false;
+      if (first_byte) {
+        first_byte = false;
+        metrics_.ObserveBlobTime("first_byte", reader.source(),
+                                 std::chrono::steady_clock::now() - started);
+      }
     }
+    metrics_.ObserveBlobTime("complete", reader.source(), std::chrono::steady_clock::now() - started);
     co_return true;
   }
 

@@ -36,6 +36,9 @@ struct ServerOptions {
   std::chrono::seconds stall_timeout{300};
   // Serve the admin API (/shoal/v1/...) to peers that are not on loopback too.
   bool admin_any_address = false;
+  // Serve GET /metrics and /healthz only: 404 for the pull API and the admin API (a listener on
+  // the node IP for Prometheus, beside a shim on loopback).
+  bool metrics_only = false;
 };
 
 // The answer of the admin API: a status and a JSON body.

@@ -418,3 +418,115 @@ TEST_CASE("swarm: the tracker killed twice mid-pull: every pull completes, in bo
 }
 
 }  // namespace shoal::testkit
+
+namespace shoal::testkit {
+namespace {
+
+// A query to Prometheus' HTTP API: the sum of an instant vector's values, or nullopt while the
+// answer is empty or not a success.
+std::optional<double> PromQuery(const std::string& prom, const std::string& query) {
+  std::string target = prom + "/api/v1/query?query=";
+  for (unsigned char c : query) {
+    if (std::isalnum(c) || c == '_') {
+      target += static_cast<char>(c);
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof(hex), "%%%02X", c);
+      target += hex;
+    }
+  }
+  auto res = HttpGet(target, {}, std::chrono::seconds(5));
+  if (!res.has_value() || res.value().status != 200) return std::nullopt;
+  auto j = nlohmann::json::parse(res.value().body, nullptr, false);
+  if (j.is_discarded() || j.value("status", "") != "success") return std::nullopt;
+  const auto& result = j["data"]["result"];
+  if (!result.is_array() || result.empty()) return std::nullopt;
+  double sum = 0;
+  for (const auto& r : result) sum += std::stod(r["value"][1].get<std::string>());
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("observability: Debian's Prometheus scrapes the tracker and 3 agents through a swarm "
+          "pull, and its sums match what the test counted") {
+  SwarmWorld w({"--max-upstream-fetchers", "4"});
+  std::vector<std::string> agent_targets;
+  for (int i = 0; i < 3; ++i) {
+    std::string port_file = w.dir.Sub("metrics-port" + std::to_string(i));
+    w.AddAgent({"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", port_file});
+    std::string port = ReadFile(port_file);
+    REQUIRE(!port.empty());
+    agent_targets.push_back("127.0.0.1:" + std::to_string(std::stoi(port)));
+  }
+  // The pull API is not on the metrics listener.
+  auto pull_api = HttpGet("http://" + agent_targets[0] + "/v2/", {}, std::chrono::seconds(2));
+  REQUIRE(pull_api.has_value());
+  CHECK(pull_api.value().status == 404);
+
+  std::string tracker_target = w.tracker->Url().substr(std::string("http://").size());
+  std::string config = "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n"
+                       "scrape_configs:\n"
+                       "  - job_name: tracker\n    static_configs:\n      - targets: ['" +
+                       tracker_target + "']\n"
+                       "  - job_name: agent\n    static_configs:\n      - targets: [";
+  for (size_t i = 0; i < agent_targets.size(); ++i) {
+    config += (i ? ", '" : "'") + agent_targets[i] + "'";
+  }
+  config += "]\n";
+  WriteFile(w.dir.Sub("prometheus.yml"), config);
+  auto checked = RunCommand({"promtool", "check", "config", w.dir.Sub("prometheus.yml")});
+  REQUIRE_MESSAGE(checked.has_value(), checked.error().ToString());
+  const std::string prom_addr = "127.0.0.1:" + std::to_string(FreePort());
+  auto prom = Process::Start({"prometheus", "--config.file=" + w.dir.Sub("prometheus.yml"),
+                              "--storage.tsdb.path=" + w.dir.Sub("tsdb"),
+                              "--web.listen-address=" + prom_addr, "--log.level=warn"},
+                             w.dir.Sub("prometheus.log"));
+  REQUIRE_MESSAGE(prom.has_value(), prom.error().ToString());
+  const std::string prom_url = "http://" + prom_addr;
+  REQUIRE_MESSAGE(WaitUntil(
+                      [&] {
+                        auto up = PromQuery(prom_url, "sum(up)");
+                        return up && *up == 4;
+                      },
+                      std::chrono::seconds(30), std::chrono::milliseconds(200)),
+                  ReadFile(w.dir.Sub("prometheus.log")));
+
+  w.PullAll("prom");
+  const double upstream = static_cast<double>(w.proxy->BlobBytes());
+  REQUIRE(upstream > 0);
+  const double blobs = static_cast<double>(w.image.layer_digests.size() + 1);  // + config
+
+  // Wait for a scrape after the pull: every agent's blob responses are counted.
+  bool seen = WaitUntil(
+      [&] {
+        auto done = PromQuery(prom_url, "sum(shoal_shim_blob_complete_seconds_count{job=\"agent\"})");
+        auto bytes = PromQuery(prom_url, "sum(shoal_upstream_blob_bytes_total{job=\"agent\"})");
+        return done && *done == 3 * blobs && bytes && *bytes == upstream;
+      },
+      std::chrono::seconds(20), std::chrono::milliseconds(250));
+  INFO("upstream bytes at the proxy " << upstream << ", blobs per pull " << blobs);
+  CHECK_MESSAGE(seen, "Prometheus' sums never matched the proxy's counts");
+  // Bytes from upstream in Prometheus equal the bytes the counting proxy relayed; every pull's
+  // every blob reached its client, each with a first byte.
+  CHECK(PromQuery(prom_url, "sum(shoal_upstream_blob_bytes_total)").value_or(-1) == upstream);
+  CHECK(PromQuery(prom_url, "sum(shoal_shim_blob_first_byte_seconds_count)").value_or(-1) ==
+        3 * blobs);
+  // The peers moved the rest: 3 pulls of the image took about one image from upstream.
+  double peer = PromQuery(prom_url, "sum(shoal_swarm_peer_bytes_total)").value_or(0);
+  CHECK(peer > 0);
+  CHECK(PromQuery(prom_url, "sum(shoal_tracker_chunks_published_total)").value_or(0) > 0);
+  CHECK(PromQuery(prom_url, "count(up{job=\"agent\"} == 1)").value_or(0) == 3);
+
+  // Every /metrics output passes promtool's exposition-format check.
+  for (const std::string& target : agent_targets) {
+    auto lint = RunCommand({"sh", "-c", "curl -sf http://" + target + "/metrics | promtool check metrics"});
+    CHECK_MESSAGE(lint.has_value(), target << ": " << lint.error().ToString());
+  }
+  auto lint = RunCommand(
+      {"sh", "-c", "curl -sf http://" + tracker_target + "/metrics | promtool check metrics"});
+  CHECK_MESSAGE(lint.has_value(), "tracker: " << lint.error().ToString());
+  prom.value()->Stop();
+}
+
+}  // namespace shoal::testkit
