@@ -22,6 +22,8 @@ PKGS=(
   mmdebstrap catatonit
   # headless chromium: the tracker's cluster page, loaded and screenshotted by a test
   chromium fonts-dejavu-core
+  # a real Prometheus server (and promtool) scraping tracker and agents in a test
+  prometheus
 )
 
 SUDO=""
