@@ -22,7 +22,8 @@ PKGS=(
   mmdebstrap catatonit
   # headless chromium: the tracker's cluster page, loaded and screenshotted by a test
   chromium fonts-dejavu-core
-  # a real Prometheus server (and promtool) scraping tracker and agents in a test
+  # promtool (check rules) for the chart's alert rules; the server itself for the metrics tests.
+  # policy-rc.d below keeps its package from starting a prometheus daemon during the install
   prometheus
 )
 
@@ -37,7 +38,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   echo "setup: installing ${#missing[@]} packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -q
-  # Installing docker.io/containerd must never start daemons on the host: tests start their own.
+  # Installing docker.io/containerd/prometheus must never start daemons on the host: tests start
+  # their own.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
     $SUDO chmod +x /usr/sbin/policy-rc.d

@@ -9,7 +9,7 @@
 // SHOAL_CTL_BIN, whose --help proves that the chart only uses flags and variables they have.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { execFile, execFileSync, spawnSync } from "node:child_process";
+import { execFile, execFileSync, spawn, spawnSync } from "node:child_process";
 import http from "node:http";
 import { createRequire } from "node:module";
 import fs from "node:fs";
@@ -65,9 +65,10 @@ const find = (objs, kind, nameSuffix) =>
 function validate(obj) {
   const [group, version] = obj.apiVersion.includes("/") ? obj.apiVersion.split("/") : ["", obj.apiVersion];
   if (group === "monitoring.coreos.com") {
-    // Not part of the Kubernetes API: checked by shape below.
+    // Not part of the Kubernetes API: checked by shape here and by the tests below.
     assert.equal(version, "v1");
-    assert.ok(obj.spec.selector && obj.spec.podMetricsEndpoints.length > 0);
+    if (obj.kind === "PrometheusRule") assert.ok(obj.spec.groups.length > 0 && obj.spec.groups.every((g) => g.rules.length > 0));
+    else assert.ok(obj.spec.selector && obj.spec.podMetricsEndpoints.length > 0);
     return;
   }
   const mod = require(`kubernetes-models/${group ? group + "/" : ""}${version}/${obj.kind}`);
@@ -98,7 +99,9 @@ const valueSets = {
   "crio and arp": ["--set", "nodeSetup.crio.enabled=true", "--set", "nodeSetup.arpSysctls.enabled=true"],
   "existing secret": ["--set", "credentials.existingSecret=cluster-pull-secret"],
   "created secret": ["--set-file", `credentials.dockerConfigJson=${tempFile('{"auths":{"gcr.io":{"auth":"dTpw"}}}')}`],
-  "monitoring CRDs, hostIP": ["--set", "agent.shim.bind=hostIP", "--api-versions", "monitoring.coreos.com/v1/PodMonitor"],
+  "monitoring CRDs, hostIP": ["--set", "agent.shim.bind=hostIP", "--api-versions", "monitoring.coreos.com/v1/PodMonitor",
+    "--api-versions", "monitoring.coreos.com/v1/PrometheusRule"],
+  "no agent metrics port, no dashboard": ["--set", "agent.metrics.enabled=false", "--set", "monitoring.grafanaDashboard.enabled=false"],
   "2500 nodes": ["-f", path.join(here, "values-2500-nodes.yaml")],
   "existing auth secret": ["--set", "auth.existingSecret=shoal-tokens"],
   "given tokens, mid-rotation": ["--set-string", `auth.agentToken=${"n".repeat(40)}`,
@@ -132,12 +135,14 @@ test("agent DaemonSet: host network, node identity, cache hostPath, probes, ever
   assert.deepEqual(env.SHOAL_NODE_NAME, { fieldRef: { fieldPath: "spec.nodeName" } });
   assert.equal(env.SHOAL_LISTEN, "127.0.0.1:5000");
   assert.equal(env.SHOAL_SWARM_LISTEN, "$(NODE_IP):6881");
+  assert.equal(env.SHOAL_METRICS_LISTEN, "$(NODE_IP):5001");
   assert.equal(env.SHOAL_LIBTORRENT_SETTINGS, "announce_ip=$(NODE_IP)");
   assert.equal(env.SHOAL_CACHE_BUDGET, "80%");
   assert.equal(env.SHOAL_CACHE_DIR, "/var/cache/shoal");
   // NODE_IP must come before the variables that expand it.
   const names = agent.env.map((e) => e.name);
   assert.ok(names.indexOf("NODE_IP") < names.indexOf("SHOAL_SWARM_LISTEN"));
+  assert.ok(names.indexOf("NODE_IP") < names.indexOf("SHOAL_METRICS_LISTEN"));
   // Every tracker replica's stable name, in order.
   assert.equal(
     env.SHOAL_TRACKERS,
@@ -152,7 +157,7 @@ test("agent DaemonSet: host network, node identity, cache hostPath, probes, ever
   assert.equal(agent.readinessProbe.httpGet.path, "/readyz");
   assert.deepEqual(
     agent.ports.map((p) => [p.name, p.containerPort, p.hostPort]),
-    [["shim", 5000, 5000], ["swarm", 6881, 6881]],
+    [["shim", 5000, 5000], ["swarm", 6881, 6881], ["metrics", 5001, 5001]],
   );
   assert.equal(agent.securityContext.allowPrivilegeEscalation, false);
   assert.equal(agent.securityContext.readOnlyRootFilesystem, true);
@@ -161,8 +166,9 @@ test("agent DaemonSet: host network, node identity, cache hostPath, probes, ever
   assert.ok(pod.terminationGracePeriodSeconds > 10, "longer than the agent's 10 s drain");
   const hostRoot = agent.volumeMounts.find((m) => m.name === "host-root");
   assert.equal(hostRoot.readOnly, true);
-  // Monitoring annotations only where Prometheus can reach the shim.
-  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/scrape"], undefined);
+  // Scrape annotations on the metrics port (node IP), not on the loopback shim.
+  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/scrape"], "true");
+  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/port"], "5001");
   assert.match(ds.spec.template.metadata.annotations["checksum/config"], /^[0-9a-f]{64}$/);
 });
 
@@ -456,18 +462,40 @@ test("cluster credentials: an upgrade keeps the tokens of the Secret in the clus
   }
 });
 
-test("monitoring: PodMonitor only when the CRD exists; agents scraped only off loopback", () => {
+test("monitoring: PodMonitor only when the CRD exists; agents scraped on the metrics port, or on the shim off loopback", () => {
+  const pmArgs = ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"];
+  const endpoints = (pm) => pm.spec.podMetricsEndpoints.map((e) => [e.port, e.relabelings.find((r) => r.targetLabel === "job").replacement]);
+  const components = (pm) => pm.spec.selector.matchExpressions.find((m) => m.key === "app.kubernetes.io/component").values;
   assert.equal(find(render(), "PodMonitor"), undefined);
-  let pm = find(render([], ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"]), "PodMonitor");
-  assert.deepEqual(pm.spec.podMetricsEndpoints.map((e) => e.port), ["http"]);
-  const objs = render(["--set", "agent.shim.bind=hostIP"], ["--api-versions", "monitoring.coreos.com/v1/PodMonitor"]);
+  // Default: agents on their metrics port (node IP) whatever the shim's bind; the job label
+  // names the component, which the dashboard and the alert rules select by.
+  let pm = find(render([], pmArgs), "PodMonitor");
+  assert.deepEqual(endpoints(pm), [["http", "shoal-tracker"], ["metrics", "shoal-agent"]]);
+  assert.deepEqual(components(pm), ["tracker", "agent"]);
+  // Without the metrics port, agents on loopback cannot be scraped: trackers only.
+  let objs = render(["--set", "agent.metrics.enabled=false"], pmArgs);
   pm = find(objs, "PodMonitor");
-  assert.deepEqual(pm.spec.podMetricsEndpoints.map((e) => e.port), ["http", "shim"]);
-  const ds = find(objs, "DaemonSet", "-agent");
-  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/scrape"], "true");
+  assert.deepEqual(endpoints(pm), [["http", "shoal-tracker"]]);
+  assert.deepEqual(components(pm), ["tracker"]);
+  let ds = find(objs, "DaemonSet", "-agent");
+  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/scrape"], undefined);
+  assert.equal(envOf(ds.spec.template.spec.containers[0]).SHOAL_METRICS_LISTEN, undefined);
+  assert.deepEqual(ds.spec.template.spec.containers[0].ports.map((p) => p.name), ["shim", "swarm"]);
+  // Without it but with the shim on the node IP: the shim serves /metrics.
+  objs = render(["--set", "agent.metrics.enabled=false", "--set", "agent.shim.bind=hostIP"], pmArgs);
+  assert.deepEqual(endpoints(find(objs, "PodMonitor")), [["http", "shoal-tracker"], ["shim", "shoal-agent"]]);
+  ds = find(objs, "DaemonSet", "-agent");
+  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/port"], "5000");
   const agent = ds.spec.template.spec.containers[0];
   assert.equal(envOf(agent).SHOAL_LISTEN, "$(NODE_IP):5000");
   assert.equal(agent.readinessProbe.httpGet.host, undefined, "kubelet probes the pod IP, the node's");
+  // Both: the metrics port still wins (it answers nothing but /metrics and /healthz).
+  objs = render(["--set", "agent.shim.bind=hostIP", "--set", "agent.metrics.port=9101"], pmArgs);
+  assert.deepEqual(endpoints(find(objs, "PodMonitor")), [["http", "shoal-tracker"], ["metrics", "shoal-agent"]]);
+  ds = find(objs, "DaemonSet", "-agent");
+  assert.equal(ds.spec.template.metadata.annotations["prometheus.io/port"], "9101");
+  assert.equal(envOf(ds.spec.template.spec.containers[0]).SHOAL_METRICS_LISTEN, "$(NODE_IP):9101");
+  assert.match(renderFails(["--set", "agent.metrics.port=0"]), /agent.metrics.port: Must be greater than or equal to 1/);
 });
 
 test("post-delete hook: cleanup DaemonSet on every node and a Job that waits for it", () => {
@@ -561,5 +589,295 @@ test("values.schema.json rejects wrong values with a clear message", () => {
   for (const [args, message] of cases) {
     const err = renderFails(args);
     assert.ok(err.includes(message), `${args.join(" ")}: expected "${message}" in:\n${err}`);
+  }
+});
+
+// ---- Dashboard and alert rules against what the processes really export ----
+
+const dashboardFile = path.join(chart, "dashboards/shoal.json");
+const alertsFile = path.join(chart, "files/alerts.yaml");
+const operationsDoc = path.resolve(here, "../../docs/operations.md");
+// Labels a scrape adds to every series (the PodMonitor's target labels); anything else must be
+// on the metric in a live /metrics. Never a digest or a node name: those are unbounded.
+const targetLabels = new Set(["job", "instance", "namespace", "pod", "container", "endpoint"]);
+
+// Waits for a process's --port-file; returns the port.
+async function portFrom(file, proc, log) {
+  for (let i = 0; i < 200; i++) {
+    if (proc.exitCode !== null) throw new Error(`exited ${proc.exitCode} before writing ${file}:\n${fs.readFileSync(log, "utf8")}`);
+    const text = fs.existsSync(file) ? fs.readFileSync(file, "utf8").trim() : "";
+    if (text) return Number(text);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`no ${file} after 10 s:\n${fs.readFileSync(log, "utf8")}`);
+}
+
+const httpGet = (url) => new Promise((resolve, reject) => {
+  http.get(url, (res) => {
+    const chunks = [];
+    res.on("data", (c) => chunks.push(c));
+    res.on("end", () => resolve({ status: res.statusCode, body: Buffer.concat(chunks) }));
+  }).on("error", reject);
+});
+
+// A registry with one image demo/app:1 whose config and layer are the same blob (Range requests
+// answered), enough for an agent's pull-through.
+async function fakeRegistry(blob) {
+  const sha256 = (b) => "sha256:" + require("node:crypto").createHash("sha256").update(b).digest("hex");
+  const digest = sha256(blob);
+  const manifest = Buffer.from(JSON.stringify({ schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
+    config: { mediaType: "application/vnd.oci.image.config.v1+json", digest, size: blob.length },
+    layers: [{ mediaType: "application/vnd.oci.image.layer.v1.tar", digest, size: blob.length }] }));
+  const manifestDigest = sha256(manifest);
+  const server = http.createServer((req, res) => {
+    if (req.url === "/v2/") { res.writeHead(200, { "content-type": "application/json" }); return res.end("{}"); }
+    if (req.url === "/v2/demo/app/manifests/1" || req.url === `/v2/demo/app/manifests/${manifestDigest}`) {
+      res.writeHead(200, { "content-type": "application/vnd.oci.image.manifest.v1+json", "content-length": manifest.length,
+        "docker-content-digest": manifestDigest });
+      return res.end(req.method === "HEAD" ? undefined : manifest);
+    }
+    if (!req.url.endsWith(`/blobs/${digest}`)) { res.writeHead(404); return res.end(); }
+    const m = /bytes=(\d+)-(\d*)/.exec(req.headers.range || "");
+    const start = m ? Number(m[1]) : 0;
+    const end = m && m[2] ? Math.min(Number(m[2]), blob.length - 1) : blob.length - 1;
+    const headers = { "content-length": end - start + 1, "docker-content-digest": digest, "content-type": "application/octet-stream" };
+    if (m) headers["content-range"] = `bytes ${start}-${end}/${blob.length}`;
+    res.writeHead(m ? 206 : 200, headers);
+    res.end(req.method === "HEAD" ? undefined : blob.subarray(start, end + 1));
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return { url: `http://127.0.0.1:${server.address().port}`, digest, close: () => server.close() };
+}
+
+// Metric families of a /metrics text: base name (histograms' and summaries' _bucket/_sum/_count
+// folded) -> the label names seen on its series.
+function parseMetrics(text, into = new Map()) {
+  const types = new Map();
+  for (const line of text.split("\n")) {
+    const t = /^# TYPE (\S+) (\S+)/.exec(line);
+    if (t) types.set(t[1], t[2]);
+  }
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s/.exec(line);
+    assert.ok(m, `not a sample line: ${line}`);
+    let name = m[1];
+    const base = name.replace(/_(bucket|sum|count)$/, "");
+    if (base !== name && ["histogram", "summary"].includes(types.get(base))) name = base;
+    const labels = into.get(name) || new Set();
+    for (const l of (m[3] || "").matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="/g)) if (l[1] !== "le" && l[1] !== "quantile") labels.add(l[1]);
+    into.set(name, labels);
+  }
+  return into;
+}
+
+// The metrics a tracker and two agents export after real pulls: one agent swarming through the
+// tracker (with tokens), then serving the blob again from its cache; one whose tracker is gone,
+// so it falls back to the registry; a request without a token refused (counters with labels
+// appear only once counted). Started from the
+// binaries ctest built; every process is killed at the end.
+let liveMetricsPromise;
+function liveMetrics() {
+  liveMetricsPromise ??= (async () => {
+    const bins = { agent: process.env.SHOAL_AGENT_BIN, tracker: process.env.SHOAL_TRACKER_BIN };
+    for (const b of Object.values(bins)) assert.ok(b && fs.existsSync(b), `built binary ${b} (set by ctest)`);
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "shoal-live-metrics-"));
+    const procs = [];
+    const start = (bin, name, args) => {
+      const log = path.join(dir, `${name}.log`);
+      const out = fs.openSync(log, "w");
+      const proc = spawn(bin, [...args, "--port-file", path.join(dir, `${name}.port`), "--log-format", "text"],
+        { stdio: ["ignore", out, out] });
+      fs.closeSync(out);
+      procs.push(proc);
+      return portFrom(path.join(dir, `${name}.port`), proc, log);
+    };
+    const registry = await fakeRegistry(require("node:crypto").randomBytes(3 << 20));
+    try {
+      const tokens = { agent: path.join(dir, "agent-token"), operator: path.join(dir, "operator-token") };
+      fs.writeFileSync(tokens.agent, `${"a".repeat(40)}\n`);
+      fs.writeFileSync(tokens.operator, `${"o".repeat(40)}\n`);
+      const trackerPort = await start(bins.tracker, "tracker", ["--listen", "127.0.0.1:0",
+        "--agent-tokens-file", tokens.agent, "--operator-tokens-file", tokens.operator]);
+      const agentArgs = (name, tracker, extra = []) => ["--listen", "127.0.0.1:0", "--cache-dir", path.join(dir, name),
+        "--tracker", tracker, "--tracker-token-file", tokens.agent, "--swarm-listen", "127.0.0.1:0", "--insecure-peers",
+        "--cache-budget", "1GiB", "--upstream", `docker.io=${registry.url}`, ...extra];
+      const swarmed = await start(bins.agent, "agent", agentArgs("agent", `http://127.0.0.1:${trackerPort}`));
+      // Port 1 on loopback refuses: no tracker answers, and with no grace the agent goes upstream.
+      const alone = await start(bins.agent, "agent-alone", agentArgs("agent-alone", "http://127.0.0.1:1",
+        ["--tracker-grace-ms", "0", "--manifest-wait-ms", "0"]));
+      for (const port of [swarmed, swarmed, alone]) {
+        for (const p of ["manifests/1", `blobs/${registry.digest}`]) {
+          const r = await httpGet(`http://127.0.0.1:${port}/v2/demo/app/${p}`);
+          assert.equal(r.status, 200, `GET ${p} through the agent on ${port}`);
+        }
+      }
+      assert.equal((await httpGet(`http://127.0.0.1:${trackerPort}/v1/cluster`)).status, 401, "no operator token");
+      const metrics = { agent: new Map(), tracker: new Map() };
+      for (const [port, kind] of [[swarmed, "agent"], [alone, "agent"], [trackerPort, "tracker"]]) {
+        const r = await httpGet(`http://127.0.0.1:${port}/metrics`);
+        assert.equal(r.status, 200);
+        parseMetrics(r.body.toString(), metrics[kind]);
+      }
+      // What the pulls must have made appear, or the comparison below proves little.
+      for (const name of ["shoal_swarm_fallback_total", "shoal_manifest_tracker_fallbacks_total", "shoal_upstream_blob_fetches_total",
+        "shoal_swarm_chunks_total", "shoal_shim_requests_total"]) {
+        assert.ok(metrics.agent.has(name), `agents export ${name} after the pulls`);
+      }
+      for (const name of ["shoal_tracker_http_requests_total", "shoal_tracker_blob_api_requests_total", "shoal_tracker_refused_requests_total"]) {
+        assert.ok(metrics.tracker.has(name), `the tracker exports ${name} after the pulls`);
+      }
+      // up is Prometheus' own, per target.
+      metrics.all = new Map([...metrics.agent, ...metrics.tracker, ["up", new Set()]]);
+      return metrics;
+    } finally {
+      for (const p of procs) if (p.exitCode === null) p.kill("SIGKILL");
+      registry.close();
+      await Promise.all(procs.map((p) => (p.exitCode === null && p.signalCode === null ? new Promise((r) => p.once("exit", r)) : null)));
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  })();
+  return liveMetricsPromise;
+}
+
+// Grafana's variables replaced by what they expand to, so the expression is plain PromQL.
+const expandGrafana = (expr) => expr.replaceAll("$__rate_interval", "5m").replaceAll("$__range", "1h")
+  .replaceAll("$namespace", ".*").replaceAll("$instance", ".*");
+
+// Metric and label names an expression uses: selectors name{...}, bare shoal_* names, and the
+// labels of by/without/on/ignoring/group_left/group_right. Errors name what is not exported.
+function checkExpr(expr, live, where) {
+  const errors = [];
+  const text = expandGrafana(expr).replace(/"(?:[^"\\]|\\.)*"/g, '""');
+  const used = new Set();
+  for (const m of text.matchAll(/([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}/g)) {
+    const [, name, matchers] = m;
+    used.add(name);
+    if (!live.has(name)) { errors.push(`${where}: ${name} is not exported`); continue; }
+    for (const l of matchers.matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)/g)) {
+      if (!targetLabels.has(l[1]) && !live.get(name).has(l[1])) errors.push(`${where}: ${name} has no label ${l[1]}`);
+    }
+  }
+  for (const m of text.matchAll(/\bshoal_[a-zA-Z0-9_:]*/g)) {
+    used.add(m[0]);
+    if (!live.has(m[0])) errors.push(`${where}: ${m[0]} is not exported`);
+  }
+  const labelsOfUsed = new Set([...used].flatMap((n) => [...(live.get(n) || [])]));
+  for (const m of text.matchAll(/\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)/g)) {
+    for (const l of m[2].split(",").map((x) => x.trim()).filter(Boolean)) {
+      if (!targetLabels.has(l) && !labelsOfUsed.has(l)) errors.push(`${where}: no metric in it has the label ${l} (${m[0]})`);
+    }
+  }
+  if (used.size === 0) errors.push(`${where}: names no metric`);
+  return errors;
+}
+
+// Every panel with its queries (rows hold their panels when collapsed).
+const dashboardPanels = (d) => d.panels.flatMap((p) => (p.type === "row" ? p.panels || [] : [p]));
+const dashboardQueries = (d) => [
+  ...dashboardPanels(d).flatMap((p) => (p.targets || []).map((t) => [`panel "${p.title}" ${t.refId}`, t.expr])),
+  ...d.templating.list.filter((v) => v.type === "query").map((v) => [`variable ${v.name}`,
+    (typeof v.query === "string" ? v.query : v.query.query).replace(/^label_values\((.*),\s*[a-z_]+\)$/, "$1")]),
+];
+const alertRules = () => yaml.load(fs.readFileSync(alertsFile, "utf8")).groups.flatMap((g) => g.rules);
+
+test("dashboard: the JSON parses, every panel has queries, and they use the datasource variable", () => {
+  const d = JSON.parse(fs.readFileSync(dashboardFile, "utf8"));
+  assert.equal(d.uid, "shoal-overview");
+  const panels = dashboardPanels(d);
+  assert.ok(panels.length >= 20, `${panels.length} panels`);
+  assert.equal(new Set(d.panels.map((p) => p.id)).size, d.panels.length, "panel ids are unique");
+  const rows = d.panels.filter((p) => p.type === "row").map((p) => p.title);
+  for (const q of ["every node", "NAT", "slow or failing", "bottleneck", "Cache"]) {
+    assert.ok(rows.some((r) => r.includes(q)), `a row about ${q}: ${rows.join(" | ")}`);
+  }
+  assert.ok(d.templating.list.some((v) => v.type === "datasource" && v.name === "datasource"));
+  for (const p of panels) {
+    assert.ok(p.title && p.description, `panel ${p.id} has a title and a description`);
+    assert.ok(p.targets?.length > 0 && p.targets.every((t) => t.expr), `panel "${p.title}" has queries`);
+    assert.deepEqual(p.datasource, { type: "prometheus", uid: "${datasource}" }, p.title);
+    assert.ok(p.gridPos.w > 0 && p.gridPos.x + p.gridPos.w <= 24, `panel "${p.title}" fits the grid`);
+  }
+});
+
+test("dashboard and alert rules name only metrics and labels a live tracker and agent export", async () => {
+  const live = await liveMetrics();
+  const d = JSON.parse(fs.readFileSync(dashboardFile, "utf8"));
+  const errors = [
+    ...dashboardQueries(d).flatMap(([where, expr]) => checkExpr(expr, live.all, where)),
+    ...alertRules().flatMap((r) => checkExpr(r.expr, live.all, `alert ${r.alert}`)),
+  ];
+  assert.deepEqual(errors, [], `live metrics: ${[...live.all.keys()].sort().join(" ")}`);
+  // The metrics the operator's questions need are all used somewhere.
+  const everything = JSON.stringify(d) + fs.readFileSync(alertsFile, "utf8");
+  for (const name of ["shoal_upstream_blob_bytes_total", "shoal_swarm_peer_bytes_total", "shoal_shim_blob_bytes_total",
+    "shoal_swarm_fallback_total", "shoal_tracker_leases_active", "shoal_tracker_lease_waits_total", "shoal_cache_budget_bytes",
+    "shoal_cache_evictions_total", "shoal_tracker_prefetch_nodes", "shoal_tracker_http_requests_total", "shoal_tracker_peers"]) {
+    assert.ok(everything.includes(name), `${name} is on the dashboard or in the rules`);
+  }
+  // Agent series carry no unbounded label.
+  for (const [name, labels] of live.agent) for (const l of ["digest", "node", "image", "blob"]) assert.ok(!labels.has(l), `${name}{${l}}`);
+});
+
+const promtool = ["/usr/bin/promtool", path.join(tools, "bin/promtool")].find((p) => fs.existsSync(p));
+
+test("promtool check rules: the alert rules, and every dashboard query as a recording rule", { skip: !promtool && "promtool not installed (Debian package prometheus, scripts/setup.sh)" }, () => {
+  const out = execFileSync(promtool, ["check", "rules", alertsFile], { encoding: "utf8" });
+  assert.match(out, new RegExp(`SUCCESS: ${alertRules().length} rules found`));
+  const d = JSON.parse(fs.readFileSync(dashboardFile, "utf8"));
+  const rules = dashboardQueries(d).map(([, expr], i) => ({ record: `shoal:dashboard_query_${i}`, expr: expandGrafana(expr) }));
+  const file = tempFile("");
+  fs.writeFileSync(file, yaml.dump({ groups: [{ name: "dashboard", rules }] }));
+  const r = spawnSync(promtool, ["check", "rules", file], { encoding: "utf8" });
+  assert.equal(r.status, 0, r.stdout + r.stderr);
+});
+
+test("dashboard ConfigMap: the sidecar's label, the JSON unchanged, namespace and label configurable, off when disabled", () => {
+  const cm = find(render(), "ConfigMap", "-dashboard");
+  assert.equal(cm.metadata.namespace, "shoal-system");
+  assert.equal(cm.metadata.labels.grafana_dashboard, "1");
+  assert.deepEqual(JSON.parse(cm.data["shoal.json"]), JSON.parse(fs.readFileSync(dashboardFile, "utf8")),
+    "the file as is: Grafana's {{instance}} legends are not Helm templates");
+  assert.ok(Buffer.byteLength(cm.data["shoal.json"]) < 512 * 1024, "well below a ConfigMap's 1 MiB");
+  const custom = find(render(["--set", "monitoring.grafanaDashboard.label=dashboards", "--set-string", "monitoring.grafanaDashboard.labelValue=shoal",
+    "--set", "monitoring.grafanaDashboard.namespace=monitoring", "--set", "monitoring.grafanaDashboard.annotations.grafana_folder=shoal"]), "ConfigMap", "-dashboard");
+  assert.equal(custom.metadata.namespace, "monitoring");
+  assert.equal(custom.metadata.labels.dashboards, "shoal");
+  assert.equal(custom.metadata.labels.grafana_dashboard, undefined);
+  assert.equal(custom.metadata.annotations.grafana_folder, "shoal");
+  assert.equal(find(render(["--set", "monitoring.grafanaDashboard.enabled=false"]), "ConfigMap", "-dashboard"), undefined);
+  assert.match(renderFails(["--set", "monitoring.grafanaDashboard.label=has space"]), /monitoring.grafanaDashboard.label: Does not match pattern/);
+});
+
+test("PrometheusRule: only when the CRD exists; the groups of files/alerts.yaml; a runbook line per alert in docs/operations.md", () => {
+  const ruleArgs = ["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"];
+  assert.equal(find(render(), "PrometheusRule"), undefined);
+  assert.equal(find(render(["--set", "monitoring.prometheusRule.enabled=false"], ruleArgs), "PrometheusRule"), undefined);
+  const pr = find(render([], ruleArgs), "PrometheusRule");
+  validate(pr);
+  assert.equal(pr.metadata.namespace, "shoal-system");
+  const file = yaml.load(fs.readFileSync(alertsFile, "utf8"));
+  assert.deepEqual(pr.spec.groups, file.groups, "rendered unchanged: the rules promtool checked are the rules Prometheus runs");
+  const names = alertRules().map((r) => r.alert);
+  for (const a of ["ShoalAgentDown", "ShoalTrackerReplicaDown", "ShoalDirectFallbacks", "ShoalUpstreamErrors", "ShoalCacheNearBudget",
+    "ShoalPrefetchStuck", "ShoalLeasesStuck"]) assert.ok(names.includes(a), a);
+  // Each alert's runbook: an annotation naming its line in the Alerts section, which exists.
+  const doc = fs.readFileSync(operationsDoc, "utf8");
+  const alertsSection = doc.slice(doc.indexOf("\n### Alerts"));
+  assert.ok(doc.includes("\n### Alerts"), "docs/operations.md has an Alerts section");
+  for (const r of alertRules()) {
+    assert.equal(r.annotations.runbook, `docs/operations.md, Alerts: ${r.alert}`);
+    assert.ok(r.annotations.summary && r.labels.severity, r.alert);
+    assert.match(alertsSection, new RegExp(`^- \\*\\*${r.alert}\\*\\*`, "m"), `a runbook line for ${r.alert}`);
+  }
+  // runbook_url and extra labels when asked for; a rule's own severity stays.
+  const withUrl = find(render(["--set", "monitoring.prometheusRule.runbookUrl=https://git.example/shoal/blob/main/docs/operations.md#alerts",
+    "--set", "monitoring.prometheusRule.ruleLabels.team=infra", "--set", "monitoring.prometheusRule.ruleLabels.severity=page",
+    "--set", "monitoring.prometheusRule.labels.release=kube-prometheus-stack"], ruleArgs), "PrometheusRule");
+  assert.equal(withUrl.metadata.labels.release, "kube-prometheus-stack");
+  for (const r of withUrl.spec.groups.flatMap((g) => g.rules)) {
+    assert.equal(r.annotations.runbook_url, "https://git.example/shoal/blob/main/docs/operations.md#alerts");
+    assert.equal(r.labels.team, "infra");
+    assert.notEqual(r.labels.severity, "page");
   }
 });
