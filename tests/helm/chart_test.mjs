@@ -750,19 +750,29 @@ function checkExpr(expr, live, where) {
   const errors = [];
   const text = expandGrafana(expr).replace(/"(?:[^"\\]|\\.)*"/g, '""');
   const used = new Set();
+  // A histogram's series (name_bucket with its le, name_sum, name_count) are its family's.
+  const family = (name) => {
+    if (live.has(name)) return name;
+    const base = name.replace(/_(bucket|sum|count)$/, "");
+    return base !== name && live.has(base) ? base : name;
+  };
+  const bucketsUsed = /_bucket\b/.test(text);
   for (const m of text.matchAll(/([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}/g)) {
-    const [, name, matchers] = m;
+    const [, series, matchers] = m;
+    const name = family(series);
     used.add(name);
-    if (!live.has(name)) { errors.push(`${where}: ${name} is not exported`); continue; }
+    if (!live.has(name)) { errors.push(`${where}: ${series} is not exported`); continue; }
     for (const l of matchers.matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)/g)) {
       if (!targetLabels.has(l[1]) && !live.get(name).has(l[1])) errors.push(`${where}: ${name} has no label ${l[1]}`);
     }
   }
   for (const m of text.matchAll(/\bshoal_[a-zA-Z0-9_:]*/g)) {
-    used.add(m[0]);
-    if (!live.has(m[0])) errors.push(`${where}: ${m[0]} is not exported`);
+    const name = family(m[0]);
+    used.add(name);
+    if (!live.has(name)) errors.push(`${where}: ${m[0]} is not exported`);
   }
   const labelsOfUsed = new Set([...used].flatMap((n) => [...(live.get(n) || [])]));
+  if (bucketsUsed) labelsOfUsed.add("le");
   for (const m of text.matchAll(/\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)/g)) {
     for (const l of m[2].split(",").map((x) => x.trim()).filter(Boolean)) {
       if (!targetLabels.has(l) && !labelsOfUsed.has(l)) errors.push(`${where}: no metric in it has the label ${l} (${m[0]})`);
