@@ -424,7 +424,19 @@ PrefetchApi::PrefetchApi(PrefetchApiOptions options, prometheus::Registry& regis
                   .Name("shoal_tracker_prefetch_agents")
                   .Help("Agents that polled for prefetch jobs within the agent TTL")
                   .Register(registry)
-                  .Add({})) {}
+                  .Add({})),
+      image_nodes_(prometheus::BuildGauge()
+                       .Name("shoal_tracker_image_nodes")
+                       .Help(
+                           "Nodes of the newest prefetch job naming an image, by state "
+                           "(pending, running, done, failed); the 10 newest images only")
+                       .Register(registry)),
+      image_bytes_(prometheus::BuildGauge()
+                       .Name("shoal_tracker_image_bytes")
+                       .Help(
+                           "Bytes of the newest prefetch job naming an image over its nodes, "
+                           "by kind (done, total); the 10 newest images only")
+                       .Register(registry)) {}
 
 bool PrefetchApi::Owns(std::string_view path) {
   return path == kPrefix ||
@@ -615,6 +627,53 @@ void PrefetchApi::Sweep(TimePoint now) {
         .Set(nodes[s]);
   }
   agents_.Set(static_cast<double>(jobs_.LiveAgents(now).size()));
+  UpdateImageGauges();
+}
+
+void PrefetchApi::UpdateImageGauges() {
+  // The newest job naming each image, newest images first (List() is newest first).
+  std::map<std::string, const PrefetchJobRecord*> chosen;
+  std::vector<std::string> order;
+  for (const auto* job : jobs_.List()) {
+    for (const auto& image : job->spec.images) {
+      if (order.size() >= kImageGauges) break;
+      if (chosen.emplace(image, job).second) order.push_back(image);
+    }
+  }
+  // Series of images no longer among them go, so the label set stays bounded.
+  for (auto it = image_series_.begin(); it != image_series_.end();) {
+    if (chosen.count(it->first)) {
+      ++it;
+      continue;
+    }
+    for (size_t i = 0; i < it->second.size(); ++i) {
+      (i < 4 ? image_nodes_ : image_bytes_).Remove(it->second[i]);
+    }
+    it = image_series_.erase(it);
+  }
+  for (const auto& image : order) {
+    const PrefetchJobRecord& job = *chosen[image];
+    double states[4] = {0, 0, 0, 0};
+    double done = 0, total = 0;
+    for (const auto& n : job.nodes) {
+      ++states[static_cast<int>(n.state)];
+      done += static_cast<double>(n.bytes_done);
+      total += static_cast<double>(n.bytes_total);
+    }
+    auto& series = image_series_[image];
+    if (series.empty()) {
+      for (int st = 0; st < 4; ++st) {
+        series.push_back(&image_nodes_.Add(
+            {{"image", image},
+             {"state", PrefetchNodeStateName(static_cast<PrefetchNodeState>(st))}}));
+      }
+      series.push_back(&image_bytes_.Add({{"image", image}, {"kind", "done"}}));
+      series.push_back(&image_bytes_.Add({{"image", image}, {"kind", "total"}}));
+    }
+    for (int st = 0; st < 4; ++st) series[st]->Set(states[st]);
+    series[4]->Set(done);
+    series[5]->Set(total);
+  }
 }
 
 std::string PrefetchApi::StatusSection(TimePoint now) const {

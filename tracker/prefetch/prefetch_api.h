@@ -19,7 +19,9 @@
 #include <chrono>
 #include <cstddef>
 #include <random>
+#include <map>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include <prometheus/counter.h>
@@ -91,6 +93,14 @@ class PrefetchApi {
   prometheus::Family<prometheus::Gauge>& job_gauge_;   // shoal_tracker_prefetch_jobs{state}
   prometheus::Family<prometheus::Gauge>& node_gauge_;  // shoal_tracker_prefetch_nodes{state}
   prometheus::Gauge& agents_;                          // shoal_tracker_prefetch_agents
+  // shoal_tracker_image_nodes{image,state} and shoal_tracker_image_bytes{image,kind}: the
+  // progress of the images of the newest jobs, at most kImageGauges images (older ones' series
+  // are removed), so the label set stays bounded.
+  static constexpr size_t kImageGauges = 10;
+  prometheus::Family<prometheus::Gauge>& image_nodes_;
+  prometheus::Family<prometheus::Gauge>& image_bytes_;
+  std::map<std::string, std::vector<prometheus::Gauge*>> image_series_;  // by image
+  void UpdateImageGauges();
 };
 
 }  // namespace shoal::tracker
