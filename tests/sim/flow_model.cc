@@ -102,7 +102,8 @@ void FlowModel::Recompute(std::vector<FlowId>* changed) {
       Link& m = links_[fl.links[i]];
       m.left = std::max(0.0, m.left - r);
       --m.open;
-      if (m.open > 0) heap.emplace(m.left / m.open, fl.links[i]);
+      // No push: m's entry in the heap keeps its old, lower share and is re-queued with the
+      // current one when it comes up (shares only grow), so each link has one entry at a time.
     }
   };
   for (;;) {

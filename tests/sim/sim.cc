@@ -113,6 +113,80 @@ struct Event {
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
+// Flows by the time their current piece (or chunk) completes: one entry per flow, moved in
+// place when its rate changes (a plain event heap filled up with stale entries, one per flow
+// per re-solve, and its pops dominated the run time at 500 nodes).
+class FlowHeap {
+ public:
+  bool empty() const { return heap_.empty(); }
+  FlowId top() const { return heap_.front(); }
+  double top_time() const { return key_[heap_.front()]; }
+  void Set(FlowId f, double t) {
+    if (f >= pos_.size()) {
+      pos_.resize(f + 1, kAbsent);
+      key_.resize(f + 1, 0);
+    }
+    if (pos_[f] == kAbsent) {
+      pos_[f] = heap_.size();
+      heap_.push_back(f);
+      key_[f] = t;
+      Up(pos_[f]);
+      return;
+    }
+    double old = key_[f];
+    key_[f] = t;
+    if (t < old)
+      Up(pos_[f]);
+    else
+      Down(pos_[f]);
+  }
+  void Remove(FlowId f) {
+    if (f >= pos_.size() || pos_[f] == kAbsent) return;
+    size_t i = pos_[f];
+    pos_[f] = kAbsent;
+    FlowId last = heap_.back();
+    heap_.pop_back();
+    if (i == heap_.size()) return;
+    heap_[i] = last;
+    pos_[last] = i;
+    Up(i);
+    Down(pos_[last]);
+  }
+
+ private:
+  static constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
+  bool Less(size_t a, size_t b) const {
+    FlowId x = heap_[a], y = heap_[b];
+    return key_[x] != key_[y] ? key_[x] < key_[y] : x < y;
+  }
+  void Swap(size_t a, size_t b) {
+    std::swap(heap_[a], heap_[b]);
+    pos_[heap_[a]] = a;
+    pos_[heap_[b]] = b;
+  }
+  void Up(size_t i) {
+    while (i > 0) {
+      size_t p = (i - 1) / 2;
+      if (!Less(i, p)) break;
+      Swap(i, p);
+      i = p;
+    }
+  }
+  void Down(size_t i) {
+    for (;;) {
+      size_t l = 2 * i + 1, r = l + 1, m = i;
+      if (l < heap_.size() && Less(l, m)) m = l;
+      if (r < heap_.size() && Less(r, m)) m = r;
+      if (m == i) return;
+      Swap(i, m);
+      i = m;
+    }
+  }
+  std::vector<FlowId> heap_;
+  std::vector<size_t> pos_;
+  std::vector<double> key_;
+};
+
 // A parked long-poll on the tracker.
 struct Waiter {
   bool parked = false;
@@ -122,6 +196,39 @@ struct Waiter {
   std::vector<uint32_t> wanted;
   double deadline = 0, sent = 0;
   bool cap = false;
+};
+
+// xoshiro256** (small and fast; the simulator draws a few random numbers per piece).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) {
+    for (auto& v : s_) {
+      seed += 0x9e3779b97f4a7c15ull;  // splitmix64
+      uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      v = z ^ (z >> 31);
+    }
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform in [0, n) (n > 0).
+  size_t Below(size_t n) {
+    return static_cast<size_t>((static_cast<unsigned __int128>(Next()) * n) >> 64);
+  }
+
+ private:
+  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
 };
 
 class Sim {
@@ -167,7 +274,7 @@ class Sim {
 
   const SimConfig& c_;
   tracker::BlobTable table_;
-  std::mt19937_64 rng_;
+  Rng rng_;
   FlowModel net_;
   LinkId nat_ = 0;
   std::vector<LinkId> up_, down_;
@@ -179,7 +286,8 @@ class Sim {
   std::vector<uint32_t> blobs_left_;  // per node
   std::vector<Download> downloads_;
   std::vector<SimFlow> flows_;
-  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;  // closures
+  FlowHeap flow_heap_;
   std::vector<std::function<void()>> closures_;
   std::vector<uint32_t> free_closures_;
   uint64_t seq_ = 0;
@@ -216,11 +324,12 @@ void Sim::At(double t, std::function<void()> fn) {
 }
 
 void Sim::ScheduleFlow(FlowId f) {
-  SimFlow& fl = flows_[f];
-  ++fl.version;
   double rate = net_.rate(f);
-  if (rate <= 0) return;  // re-scheduled by the next Recompute
-  events_.push(Event{now_ + fl.remaining / rate, seq_++, f, fl.version});
+  if (rate <= 0) {
+    flow_heap_.Remove(f);  // re-scheduled by the next Recompute
+    return;
+  }
+  flow_heap_.Set(f, now_ + flows_[f].remaining / rate);
 }
 
 void Sim::MaybeRecompute() {
@@ -625,7 +734,7 @@ bool Sim::PickPiece(const Fetch& f, uint32_t k, uint32_t src, const std::vector<
       ties = 1;
       *piece = p;
       found = true;
-    } else if (n == best && std::uniform_int_distribution<uint32_t>(0, ties++)(rng_) == 0) {
+    } else if (n == best && rng_.Below(++ties) == 0) {
       *piece = p;
     }
   }
@@ -650,9 +759,9 @@ void Sim::Fill(uint32_t id) {
     uint32_t best = kNone;
     int best_load = std::numeric_limits<int>::max();
     for (int t = 0; t < 12; ++t) {
-      uint32_t p = needed[std::uniform_int_distribution<size_t>(0, needed.size() - 1)(rng_)];
+      uint32_t p = needed[rng_.Below(needed.size())];
       const auto& h = b.holders[p];
-      uint32_t cand = h[std::uniform_int_distribution<size_t>(0, h.size() - 1)(rng_)];
+      uint32_t cand = h[rng_.Below(h.size())];
       if (cand == f.node || uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load)
         continue;
       if (std::find(d->sources.begin(), d->sources.end(), cand) != d->sources.end()) continue;
@@ -697,8 +806,7 @@ void Sim::Fill(uint32_t id) {
     uint32_t best = kNone;
     int best_load = std::numeric_limits<int>::max();
     for (size_t t = 0; t < std::min<size_t>(h.size(), 12); ++t) {
-      uint32_t cand =
-          h.size() <= 12 ? h[t] : h[std::uniform_int_distribution<size_t>(0, h.size() - 1)(rng_)];
+      uint32_t cand = h.size() <= 12 ? h[t] : h[rng_.Below(h.size())];
       if (cand == f.node || uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load)
         continue;
       if (std::find(d->sources.begin(), d->sources.end(), cand) != d->sources.end()) continue;
@@ -774,6 +882,7 @@ void Sim::OnFlowDone(FlowId fid) {
     r_.upstream_bytes += static_cast<double>(blobs_[fetches_[fl.fetch].blob].chunk_len[fl.chunk]);
     r_.upstream_busy_end_s = std::max(r_.upstream_busy_end_s, now_);
     net_.RemoveFlow(fid);
+    flow_heap_.Remove(fid);
     OnUpstreamDone(fl.fetch, fl.chunk);
     MaybeRecompute();
     return;
@@ -800,6 +909,7 @@ void Sim::OnFlowDone(FlowId fid) {
     if (!piece_done) Fill(fl.download);
   } else {
     net_.RemoveFlow(fid);
+    flow_heap_.Remove(fid);
     --uploads_[fl.src];
     if (d.alive) {
       --d.active;
@@ -981,19 +1091,22 @@ SimResult Sim::Run() {
     At(c_.timeline_step_s, *sample);
   }
   size_t done = 0;
-  while (!events_.empty()) {
-    Event e = events_.top();
-    events_.pop();
-    now_ = e.t;
+  while (!events_.empty() || !flow_heap_.empty()) {
     ++r_.events;
-    if (e.flow == kNoFlow) {
+    // Closures first at equal times (a re-solve due now runs before the flows it would move).
+    if (!events_.empty() && (flow_heap_.empty() || events_.top().t <= flow_heap_.top_time())) {
+      Event e = events_.top();
+      events_.pop();
+      now_ = e.t;
       std::function<void()> fn = std::move(closures_[e.version]);
       closures_[e.version] = nullptr;
       free_closures_.push_back(e.version);
       fn();
     } else {
-      if (!net_.alive(e.flow) || flows_[e.flow].version != e.version) continue;
-      OnFlowDone(e.flow);
+      FlowId f = flow_heap_.top();
+      now_ = std::max(now_, flow_heap_.top_time());
+      flow_heap_.Remove(f);
+      OnFlowDone(f);
     }
     MaybeRecompute();
     if ((r_.events & 0xfff) == 0) {
