@@ -145,6 +145,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--first-byte-run", first_byte_run,
                "Also simulate shoal-bench-swarm's cold first-byte run: only the largest blob, "
                "every client's GET at 0 (the fb1 columns)");
+  app.add_flag("--progress", c.progress, "A line on stderr every 10 simulated seconds");
   app.add_option("--json", json_path, "Also write the results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
 

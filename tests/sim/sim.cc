@@ -94,6 +94,7 @@ struct Download {
   uint32_t fetch = 0, chunk = 0;
   int active = 0;
   bool in_hungry = false;
+  bool tick_pending = false;      // a retry of Fill is scheduled
   std::vector<uint32_t> sources;  // nodes with a flow to us now
   std::vector<FlowId> flows;      // parallel to sources
 };
@@ -836,9 +837,13 @@ void Sim::Fill(uint32_t id) {
     d->in_hungry = true;
     b.hungry[k].push_back(id);
   }
-  if (starved && d->active == 0) {
-    // Nothing in flight: nothing of ours will wake us; look again soon (a peer tick).
-    At(now_ + 0.1, [this, id] {
+  if (starved && d->active == 0 && !d->tick_pending) {
+    // Nothing in flight: only a new piece of this chunk somewhere or a freed upload slot of a
+    // holder wakes us (WakeHungry); look again after a second as well (libtorrent's tick), in
+    // case the slot freed up serving another chunk.
+    d->tick_pending = true;
+    At(now_ + 1.0, [this, id] {
+      downloads_[id].tick_pending = false;
       if (downloads_[id].alive && downloads_[id].active == 0) Fill(id);
     });
   }
@@ -1089,6 +1094,20 @@ SimResult Sim::Run() {
       if (s.nodes_done < c_.nodes) At(now_ + c_.timeline_step_s, *sample);
     };
     At(c_.timeline_step_s, *sample);
+  }
+  if (c_.progress) {
+    auto tick = std::make_shared<std::function<void()>>();
+    *tick = [this, tick, wall0] {
+      size_t n = static_cast<size_t>(std::count_if(r_.completion_s.begin(), r_.completion_s.end(),
+                                                   [](double t) { return t >= 0; }));
+      std::fprintf(stderr,
+                   "shoal-sim: t = %.0f s, %zu of %zu nodes done, %llu events, %zu flows, "
+                   "%.0f s of run time\n",
+                   now_, n, c_.nodes, static_cast<unsigned long long>(r_.events), net_.flow_count(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count());
+      if (n < c_.nodes) At(now_ + 10, *tick);
+    };
+    At(10, *tick);
   }
   size_t done = 0;
   while (!events_.empty() || !flow_heap_.empty()) {

@@ -58,6 +58,7 @@ struct SimConfig {
   int hungry_wakes = 16;           // waiting downloaders told of one new piece
   double quantum_s = 0.001;        // rates are re-solved at most this often
   double timeline_step_s = 0;      // > 0: sample the timeline this often
+  bool progress = false;           // a line on stderr every 10 simulated seconds
   uint64_t seed = 1;
 };
 
