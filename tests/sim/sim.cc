@@ -197,6 +197,11 @@ struct Waiter {
   std::vector<uint32_t> wanted;
   double deadline = 0, sent = 0;
   bool cap = false;
+  double wake_at = 0;  // min(deadline, the table's recheck time)
+  // The time of this slot's pending timer (+inf: none). A waiter re-parked after a wake-up keeps
+  // its slot and its timer: at 2,500 nodes every lease end re-parks ~27,500 work polls, and a
+  // new timer per re-park flooded the event queue.
+  double timer_at = std::numeric_limits<double>::infinity();
 };
 
 // xoshiro256** (small and fast; the simulator draws a few random numbers per piece).
@@ -251,7 +256,8 @@ class Sim {
   void TrackerWork(uint32_t fetch, double sent, double deadline, uint32_t waiter);
   void TrackerReady(uint32_t fetch, std::vector<uint32_t> wanted, double sent, double deadline,
                     uint32_t waiter);
-  uint32_t Park(Waiter w, double recheck);
+  uint32_t Park(Waiter w, double recheck, uint32_t slot);
+  void OnTimer(uint32_t id);
   void DrainWakes();
   void Reevaluate(uint32_t waiter_id);
   // ---- agents ----
@@ -402,41 +408,59 @@ void Sim::Count(const char* route, bool request) {
   }
 }
 
-uint32_t Sim::Park(Waiter w, double recheck) {
-  uint32_t id;
-  if (!free_waiters_.empty()) {
-    id = free_waiters_.back();
-    free_waiters_.pop_back();
-  } else {
-    id = static_cast<uint32_t>(waiters_.size());
-    waiters_.emplace_back();
+uint32_t Sim::Park(Waiter w, double recheck, uint32_t slot) {
+  uint32_t id = slot;
+  if (id == kNone) {
+    if (!free_waiters_.empty()) {
+      id = free_waiters_.back();
+      free_waiters_.pop_back();
+    } else {
+      id = static_cast<uint32_t>(waiters_.size());
+      waiters_.emplace_back();
+    }
   }
-  uint32_t gen = waiters_[id].gen + 1;
+  const uint32_t gen = waiters_[id].gen + 1;
+  const double timer_at = waiters_[id].timer_at;
   w.parked = true;
   w.gen = gen;
+  w.timer_at = timer_at;
+  if (recheck <= now_) recheck = now_ + 1e-6;
+  w.wake_at = std::min(w.deadline, recheck);
   waiters_[id] = std::move(w);
-  const Waiter& p = waiters_[id];
+  Waiter& p = waiters_[id];
   blob_waiters_[fetches_[p.fetch].blob].emplace_back(id, gen);
   if (p.cap) cap_waiters_.emplace_back(id, gen);
-  if (recheck <= now_) recheck = now_ + 1e-6;
-  At(std::min(p.deadline, recheck), [this, id, gen] {
-    if (waiters_[id].parked && waiters_[id].gen == gen) {
-      Reevaluate(id);
-      DrainWakes();
-    }
-  });
+  if (p.timer_at > p.wake_at) {
+    p.timer_at = p.wake_at;
+    At(p.wake_at, [this, id] { OnTimer(id); });
+  }
   return id;
 }
 
+void Sim::OnTimer(uint32_t id) {
+  Waiter& w = waiters_[id];
+  w.timer_at = std::numeric_limits<double>::infinity();
+  if (!w.parked) return;
+  if (now_ >= w.wake_at) {
+    Reevaluate(id);
+    DrainWakes();
+    return;
+  }
+  w.timer_at = w.wake_at;  // parked again since, with a later wake-up
+  At(w.wake_at, [this, id] { OnTimer(id); });
+}
+
 void Sim::Reevaluate(uint32_t id) {
-  Waiter w = std::move(waiters_[id]);
-  waiters_[id].parked = false;
-  waiters_[id].gen = w.gen;
-  free_waiters_.push_back(id);
-  if (w.ready) {
-    TrackerReady(w.fetch, std::move(w.wanted), w.sent, w.deadline, kNone);
+  Waiter& slot = waiters_[id];
+  slot.parked = false;
+  std::vector<uint32_t> wanted = std::move(slot.wanted);
+  const uint32_t fetch = slot.fetch;
+  const double sent = slot.sent, deadline = slot.deadline;
+  // The call parks again in the same slot, or answers and frees it.
+  if (slot.ready) {
+    TrackerReady(fetch, std::move(wanted), sent, deadline, id);
   } else {
-    TrackerWork(w.fetch, w.sent, w.deadline, kNone);
+    TrackerWork(fetch, sent, deadline, id);
   }
 }
 
@@ -457,7 +481,7 @@ void Sim::DrainWakes() {
   }
 }
 
-void Sim::TrackerWork(uint32_t fetch, double sent, double deadline, uint32_t) {
+void Sim::TrackerWork(uint32_t fetch, double sent, double deadline, uint32_t slot) {
   Fetch& f = fetches_[fetch];
   const Blob& b = blobs_[f.blob];
   Count("work", false);
@@ -471,14 +495,15 @@ void Sim::TrackerWork(uint32_t fetch, double sent, double deadline, uint32_t) {
     w.sent = sent;
     w.deadline = deadline;
     w.cap = a.reason == WaitReason::kClusterCap || a.reason == WaitReason::kAgentCap;
-    Park(std::move(w), SecondsOf(a.recheck_at));
+    Park(std::move(w), SecondsOf(a.recheck_at), slot);
     return;
   }
+  if (slot != kNone) free_waiters_.push_back(slot);
   At(now_ + half_, [this, fetch, a = std::move(a), sent] { OnWorkAnswer(fetch, a, sent); });
 }
 
 void Sim::TrackerReady(uint32_t fetch, std::vector<uint32_t> wanted, double sent, double deadline,
-                       uint32_t) {
+                       uint32_t slot) {
   Fetch& f = fetches_[fetch];
   const Blob& b = blobs_[f.blob];
   std::vector<uint32_t> ready;
@@ -501,9 +526,10 @@ void Sim::TrackerReady(uint32_t fetch, std::vector<uint32_t> wanted, double sent
     w.wanted = std::move(wanted);
     w.sent = sent;
     w.deadline = deadline;
-    Park(std::move(w), SecondsOf(recheck));
+    Park(std::move(w), SecondsOf(recheck), slot);
     return;
   }
+  if (slot != kNone) free_waiters_.push_back(slot);
   At(now_ + half_, [this, fetch, ready = std::move(ready)] { OnReadyAnswer(fetch, ready); });
 }
 
