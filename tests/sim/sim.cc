@@ -103,14 +103,12 @@ struct SimFlow {
   bool upstream = false;
   uint32_t fetch = 0, chunk = 0, piece = 0, src = kNone, download = kNone;
   double remaining = 0, last_t = 0;
-  uint32_t version = 0;
 };
 
 struct Event {
   double t;
   uint64_t seq;
-  FlowId flow;       // kNoFlow: a closure
-  uint32_t version;  // flow events: the flow's version when scheduled; closures: its index
+  uint32_t closure;  // its index in closures_
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
@@ -272,8 +270,7 @@ class Sim {
   void WorkerNext(uint32_t fetch);
   void FromPeers(uint32_t fetch, uint32_t chunk);
   void Fill(uint32_t dl);
-  bool PickPiece(const Fetch& f, uint32_t chunk, uint32_t src, const std::vector<uint8_t>* skip,
-                 uint32_t* piece);
+  bool PickPiece(const Fetch& f, uint32_t chunk, uint32_t src, uint32_t* piece);
   void WakeHungry(uint32_t blob, uint32_t chunk, uint32_t from, uint32_t piece);
   void GotPiece(uint32_t fetch, uint32_t piece);
   void ChunkComplete(uint32_t fetch, uint32_t chunk);
@@ -287,7 +284,6 @@ class Sim {
   std::vector<LinkId> up_, down_;
   std::vector<int> uploads_;  // per node
   std::vector<Blob> blobs_;
-  std::vector<uint32_t> digest_blob_;
   std::vector<Fetch> fetches_;  // node * blobs + blob
   std::vector<std::string> agent_ids_;
   std::vector<uint32_t> blobs_left_;  // per node
@@ -327,7 +323,7 @@ void Sim::At(double t, std::function<void()> fn) {
     idx = static_cast<uint32_t>(closures_.size());
     closures_.push_back(std::move(fn));
   }
-  events_.push(Event{std::max(t, now_), seq_++, kNoFlow, idx});
+  events_.push(Event{std::max(t, now_), seq_++, idx});
 }
 
 void Sim::ScheduleFlow(FlowId f) {
@@ -375,9 +371,7 @@ FlowId Sim::StartFlow(uint32_t fetch, uint32_t chunk, uint32_t piece, uint32_t s
   }
   if (flows_.size() <= f) flows_.resize(f + 1);
   SimFlow& fl = flows_[f];
-  uint32_t version = fl.version;
   fl = SimFlow{};
-  fl.version = version;
   fl.upstream = src == kNone;
   fl.fetch = fetch;
   fl.chunk = chunk;
@@ -738,8 +732,7 @@ void Sim::FromPeers(uint32_t fetch, uint32_t k) {
 
 // The piece of chunk to fetch next (from src when src != kNone, else from anyone): the lowest
 // missing one in the chunk the client waits on, else the rarest (ties at random).
-bool Sim::PickPiece(const Fetch& f, uint32_t k, uint32_t src, const std::vector<uint8_t>* skip,
-                    uint32_t* piece) {
+bool Sim::PickPiece(const Fetch& f, uint32_t k, uint32_t src, uint32_t* piece) {
   const Blob& b = blobs_[f.blob];
   const Fetch* s = src == kNone ? nullptr : &fetches_[size_t{src} * blobs_.size() + f.blob];
   const bool sequential = f.contiguous == k;
@@ -749,7 +742,6 @@ bool Sim::PickPiece(const Fetch& f, uint32_t k, uint32_t src, const std::vector<
   for (uint32_t i = 0; i < b.piece_count[k]; ++i) {
     uint32_t p = b.piece_off[k] + i;
     if (f.have[p] || f.inflight[p]) continue;
-    if (skip != nullptr && (*skip)[i]) continue;
     if (s != nullptr ? !s->have[p] : b.holders[p].empty()) continue;
     if (sequential) {
       *piece = p;
@@ -796,7 +788,7 @@ void Sim::Fill(uint32_t id) {
       best = cand;
     }
     uint32_t p;
-    if (best == kNone || !PickPiece(f, k, best, nullptr, &p)) {
+    if (best == kNone || !PickPiece(f, k, best, &p)) {
       ++misses;
       continue;
     }
@@ -930,7 +922,7 @@ void Sim::OnFlowDone(FlowId fid) {
   Download& d = downloads_[fl.download];
   // The connection goes on with another piece from the same holder if it has one we need.
   uint32_t next;
-  if (d.alive && PickPiece(f, fl.chunk, fl.src, nullptr, &next)) {
+  if (d.alive && PickPiece(f, fl.chunk, fl.src, &next)) {
     f.inflight[next] = 1;
     SimFlow& live = flows_[fid];
     live.piece = next;
@@ -1143,9 +1135,9 @@ SimResult Sim::Run() {
       Event e = events_.top();
       events_.pop();
       now_ = e.t;
-      std::function<void()> fn = std::move(closures_[e.version]);
-      closures_[e.version] = nullptr;
-      free_closures_.push_back(e.version);
+      std::function<void()> fn = std::move(closures_[e.closure]);
+      closures_[e.closure] = nullptr;
+      free_closures_.push_back(e.closure);
       fn();
     } else {
       FlowId f = flow_heap_.top();
