@@ -18,11 +18,12 @@
 // first, as tracker/blobs/blob_api.cc and tracker/lease_waiters.cc do.
 //
 // Granularity: a peer transfer is one piece of a chunk torrent from one holder (a node that has
-// verified it) to one node over one flow; a node fetches up to max_sources pieces of a chunk at
-// once, each from a different holder; an upload slot limit per node stands in for libtorrent's
-// connection limit. Not modelled: TCP slow start and losses, duplicate blocks (end game), peer
-// stalls and bad reports, disk and CPU, the neighbour lists of announces (sources are sampled
-// from every holder of a piece).
+// verified it) to one node over one flow, which goes on with the next piece that holder has; a
+// node fetches up to max_sources pieces of a chunk at once, each from a different holder, and in
+// end game a free slot takes half of the largest part in flight from another holder; an upload
+// slot limit per node stands in for libtorrent's connection limit. Not modelled: TCP slow start,
+// losses and RTT unfairness, blocks downloaded twice, peer stalls and bad reports, disk and CPU,
+// the neighbour lists of announces (sources are sampled from every holder of a piece).
 
 #include <cstddef>
 #include <cstdint>
