@@ -1,0 +1,1176 @@
+#include "tests/sim/sim.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <queue>
+#include <random>
+#include <stdexcept>
+#include <utility>
+
+#include "lib/core/digest.h"
+#include "tests/sim/flow_model.h"
+
+namespace shoal::sim {
+
+tracker::BlobTableOptions TrackerDefaults() {
+  // tracker/config.h's defaults, as tracker/run.cc passes them to the table.
+  tracker::BlobTableOptions o;
+  o.chunk_size = 64ull << 20;
+  o.piece_size = 4u << 20;
+  o.target_chunks = 64;
+  o.min_chunk_size = 1ull << 20;
+  o.first_chunk_size = 1ull << 20;
+  o.max_upstream_fetchers = 8;
+  o.max_leases_per_agent = 2;
+  o.max_leases_per_blob = 4;
+  o.head_start = std::chrono::milliseconds(500);
+  o.lease_ttl = std::chrono::seconds(15);
+  return o;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+namespace {
+
+using tracker::LeaseAnswer;
+using tracker::TimePoint;
+using tracker::WaitReason;
+constexpr uint32_t kNone = std::numeric_limits<uint32_t>::max();
+
+const TimePoint kEpoch = TimePoint() + std::chrono::hours(1);
+TimePoint At(double t) {
+  return kEpoch + std::chrono::duration_cast<TimePoint::duration>(std::chrono::duration<double>(t));
+}
+double SecondsOf(TimePoint tp) {
+  if (tp == TimePoint::max()) return std::numeric_limits<double>::infinity();
+  return std::chrono::duration<double>(tp - kEpoch).count();
+}
+double Secs(std::chrono::milliseconds ms) { return static_cast<double>(ms.count()) / 1000.0; }
+
+struct Blob {
+  Digest digest = Digest::FromSha256Hex(std::string(64, '0'));
+  tracker::BlobSource source;
+  swarm::ChunkLayout layout;
+  uint32_t chunks = 0;
+  std::vector<uint64_t> chunk_len;
+  std::vector<uint32_t> piece_count, piece_off;  // per chunk: pieces, first piece's index
+  std::vector<uint64_t> piece_len;               // per piece (blob-wide index)
+  std::vector<uint32_t> piece_chunk;             // per piece
+  std::vector<std::string> metainfo;             // per chunk: a valid chunk torrent
+  std::vector<std::vector<uint32_t>> holders;    // per piece: nodes that verified it
+  std::vector<std::vector<uint32_t>> hungry;     // per chunk: downloads waiting for a source
+  std::vector<size_t> hungry_cursor;             // per chunk
+};
+
+enum WorkerOn : uint8_t { kIdle, kWaitReady, kWaitUpstream, kDownloading };
+
+struct Fetch {
+  uint32_t node = 0, blob = 0;
+  bool done = false;
+  std::vector<uint8_t> origin;  // per chunk: 0 none, 1 peers, 2 upstream
+  std::vector<uint8_t> in_upstream, ready_known, worker_on;
+  std::vector<std::string> lease;    // per chunk while we hold its lease
+  std::vector<uint8_t> have;         // per piece
+  std::vector<uint8_t> inflight;     // per piece: flows carrying parts of it to us now
+  std::vector<uint32_t> have_count;  // per chunk
+  std::vector<uint32_t> download;    // per chunk: its download from peers, or kNone
+  uint32_t complete_chunks = 0, contiguous = 0, next = 0;
+  bool watcher_busy = false;
+  bool upstream_stopped = false;
+};
+
+struct Download {
+  bool alive = false;
+  uint32_t fetch = 0, chunk = 0;
+  int active = 0;
+  bool in_hungry = false;
+  bool tick_pending = false;      // a retry of Fill is scheduled
+  std::vector<uint32_t> sources;  // nodes with a flow to us now
+  std::vector<FlowId> flows;      // parallel to sources
+};
+
+struct SimFlow {
+  bool upstream = false;
+  uint32_t fetch = 0, chunk = 0, piece = 0, src = kNone, download = kNone;
+  double remaining = 0, last_t = 0;
+};
+
+struct Event {
+  double t;
+  uint64_t seq;
+  uint32_t closure;  // its index in closures_
+  bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+// Flows by the time their current piece (or chunk) completes: one entry per flow, moved in
+// place when its rate changes (a plain event heap filled up with stale entries, one per flow
+// per re-solve, and its pops dominated the run time at 500 nodes).
+class FlowHeap {
+ public:
+  bool empty() const { return heap_.empty(); }
+  FlowId top() const { return heap_.front(); }
+  double top_time() const { return key_[heap_.front()]; }
+  void Set(FlowId f, double t) {
+    if (f >= pos_.size()) {
+      pos_.resize(f + 1, kAbsent);
+      key_.resize(f + 1, 0);
+    }
+    if (pos_[f] == kAbsent) {
+      pos_[f] = heap_.size();
+      heap_.push_back(f);
+      key_[f] = t;
+      Up(pos_[f]);
+      return;
+    }
+    double old = key_[f];
+    key_[f] = t;
+    if (t < old)
+      Up(pos_[f]);
+    else
+      Down(pos_[f]);
+  }
+  void Remove(FlowId f) {
+    if (f >= pos_.size() || pos_[f] == kAbsent) return;
+    size_t i = pos_[f];
+    pos_[f] = kAbsent;
+    FlowId last = heap_.back();
+    heap_.pop_back();
+    if (i == heap_.size()) return;
+    heap_[i] = last;
+    pos_[last] = i;
+    Up(i);
+    Down(pos_[last]);
+  }
+
+ private:
+  static constexpr size_t kAbsent = std::numeric_limits<size_t>::max();
+  bool Less(size_t a, size_t b) const {
+    FlowId x = heap_[a], y = heap_[b];
+    return key_[x] != key_[y] ? key_[x] < key_[y] : x < y;
+  }
+  void Swap(size_t a, size_t b) {
+    std::swap(heap_[a], heap_[b]);
+    pos_[heap_[a]] = a;
+    pos_[heap_[b]] = b;
+  }
+  void Up(size_t i) {
+    while (i > 0) {
+      size_t p = (i - 1) / 2;
+      if (!Less(i, p)) break;
+      Swap(i, p);
+      i = p;
+    }
+  }
+  void Down(size_t i) {
+    for (;;) {
+      size_t l = 2 * i + 1, r = l + 1, m = i;
+      if (l < heap_.size() && Less(l, m)) m = l;
+      if (r < heap_.size() && Less(r, m)) m = r;
+      if (m == i) return;
+      Swap(i, m);
+      i = m;
+    }
+  }
+  std::vector<FlowId> heap_;
+  std::vector<size_t> pos_;
+  std::vector<double> key_;
+};
+
+// A parked long-poll on the tracker.
+struct Waiter {
+  bool parked = false;
+  uint32_t gen = 0;
+  bool ready = false;  // a ready poll (else work)
+  uint32_t fetch = 0;
+  std::vector<uint32_t> wanted;
+  double deadline = 0, sent = 0;
+  bool cap = false;
+  double wake_at = 0;  // min(deadline, the table's recheck time)
+  // The time of this slot's pending timer (+inf: none). A waiter re-parked after a wake-up keeps
+  // its slot and its timer: at 2,500 nodes every lease end re-parks ~27,500 work polls, and a
+  // new timer per re-park flooded the event queue.
+  double timer_at = std::numeric_limits<double>::infinity();
+};
+
+// xoshiro256** (small and fast; the simulator draws a few random numbers per piece).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) {
+    for (auto& v : s_) {
+      seed += 0x9e3779b97f4a7c15ull;  // splitmix64
+      uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      v = z ^ (z >> 31);
+    }
+  }
+  uint64_t Next() {
+    const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = Rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform in [0, n) (n > 0).
+  size_t Below(size_t n) {
+    return static_cast<size_t>((static_cast<unsigned __int128>(Next()) * n) >> 64);
+  }
+
+ private:
+  static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+class Sim {
+ public:
+  explicit Sim(const SimConfig& c) : c_(c), table_(c.table, c.seed), rng_(c.seed) {}
+  SimResult Run();
+
+ private:
+  // ---- event loop ----
+  void At(double t, std::function<void()> fn);
+  void ScheduleFlow(FlowId f);
+  void MaybeRecompute();
+  void Recompute();
+  void OnFlowDone(FlowId f);
+  FlowId StartFlow(uint32_t fetch, uint32_t chunk, uint32_t piece, uint32_t src, uint32_t dl,
+                   uint64_t bytes);
+  // ---- tracker ----
+  void Count(const char* route, bool request);
+  void TrackerWork(uint32_t fetch, double sent, double deadline, uint32_t waiter);
+  void TrackerReady(uint32_t fetch, std::vector<uint32_t> wanted, double sent, double deadline,
+                    uint32_t waiter);
+  uint32_t Park(Waiter w, double recheck, uint32_t slot);
+  void OnTimer(uint32_t id);
+  void DrainWakes();
+  void Reevaluate(uint32_t waiter_id);
+  // ---- agents ----
+  void StartBlob(uint32_t fetch);
+  void AskWork(uint32_t fetch);
+  void OnWorkAnswer(uint32_t fetch, const LeaseAnswer& a, double sent);
+  void RenewLoop(uint32_t fetch, uint32_t chunk, std::string lease);
+  void OnUpstreamDone(uint32_t fetch, uint32_t chunk);
+  void WatcherKick(uint32_t fetch);
+  std::vector<uint32_t> ReadyWanted(const Fetch& f) const;
+  void OnReadyAnswer(uint32_t fetch, const std::vector<uint32_t>& ready);
+  void WorkerNext(uint32_t fetch);
+  void FromPeers(uint32_t fetch, uint32_t chunk);
+  void Fill(uint32_t dl);
+  bool PickPiece(const Fetch& f, uint32_t chunk, uint32_t src, uint32_t* piece);
+  void WakeHungry(uint32_t blob, uint32_t chunk, uint32_t from, uint32_t piece);
+  void GotPiece(uint32_t fetch, uint32_t piece);
+  void ChunkComplete(uint32_t fetch, uint32_t chunk);
+  bool AllHeld(const Fetch& f) const { return f.complete_chunks == blobs_[f.blob].chunks; }
+
+  const SimConfig& c_;
+  tracker::BlobTable table_;
+  Rng rng_;
+  FlowModel net_;
+  LinkId nat_ = 0;
+  std::vector<LinkId> up_, down_;
+  std::vector<int> uploads_;  // per node
+  std::vector<Blob> blobs_;
+  std::vector<Fetch> fetches_;  // node * blobs + blob
+  std::vector<std::string> agent_ids_;
+  std::vector<uint32_t> blobs_left_;  // per node
+  std::vector<Download> downloads_;
+  std::vector<SimFlow> flows_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;  // closures
+  FlowHeap flow_heap_;
+  std::vector<std::function<void()>> closures_;
+  std::vector<uint32_t> free_closures_;
+  uint64_t seq_ = 0;
+  double now_ = 0;
+  bool recompute_pending_ = false;
+  double last_recompute_ = -1;
+  std::vector<FlowId> changed_;
+  // Long-polls.
+  std::vector<Waiter> waiters_;
+  std::vector<uint32_t> free_waiters_;
+  std::vector<std::vector<std::pair<uint32_t, uint32_t>>> blob_waiters_;  // (id, gen), FIFO
+  std::vector<std::pair<uint32_t, uint32_t>> cap_waiters_;
+  std::vector<uint32_t> pending_blob_wakes_;
+  bool pending_cap_wake_ = false;
+  std::vector<uint64_t> req_buckets_, call_buckets_;
+  uint32_t largest_ = 0;
+  double rtt_ = 0, half_ = 0;
+  SimResult r_;
+};
+
+// ---- event loop ---------------------------------------------------------------------------------
+
+void Sim::At(double t, std::function<void()> fn) {
+  uint32_t idx;
+  if (!free_closures_.empty()) {
+    idx = free_closures_.back();
+    free_closures_.pop_back();
+    closures_[idx] = std::move(fn);
+  } else {
+    idx = static_cast<uint32_t>(closures_.size());
+    closures_.push_back(std::move(fn));
+  }
+  events_.push(Event{std::max(t, now_), seq_++, idx});
+}
+
+void Sim::ScheduleFlow(FlowId f) {
+  double rate = net_.rate(f);
+  if (rate <= 0) {
+    flow_heap_.Remove(f);  // re-scheduled by the next Recompute
+    return;
+  }
+  flow_heap_.Set(f, now_ + flows_[f].remaining / rate);
+}
+
+void Sim::MaybeRecompute() {
+  if (!net_.dirty() || recompute_pending_) return;
+  recompute_pending_ = true;
+  double t = std::max(now_, last_recompute_ + c_.quantum_s);
+  At(t, [this] {
+    recompute_pending_ = false;
+    Recompute();
+  });
+}
+
+void Sim::Recompute() {
+  last_recompute_ = now_;
+  for (FlowId f = 0; f < flows_.size(); ++f) {
+    if (!net_.alive(f)) continue;
+    SimFlow& fl = flows_[f];
+    fl.remaining = std::max(0.0, fl.remaining - net_.rate(f) * (now_ - fl.last_t));
+    fl.last_t = now_;
+  }
+  changed_.clear();
+  net_.Recompute(&changed_);
+  for (FlowId f : changed_) ScheduleFlow(f);
+  r_.peak_flows = std::max(r_.peak_flows, net_.flow_count());
+}
+
+FlowId Sim::StartFlow(uint32_t fetch, uint32_t chunk, uint32_t piece, uint32_t src, uint32_t dl,
+                      uint64_t bytes) {
+  const uint32_t node = fetches_[fetch].node;
+  FlowId f;
+  if (src == kNone) {
+    f = net_.AddFlow({nat_, down_[node]});
+  } else {
+    double cap = static_cast<double>(c_.request_window) / c_.rtt_s;
+    f = net_.AddFlow({up_[src], down_[node]}, cap);
+  }
+  if (flows_.size() <= f) flows_.resize(f + 1);
+  SimFlow& fl = flows_[f];
+  fl = SimFlow{};
+  fl.upstream = src == kNone;
+  fl.fetch = fetch;
+  fl.chunk = chunk;
+  fl.piece = piece;
+  fl.src = src;
+  fl.download = dl;
+  fl.remaining = static_cast<double>(bytes);
+  fl.last_t = now_;
+  ScheduleFlow(f);
+  r_.peak_flows = std::max(r_.peak_flows, net_.flow_count());
+  return f;
+}
+
+// ---- tracker
+// -------------------------------------------------------------------------------------
+
+void Sim::Count(const char* route, bool request) {
+  size_t sec = static_cast<size_t>(std::max(0.0, now_));
+  auto& buckets = request ? req_buckets_ : call_buckets_;
+  if (buckets.size() <= sec) buckets.resize(sec + 1, 0);
+  ++buckets[sec];
+  if (request) {
+    ++r_.calls.requests[route];
+    ++r_.calls.total_requests;
+  } else {
+    ++r_.calls.table_calls[route];
+    ++r_.calls.total_table_calls;
+  }
+}
+
+uint32_t Sim::Park(Waiter w, double recheck, uint32_t slot) {
+  uint32_t id = slot;
+  if (id == kNone) {
+    if (!free_waiters_.empty()) {
+      id = free_waiters_.back();
+      free_waiters_.pop_back();
+    } else {
+      id = static_cast<uint32_t>(waiters_.size());
+      waiters_.emplace_back();
+    }
+  }
+  const uint32_t gen = waiters_[id].gen + 1;
+  const double timer_at = waiters_[id].timer_at;
+  w.parked = true;
+  w.gen = gen;
+  w.timer_at = timer_at;
+  if (recheck <= now_) recheck = now_ + 1e-6;
+  w.wake_at = std::min(w.deadline, recheck);
+  waiters_[id] = std::move(w);
+  Waiter& p = waiters_[id];
+  blob_waiters_[fetches_[p.fetch].blob].emplace_back(id, gen);
+  if (p.cap) cap_waiters_.emplace_back(id, gen);
+  if (p.timer_at > p.wake_at) {
+    p.timer_at = p.wake_at;
+    At(p.wake_at, [this, id] { OnTimer(id); });
+  }
+  return id;
+}
+
+void Sim::OnTimer(uint32_t id) {
+  Waiter& w = waiters_[id];
+  w.timer_at = std::numeric_limits<double>::infinity();
+  if (!w.parked) return;
+  if (now_ >= w.wake_at) {
+    Reevaluate(id);
+    DrainWakes();
+    return;
+  }
+  w.timer_at = w.wake_at;  // parked again since, with a later wake-up
+  At(w.wake_at, [this, id] { OnTimer(id); });
+}
+
+void Sim::Reevaluate(uint32_t id) {
+  Waiter& slot = waiters_[id];
+  slot.parked = false;
+  std::vector<uint32_t> wanted = std::move(slot.wanted);
+  const uint32_t fetch = slot.fetch;
+  const double sent = slot.sent, deadline = slot.deadline;
+  // The call parks again in the same slot, or answers and frees it.
+  if (slot.ready) {
+    TrackerReady(fetch, std::move(wanted), sent, deadline, id);
+  } else {
+    TrackerWork(fetch, sent, deadline, id);
+  }
+}
+
+void Sim::DrainWakes() {
+  while (!pending_blob_wakes_.empty() || pending_cap_wake_) {
+    std::vector<std::pair<uint32_t, uint32_t>> woken;
+    if (!pending_blob_wakes_.empty()) {
+      uint32_t b = pending_blob_wakes_.back();
+      pending_blob_wakes_.pop_back();
+      woken.swap(blob_waiters_[b]);
+    } else {
+      pending_cap_wake_ = false;
+      woken.swap(cap_waiters_);
+    }
+    for (auto [id, gen] : woken) {
+      if (waiters_[id].parked && waiters_[id].gen == gen) Reevaluate(id);
+    }
+  }
+}
+
+void Sim::TrackerWork(uint32_t fetch, double sent, double deadline, uint32_t slot) {
+  Fetch& f = fetches_[fetch];
+  const Blob& b = blobs_[f.blob];
+  Count("work", false);
+  auto answer = table_.Work(b.digest, agent_ids_[f.node], b.source, ::shoal::sim::At(now_));
+  if (!answer) throw std::runtime_error("tracker Work: " + answer.error().message);
+  LeaseAnswer a = std::move(answer.value());
+  if (a.kind == LeaseAnswer::Kind::kWait && now_ < deadline) {
+    Waiter w;
+    w.ready = false;
+    w.fetch = fetch;
+    w.sent = sent;
+    w.deadline = deadline;
+    w.cap = a.reason == WaitReason::kClusterCap || a.reason == WaitReason::kAgentCap;
+    Park(std::move(w), SecondsOf(a.recheck_at), slot);
+    return;
+  }
+  if (slot != kNone) free_waiters_.push_back(slot);
+  At(now_ + half_, [this, fetch, a = std::move(a), sent] { OnWorkAnswer(fetch, a, sent); });
+}
+
+void Sim::TrackerReady(uint32_t fetch, std::vector<uint32_t> wanted, double sent, double deadline,
+                       uint32_t slot) {
+  Fetch& f = fetches_[fetch];
+  const Blob& b = blobs_[f.blob];
+  std::vector<uint32_t> ready;
+  TimePoint recheck = TimePoint::max();
+  for (uint32_t k : wanted) {
+    Count("lease", false);
+    auto answer = table_.Lease(b.digest, k, agent_ids_[f.node], b.source, ::shoal::sim::At(now_),
+                               /*may_grant=*/false);
+    if (!answer) throw std::runtime_error("tracker Lease: " + answer.error().message);
+    if (answer.value().kind == LeaseAnswer::Kind::kReady) {
+      ready.push_back(k);
+    } else {
+      recheck = std::min(recheck, answer.value().recheck_at);
+    }
+  }
+  if (ready.empty() && now_ < deadline) {
+    Waiter w;
+    w.ready = true;
+    w.fetch = fetch;
+    w.wanted = std::move(wanted);
+    w.sent = sent;
+    w.deadline = deadline;
+    Park(std::move(w), SecondsOf(recheck), slot);
+    return;
+  }
+  if (slot != kNone) free_waiters_.push_back(slot);
+  At(now_ + half_, [this, fetch, ready = std::move(ready)] { OnReadyAnswer(fetch, ready); });
+}
+
+// ---- agents: upstream worker
+// ------------------------------------------------------------------------
+
+void Sim::StartBlob(uint32_t fetch) {
+  Count("table", true);
+  At(now_ + half_, [this, fetch] {
+    Fetch& f = fetches_[fetch];
+    const Blob& b = blobs_[f.blob];
+    Count("ensure", false);
+    auto view = table_.Ensure(b.digest, b.source, ::shoal::sim::At(now_));
+    if (!view) throw std::runtime_error("tracker Ensure: " + view.error().message);
+    if (!(view.value().layout == b.layout)) throw std::runtime_error("layout differs");
+    At(now_ + half_, [this, fetch] {
+      // RunChunkFetch: the upstream worker and the ready watcher, then the window workers.
+      AskWork(fetch);
+      WatcherKick(fetch);
+      const Blob& b = blobs_[fetches_[fetch].blob];
+      int workers = std::max(1, std::min<int>(c_.range_streams, static_cast<int>(b.chunks)));
+      for (int i = 0; i < workers; ++i) WorkerNext(fetch);
+    });
+  });
+}
+
+void Sim::AskWork(uint32_t fetch) {
+  Fetch& f = fetches_[fetch];
+  if (f.upstream_stopped) return;
+  if (std::all_of(f.origin.begin(), f.origin.end(), [](uint8_t o) { return o != 0; })) {
+    f.upstream_stopped = true;
+    return;
+  }
+  const double sent = now_;
+  Count("work", true);
+  At(now_ + half_, [this, fetch, sent] {
+    TrackerWork(fetch, sent, now_ + c_.lease_wait_s, kNone);
+    DrainWakes();
+  });
+}
+
+void Sim::OnWorkAnswer(uint32_t fetch, const LeaseAnswer& a, double sent) {
+  Fetch& f = fetches_[fetch];
+  const Blob& b = blobs_[f.blob];
+  switch (a.kind) {
+    case LeaseAnswer::Kind::kDone:
+      // Every chunk is ready; stay around for chunks that may need fetching again.
+      At(now_ + c_.lease_wait_s, [this, fetch] { AskWork(fetch); });
+      return;
+    case LeaseAnswer::Kind::kWait:
+    case LeaseAnswer::Kind::kReady: {
+      double pause = 0;
+      if (now_ - sent < 0.2) pause = std::clamp(Secs(a.retry_after), 0.1, 2.0);
+      At(now_ + pause, [this, fetch] { AskWork(fetch); });
+      return;
+    }
+    case LeaseAnswer::Kind::kGranted:
+      break;
+  }
+  const uint32_t k = a.chunk;
+  if (f.origin[k] != 0) throw std::runtime_error("granted a chunk the agent holds");
+  ++r_.leases_granted;
+  f.in_upstream[k] = 1;
+  f.lease[k] = a.lease_id;
+  // The GET crosses to the registry and its first bytes come back.
+  At(now_ + rtt_ + c_.registry_latency_s, [this, fetch, k] {
+    Fetch& f = fetches_[fetch];
+    const Blob& b = blobs_[f.blob];
+    if (f.blob == largest_ && k == 0 && r_.first_byte_s[f.node] < 0) r_.first_byte_s[f.node] = now_;
+    StartFlow(fetch, k, 0, kNone, kNone, b.chunk_len[k]);
+    MaybeRecompute();
+  });
+  RenewLoop(fetch, k, a.lease_id);
+  (void)b;
+}
+
+void Sim::RenewLoop(uint32_t fetch, uint32_t chunk, std::string lease) {
+  double period = std::max(0.2, Secs(c_.table.lease_ttl) / 3);
+  At(now_ + period, [this, fetch, chunk, lease = std::move(lease)]() mutable {
+    Fetch& f = fetches_[fetch];
+    if (!f.in_upstream[chunk] || f.lease[chunk] != lease) return;
+    Count("renew", true);
+    At(now_ + half_, [this, fetch, chunk, lease] {
+      Fetch& f = fetches_[fetch];
+      const Blob& b = blobs_[f.blob];
+      Count("renew", false);
+      auto renewed =
+          table_.Renew(b.digest, chunk, agent_ids_[f.node], lease, 0, ::shoal::sim::At(now_));
+      (void)renewed;  // a lost lease: the agent finishes the fetch anyway
+      DrainWakes();
+    });
+    RenewLoop(fetch, chunk, std::move(lease));
+  });
+}
+
+void Sim::OnUpstreamDone(uint32_t fetch, uint32_t k) {
+  Fetch& f = fetches_[fetch];
+  Blob& b = blobs_[f.blob];
+  f.origin[k] = 2;
+  f.in_upstream[k] = 0;
+  for (uint32_t p = b.piece_off[k]; p < b.piece_off[k] + b.piece_count[k]; ++p) {
+    if (!f.have[p]) {
+      f.have[p] = 1;
+      b.holders[p].push_back(f.node);
+    }
+  }
+  f.have_count[k] = b.piece_count[k];
+  std::string lease = std::move(f.lease[k]);
+  f.lease[k].clear();
+  ChunkComplete(fetch, k);
+  if (f.worker_on[k] == kWaitUpstream || f.worker_on[k] == kWaitReady) {
+    f.worker_on[k] = kIdle;
+    WorkerNext(fetch);
+  }
+  // Build the torrent (done once per chunk), seed it, publish it; then ask for work again.
+  Count("publish", true);
+  At(now_ + half_, [this, fetch, k, lease = std::move(lease)] {
+    Fetch& f = fetches_[fetch];
+    const Blob& b = blobs_[f.blob];
+    Count("publish", false);
+    auto published = table_.Publish(b.digest, k, agent_ids_[f.node], lease, b.source, b.metainfo[k],
+                                    ::shoal::sim::At(now_));
+    if (!published) throw std::runtime_error("tracker Publish: " + published.error().message);
+    DrainWakes();
+    At(now_ + half_, [this, fetch] {
+      WatcherKick(fetch);
+      AskWork(fetch);
+    });
+  });
+}
+
+// ---- agents: ready watcher and window workers
+// ---------------------------------------------------------
+
+std::vector<uint32_t> Sim::ReadyWanted(const Fetch& f) const {
+  std::vector<uint32_t> wanted;
+  const Blob& b = blobs_[f.blob];
+  for (uint32_t k = f.contiguous; k < b.chunks && wanted.size() < c_.ready_window; ++k) {
+    if (f.origin[k] != 0 || f.in_upstream[k] || f.ready_known[k]) continue;
+    wanted.push_back(k);
+  }
+  return wanted;
+}
+
+void Sim::WatcherKick(uint32_t fetch) {
+  Fetch& f = fetches_[fetch];
+  if (f.watcher_busy || f.done) return;
+  std::vector<uint32_t> wanted = ReadyWanted(f);
+  if (wanted.empty()) return;  // kicked again when a chunk's state changes
+  f.watcher_busy = true;
+  const double sent = now_;
+  Count("ready", true);
+  At(now_ + half_, [this, fetch, wanted = std::move(wanted), sent]() mutable {
+    TrackerReady(fetch, std::move(wanted), sent, now_ + c_.lease_wait_s, kNone);
+    DrainWakes();
+  });
+}
+
+void Sim::OnReadyAnswer(uint32_t fetch, const std::vector<uint32_t>& ready) {
+  Fetch& f = fetches_[fetch];
+  f.watcher_busy = false;
+  for (uint32_t k : ready) {
+    f.ready_known[k] = 1;
+    if (f.worker_on[k] == kWaitReady) FromPeers(fetch, k);
+  }
+  WatcherKick(fetch);
+}
+
+void Sim::WorkerNext(uint32_t fetch) {
+  Fetch& f = fetches_[fetch];
+  const Blob& b = blobs_[f.blob];
+  while (f.next < b.chunks) {
+    uint32_t k = f.next++;
+    if (f.origin[k] != 0) continue;
+    if (f.in_upstream[k]) {
+      f.worker_on[k] = kWaitUpstream;
+      return;
+    }
+    if (f.ready_known[k]) {
+      FromPeers(fetch, k);
+      return;
+    }
+    f.worker_on[k] = kWaitReady;
+    WatcherKick(fetch);
+    return;
+  }
+}
+
+void Sim::FromPeers(uint32_t fetch, uint32_t k) {
+  Fetch& f = fetches_[fetch];
+  f.worker_on[k] = kDownloading;
+  // The torrent is added and announced; the first request goes out once connections are up.
+  Count("announce", true);
+  At(now_ + rtt_ * (1 + c_.connect_rtts), [this, fetch, k] {
+    uint32_t id = static_cast<uint32_t>(downloads_.size());
+    downloads_.emplace_back();
+    Download& d = downloads_.back();
+    d.alive = true;
+    d.fetch = fetch;
+    d.chunk = k;
+    fetches_[fetch].download[k] = id;
+    Fill(id);
+    MaybeRecompute();
+  });
+}
+
+// The piece of chunk to fetch next (from src when src != kNone, else from anyone): the lowest
+// missing one in the chunk the client waits on, else the rarest (ties at random).
+bool Sim::PickPiece(const Fetch& f, uint32_t k, uint32_t src, uint32_t* piece) {
+  const Blob& b = blobs_[f.blob];
+  const Fetch* s = src == kNone ? nullptr : &fetches_[size_t{src} * blobs_.size() + f.blob];
+  const bool sequential = f.contiguous == k;
+  size_t best = std::numeric_limits<size_t>::max();
+  uint32_t ties = 0;
+  bool found = false;
+  for (uint32_t i = 0; i < b.piece_count[k]; ++i) {
+    uint32_t p = b.piece_off[k] + i;
+    if (f.have[p] || f.inflight[p]) continue;
+    if (s != nullptr ? !s->have[p] : b.holders[p].empty()) continue;
+    if (sequential) {
+      *piece = p;
+      return true;
+    }
+    size_t n = b.holders[p].size();
+    if (n < best) {
+      best = n;
+      ties = 1;
+      *piece = p;
+      found = true;
+    } else if (n == best && rng_.Below(++ties) == 0) {
+      *piece = p;
+    }
+  }
+  return found;
+}
+
+void Sim::Fill(uint32_t id) {
+  Download* d = &downloads_[id];
+  Fetch& f = fetches_[d->fetch];
+  Blob& b = blobs_[f.blob];
+  const uint32_t k = d->chunk;
+  const uint32_t first = b.piece_off[k], count = b.piece_count[k];
+  // As libtorrent does per connection: take a peer that has something we need (the least
+  // loaded of a few sampled from the holders of the pieces we miss), then the piece to ask it
+  // for (the lowest it has in the chunk the client waits on, else the rarest it has).
+  std::vector<uint32_t> needed;
+  for (uint32_t p = first; p < first + count; ++p) {
+    if (!f.have[p] && !f.inflight[p] && !b.holders[p].empty()) needed.push_back(p);
+  }
+  int misses = 0;
+  while (d->active < c_.max_sources && !needed.empty() && misses < 4) {
+    uint32_t best = kNone;
+    int best_load = std::numeric_limits<int>::max();
+    for (int t = 0; t < 12; ++t) {
+      uint32_t p = needed[rng_.Below(needed.size())];
+      const auto& h = b.holders[p];
+      uint32_t cand = h[rng_.Below(h.size())];
+      if (cand == f.node || uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load)
+        continue;
+      if (std::find(d->sources.begin(), d->sources.end(), cand) != d->sources.end()) continue;
+      best_load = uploads_[cand];
+      best = cand;
+    }
+    uint32_t p;
+    if (best == kNone || !PickPiece(f, k, best, &p)) {
+      ++misses;
+      continue;
+    }
+    f.inflight[p] = 1;
+    needed.erase(std::find(needed.begin(), needed.end(), p));
+    ++d->active;
+    ++uploads_[best];
+    FlowId fl = StartFlow(d->fetch, k, p, best, id, b.piece_len[p]);
+    d = &downloads_[id];
+    d->sources.push_back(best);
+    d->flows.push_back(fl);
+  }
+  // End game: every missing piece is requested; a free slot takes half of the largest part in
+  // flight from another holder (libtorrent asks several peers for the blocks of one piece).
+  for (int round = 0; round < c_.max_sources && d->active < c_.max_sources; ++round) {
+    bool unrequested = false;
+    for (uint32_t p = first; p < first + count; ++p) {
+      if (!f.have[p] && !f.inflight[p]) unrequested = true;
+    }
+    if (unrequested) break;
+    FlowId split = kNoFlow;
+    double largest = 0;
+    for (FlowId fl : d->flows) {
+      SimFlow& sf = flows_[fl];
+      double rem = sf.remaining - net_.rate(fl) * (now_ - sf.last_t);
+      if (rem > largest) {
+        largest = rem;
+        split = fl;
+      }
+    }
+    if (split == kNoFlow || largest < 2.0 * c_.split_min) break;
+    const uint32_t p = flows_[split].piece;
+    const auto& h = b.holders[p];
+    uint32_t best = kNone;
+    int best_load = std::numeric_limits<int>::max();
+    for (size_t t = 0; t < std::min<size_t>(h.size(), 12); ++t) {
+      uint32_t cand = h.size() <= 12 ? h[t] : h[rng_.Below(h.size())];
+      if (cand == f.node || uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load)
+        continue;
+      if (std::find(d->sources.begin(), d->sources.end(), cand) != d->sources.end()) continue;
+      best_load = uploads_[cand];
+      best = cand;
+    }
+    if (best == kNone) break;
+    SimFlow& old = flows_[split];
+    old.remaining = largest / 2;
+    old.last_t = now_;
+    ScheduleFlow(split);
+    ++f.inflight[p];
+    ++d->active;
+    ++uploads_[best];
+    FlowId fl = StartFlow(d->fetch, k, p, best, id, static_cast<uint64_t>(largest / 2));
+    d = &downloads_[id];
+    d->sources.push_back(best);
+    d->flows.push_back(fl);
+  }
+  bool starved = false;
+  if (d->active < c_.max_sources) {
+    for (uint32_t p = first; p < first + count; ++p) {
+      if (!f.have[p] && !f.inflight[p]) starved = true;
+    }
+  }
+  if (starved && !d->in_hungry) {
+    d->in_hungry = true;
+    b.hungry[k].push_back(id);
+  }
+  if (starved && d->active == 0 && !d->tick_pending) {
+    // Nothing in flight: only a new piece of this chunk somewhere or a freed upload slot of a
+    // holder wakes us (WakeHungry); look again after a second as well (libtorrent's tick), in
+    // case the slot freed up serving another chunk.
+    d->tick_pending = true;
+    At(now_ + 1.0, [this, id] {
+      downloads_[id].tick_pending = false;
+      if (downloads_[id].alive && downloads_[id].active == 0) Fill(id);
+    });
+  }
+}
+
+void Sim::WakeHungry(uint32_t blob, uint32_t k, uint32_t from, uint32_t piece) {
+  Blob& b = blobs_[blob];
+  auto& list = b.hungry[k];
+  if (list.empty()) return;
+  int woken = 0;
+  size_t scanned = 0;
+  size_t& cur = b.hungry_cursor[k];
+  while (!list.empty() && woken < c_.hungry_wakes && scanned < list.size() * 2 &&
+         scanned < size_t(c_.hungry_wakes) * 8) {
+    if (cur >= list.size()) cur = 0;
+    uint32_t id = list[cur];
+    Download& d = downloads_[id];
+    ++scanned;
+    if (!d.alive || d.active >= c_.max_sources) {
+      d.in_hungry = false;
+      list[cur] = list.back();
+      list.pop_back();
+      continue;
+    }
+    const Fetch& f = fetches_[d.fetch];
+    if (piece != kNone && (f.have[piece] || f.inflight[piece] || f.node == from)) {
+      ++cur;
+      continue;
+    }
+    d.in_hungry = false;
+    list[cur] = list.back();
+    list.pop_back();
+    Fill(id);
+    ++woken;
+  }
+}
+
+void Sim::OnFlowDone(FlowId fid) {
+  SimFlow fl = flows_[fid];
+  if (fl.upstream) {
+    r_.upstream_bytes += static_cast<double>(blobs_[fetches_[fl.fetch].blob].chunk_len[fl.chunk]);
+    r_.upstream_busy_end_s = std::max(r_.upstream_busy_end_s, now_);
+    net_.RemoveFlow(fid);
+    flow_heap_.Remove(fid);
+    OnUpstreamDone(fl.fetch, fl.chunk);
+    MaybeRecompute();
+    return;
+  }
+  Fetch& f = fetches_[fl.fetch];
+  Blob& b = blobs_[f.blob];
+  ++r_.piece_events;
+  // fl.remaining may include a rounding leftover; the part's bytes are what it was given.
+  const bool piece_done = --f.inflight[fl.piece] == 0;
+  if (piece_done) {
+    r_.peer_bytes += static_cast<double>(b.piece_len[fl.piece]);
+    GotPiece(fl.fetch, fl.piece);
+  }
+  Download& d = downloads_[fl.download];
+  // The connection goes on with another piece from the same holder if it has one we need.
+  uint32_t next;
+  if (d.alive && PickPiece(f, fl.chunk, fl.src, &next)) {
+    f.inflight[next] = 1;
+    SimFlow& live = flows_[fid];
+    live.piece = next;
+    live.remaining = static_cast<double>(b.piece_len[next]);
+    live.last_t = now_;
+    ScheduleFlow(fid);
+    if (!piece_done) Fill(fl.download);
+  } else {
+    net_.RemoveFlow(fid);
+    flow_heap_.Remove(fid);
+    --uploads_[fl.src];
+    if (d.alive) {
+      --d.active;
+      size_t i =
+          static_cast<size_t>(std::find(d.flows.begin(), d.flows.end(), fid) - d.flows.begin());
+      d.flows.erase(d.flows.begin() + static_cast<std::ptrdiff_t>(i));
+      d.sources.erase(d.sources.begin() + static_cast<std::ptrdiff_t>(i));
+      Fill(fl.download);
+    }
+    WakeHungry(f.blob, fl.chunk, fl.src, kNone);
+  }
+  if (piece_done) WakeHungry(f.blob, fl.chunk, f.node, fl.piece);
+  MaybeRecompute();
+}
+
+void Sim::GotPiece(uint32_t fetch, uint32_t p) {
+  Fetch& f = fetches_[fetch];
+  Blob& b = blobs_[f.blob];
+  f.have[p] = 1;
+  b.holders[p].push_back(f.node);
+  const uint32_t k = b.piece_chunk[p];
+  if (f.blob == largest_ && p == 0 && r_.first_byte_s[f.node] < 0) r_.first_byte_s[f.node] = now_;
+  if (++f.have_count[k] < b.piece_count[k]) return;
+  // The download of chunk k is complete (no piece of it is in flight any more).
+  f.origin[k] = 1;
+  ChunkComplete(fetch, k);
+}
+
+void Sim::ChunkComplete(uint32_t fetch, uint32_t k) {
+  Fetch& f = fetches_[fetch];
+  const Blob& b = blobs_[f.blob];
+  ++f.complete_chunks;
+  while (f.contiguous < b.chunks && f.have_count[f.contiguous] == b.piece_count[f.contiguous])
+    ++f.contiguous;
+  if (f.blob == largest_ && k == 0) {
+    if (r_.chunk0_first_s == 0) r_.chunk0_first_s = now_;
+    r_.chunk0_all_s = std::max(r_.chunk0_all_s, now_);
+  }
+  if (f.download[k] != kNone) downloads_[f.download[k]].alive = false;
+  if (f.worker_on[k] == kDownloading) {
+    f.worker_on[k] = kIdle;
+    // The download record dies with its last flow (see OnFlowDone); the worker moves on.
+    At(now_, [this, fetch] { WorkerNext(fetch); });
+  }
+  if (AllHeld(f) && !f.done) {
+    f.done = true;
+    if (--blobs_left_[f.node] == 0) r_.completion_s[f.node] = now_;
+  }
+  WatcherKick(fetch);
+}
+
+// ---- run
+// ----------------------------------------------------------------------------------------------
+
+SimResult Sim::Run() {
+  auto wall0 = std::chrono::steady_clock::now();
+  if (c_.nodes == 0 || c_.blobs.empty()) throw std::runtime_error("no nodes or no blobs");
+  rtt_ = c_.rtt_s;
+  half_ = c_.rtt_s / 2;
+  const double eff = c_.wire_efficiency;
+  nat_ = net_.AddLink(c_.upstream_mbit * 1e6 / 8 * eff);
+  for (size_t i = 0; i < c_.nodes; ++i) {
+    up_.push_back(net_.AddLink(c_.node_mbit * 1e6 / 8 * eff));
+    down_.push_back(net_.AddLink(c_.node_mbit * 1e6 / 8 * eff));
+    agent_ids_.push_back("node" + std::to_string(i + 1));
+  }
+  uploads_.assign(c_.nodes, 0);
+  table_.SetListener([this](tracker::BlobEvent e, const Digest& d) {
+    uint32_t b = kNone;
+    for (uint32_t i = 0; i < blobs_.size(); ++i) {
+      if (blobs_[i].digest == d) b = i;
+    }
+    switch (e) {
+      case tracker::BlobEvent::kGranted:
+        return;
+      case tracker::BlobEvent::kExpired:
+        ++r_.leases_expired;
+        [[fallthrough]];
+      case tracker::BlobEvent::kReleased:
+        pending_cap_wake_ = true;
+        [[fallthrough]];
+      default:
+        if (b != kNone) pending_blob_wakes_.push_back(b);
+    }
+  });
+  // The image.
+  for (size_t i = 0; i < c_.blobs.size(); ++i) {
+    Blob b;
+    char hex[65];
+    std::snprintf(hex, sizeof hex, "%064zx", i + 1);
+    b.digest = Digest::FromSha256Hex(hex);
+    b.source = tracker::BlobSource{c_.blobs[i], "registry.sim", "sim/app"};
+    auto layout = table_.LayoutFor(c_.blobs[i]);
+    if (!layout) throw std::runtime_error("layout: " + layout.error().message);
+    b.layout = layout.value();
+    b.chunks = b.layout.chunk_count();
+    for (uint32_t k = 0; k < b.chunks; ++k) {
+      b.chunk_len.push_back(b.layout.chunk_length(k));
+      b.piece_off.push_back(static_cast<uint32_t>(b.piece_len.size()));
+      b.piece_count.push_back(b.layout.piece_count(k));
+      uint64_t left = b.layout.chunk_length(k);
+      const uint32_t ps = b.layout.piece_size_of(k);
+      std::vector<swarm::Sha1> hashes;
+      for (uint32_t p = 0; p < b.layout.piece_count(k); ++p) {
+        b.piece_len.push_back(std::min<uint64_t>(ps, left));
+        b.piece_chunk.push_back(k);
+        left -= std::min<uint64_t>(ps, left);
+        swarm::Sha1 h{};
+        h[0] = static_cast<uint8_t>(i);
+        h[1] = static_cast<uint8_t>(k);
+        h[2] = static_cast<uint8_t>(k >> 8);
+        h[3] = static_cast<uint8_t>(p);
+        h[19] = 1;  // libtorrent takes an all-zero hash for "not set"
+        hashes.push_back(h);
+      }
+      auto torrent = swarm::BuildChunkTorrent(std::string(hex) + "." + std::to_string(k),
+                                              b.layout.chunk_length(k), ps, std::move(hashes),
+                                              c_.table.root_cert);
+      if (!torrent) throw std::runtime_error("chunk torrent: " + torrent.error().message);
+      b.metainfo.push_back(std::move(torrent.value().metainfo));
+    }
+    b.holders.resize(b.piece_len.size());
+    b.hungry.resize(b.chunks);
+    b.hungry_cursor.assign(b.chunks, 0);
+    r_.layouts.push_back(LayoutInfo{c_.blobs[i], b.chunks, b.layout.chunk_size, b.layout.piece_size,
+                                    b.layout.first_chunk_size});
+    r_.image_bytes += static_cast<double>(c_.blobs[i]);
+    if (c_.blobs[i] > c_.blobs[largest_]) largest_ = static_cast<uint32_t>(i);
+    blobs_.push_back(std::move(b));
+  }
+  blob_waiters_.resize(blobs_.size());
+  for (uint32_t n = 0; n < c_.nodes; ++n) {
+    for (uint32_t i = 0; i < blobs_.size(); ++i) {
+      Fetch f;
+      f.node = n;
+      f.blob = i;
+      const Blob& b = blobs_[i];
+      f.origin.assign(b.chunks, 0);
+      f.in_upstream.assign(b.chunks, 0);
+      f.ready_known.assign(b.chunks, 0);
+      f.worker_on.assign(b.chunks, kIdle);
+      f.lease.assign(b.chunks, "");
+      f.have.assign(b.piece_len.size(), 0);
+      f.inflight.assign(b.piece_len.size(), 0);
+      f.have_count.assign(b.chunks, 0);
+      f.download.assign(b.chunks, kNone);
+      fetches_.push_back(std::move(f));
+    }
+  }
+  blobs_left_.assign(c_.nodes, static_cast<uint32_t>(blobs_.size()));
+  r_.completion_s.assign(c_.nodes, -1);
+  r_.first_byte_s.assign(c_.nodes, -1);
+  // Every node's client starts at 0, the pulls' common start.
+  for (uint32_t fetch = 0; fetch < fetches_.size(); ++fetch) {
+    At(c_.client_start_s, [this, fetch] { StartBlob(fetch); });
+  }
+  if (c_.timeline_step_s > 0) {
+    auto sample = std::make_shared<std::function<void()>>();
+    auto last = std::make_shared<SimResult::Sample>();
+    *sample = [this, sample, last] {
+      SimResult::Sample s;
+      s.t = now_;
+      s.upstream_bytes = r_.upstream_bytes - last->upstream_bytes;
+      s.peer_bytes = r_.peer_bytes - last->peer_bytes;
+      s.leases = table_.totals().leases;
+      s.flows = net_.flow_count();
+      s.nodes_done = static_cast<size_t>(std::count_if(
+          r_.completion_s.begin(), r_.completion_s.end(), [](double t) { return t >= 0; }));
+      for (size_t i = 0; i < c_.nodes; ++i) {
+        s.up_use += net_.used(up_[i]) / net_.capacity(up_[i]) / static_cast<double>(c_.nodes);
+        s.down_use += net_.used(down_[i]) / net_.capacity(down_[i]) / static_cast<double>(c_.nodes);
+      }
+      s.nat_use = net_.used(nat_) / net_.capacity(nat_);
+      last->upstream_bytes = r_.upstream_bytes;
+      last->peer_bytes = r_.peer_bytes;
+      r_.timeline.push_back(s);
+      if (s.nodes_done < c_.nodes) At(now_ + c_.timeline_step_s, *sample);
+    };
+    At(c_.timeline_step_s, *sample);
+  }
+  if (c_.progress) {
+    auto tick = std::make_shared<std::function<void()>>();
+    *tick = [this, tick, wall0] {
+      size_t n = static_cast<size_t>(std::count_if(r_.completion_s.begin(), r_.completion_s.end(),
+                                                   [](double t) { return t >= 0; }));
+      std::fprintf(stderr,
+                   "shoal-sim: t = %.0f s, %zu of %zu nodes done, %llu events, %zu flows, "
+                   "%.0f s of run time\n",
+                   now_, n, c_.nodes, static_cast<unsigned long long>(r_.events), net_.flow_count(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count());
+      if (n < c_.nodes) At(now_ + 10, *tick);
+    };
+    At(10, *tick);
+  }
+  size_t done = 0;
+  while (!events_.empty() || !flow_heap_.empty()) {
+    ++r_.events;
+    // Closures first at equal times (a re-solve due now runs before the flows it would move).
+    if (!events_.empty() && (flow_heap_.empty() || events_.top().t <= flow_heap_.top_time())) {
+      Event e = events_.top();
+      events_.pop();
+      now_ = e.t;
+      std::function<void()> fn = std::move(closures_[e.closure]);
+      closures_[e.closure] = nullptr;
+      free_closures_.push_back(e.closure);
+      fn();
+    } else {
+      FlowId f = flow_heap_.top();
+      now_ = std::max(now_, flow_heap_.top_time());
+      flow_heap_.Remove(f);
+      OnFlowDone(f);
+    }
+    MaybeRecompute();
+    if ((r_.events & 0xfff) == 0) {
+      done = static_cast<size_t>(std::count_if(r_.completion_s.begin(), r_.completion_s.end(),
+                                               [](double t) { return t >= 0; }));
+      if (done == c_.nodes) break;  // only the agents' idle polls are left
+    }
+    if (now_ > 1e6) throw std::runtime_error("simulation runs past 1e6 s: a stuck pull");
+  }
+  for (double t : r_.completion_s) {
+    if (t < 0) throw std::runtime_error("a node never completed (a simulator bug)");
+  }
+  r_.sim_end_s = now_;
+  r_.recomputes = net_.recomputes();
+  for (uint64_t v : req_buckets_)
+    r_.calls.peak_requests_per_s = std::max(r_.calls.peak_requests_per_s, v);
+  for (uint64_t v : call_buckets_)
+    r_.calls.peak_table_calls_per_s = std::max(r_.calls.peak_table_calls_per_s, v);
+  r_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return r_;
+}
+
+}  // namespace
+
+SimResult RunSim(const SimConfig& config) {
+  Sim sim(config);
+  return sim.Run();
+}
+
+}  // namespace shoal::sim

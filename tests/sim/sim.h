@@ -1,0 +1,124 @@
+#pragma once
+// shoal-sim's simulator: N simulated agents pull one image at once under a simulated clock,
+// scheduled by the REAL tracker tables (tracker::BlobTable: layouts, work grants, leases with
+// their TTL and renewals, the cluster / per-agent / per-blob caps, the head start, publication
+// of real chunk torrents), over a flow-level network (tests/sim/flow_model.h): every node has
+// an uplink and a downlink of B, the upstream registry one link of U (the shared NAT), and the
+// flows on them share max-min fairly.
+//
+// What a simulated agent does follows agent/chunk_fetcher.cc for each blob of the image (all
+// blobs at once, as skopeo pulls them): one Table call; an upstream worker that long-polls
+// Work, fetches a granted chunk from upstream (renewing the lease every TTL/3), seeds it and
+// publishes it; a ready watcher that long-polls Ready for the 16 lowest chunks it neither holds,
+// knows ready nor fetches; --range-streams window workers that take the chunks in order and
+// download each ready one from peers (an announce, a connection set-up, then pieces: the chunk
+// the client waits on in order, the others rarest first). Every tracker request costs a round
+// trip; long-polls park on the tracker and are re-evaluated when the blob's table changes (and,
+// for cap waiters, when any lease ends), at their recheck time and at their deadline, oldest
+// first, as tracker/blobs/blob_api.cc and tracker/lease_waiters.cc do.
+//
+// Granularity: a peer transfer is one piece of a chunk torrent from one holder (a node that has
+// verified it) to one node over one flow, which goes on with the next piece that holder has; a
+// node fetches up to max_sources pieces of a chunk at once, each from a different holder, and in
+// end game a free slot takes half of the largest part in flight from another holder; an upload
+// slot limit per node stands in for libtorrent's connection limit. Not modelled: TCP slow start,
+// losses and RTT unfairness, blocks downloaded twice, peer stalls and bad reports, disk and CPU,
+// the neighbour lists of announces (sources are sampled from every holder of a piece).
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "lib/swarm/chunk_torrent.h"
+#include "tracker/blobs/blob_table.h"
+
+namespace shoal::sim {
+
+struct SimConfig {
+  size_t nodes = 6;
+  double node_mbit = 100;     // B, each direction of each node's link
+  double upstream_mbit = 50;  // U, the one link of the upstream registry (the NAT)
+  // Payload share of a link's bit rate (TCP/IP framing: 1448 payload bytes per 1514-byte frame).
+  double wire_efficiency = 1448.0 / 1514.0;
+  std::vector<uint64_t> blobs;        // the image's blobs (config and layers), bytes
+  tracker::BlobTableOptions table;    // the tracker's settings (its defaults: see SimDefaults)
+  int range_streams = 4;              // the agent's --range-streams
+  size_t ready_window = 16;           // chunks one ready long-poll names (kReadyWindow)
+  double lease_wait_s = 5;            // the agent's long-poll wait (--lease-wait-ms)
+  double rtt_s = 0.001;               // round trip between any two hosts (tracker, registry, peers)
+  double registry_latency_s = 0.005;  // the registry's time to its first body byte after a GET
+  double connect_rtts = 2;            // round trips before a new chunk torrent's first request
+  double client_start_s = 0.5;        // the client's start, manifest and config before blob GETs
+  int max_sources = 8;                // pieces of one chunk a node fetches at once
+  int max_uploads = 400;              // upload flows a node serves at once (connection limit)
+  // Bytes a peer connection keeps requested (16 blocks of 16 KiB): caps its rate at window/RTT.
+  uint64_t request_window = 16 * 16 * 1024;
+  uint64_t split_min = 64 * 1024;  // end game splits a part in flight only above 2x this
+  int hungry_wakes = 16;           // waiting downloaders told of one new piece
+  double quantum_s = 0.001;        // rates are re-solved at most this often
+  double timeline_step_s = 0;      // > 0: sample the timeline this often
+  bool progress = false;           // a line on stderr every 10 simulated seconds
+  uint64_t seed = 1;
+};
+
+// The tracker's defaults (tracker/config.h) as BlobTableOptions.
+tracker::BlobTableOptions TrackerDefaults();
+
+struct CallStats {
+  // HTTP requests agents sent, by route.
+  std::map<std::string, uint64_t> requests;
+  // BlobTable calls the tracker made for them (a parked long-poll re-asks on every wake-up).
+  std::map<std::string, uint64_t> table_calls;
+  // Requests and table calls in the busiest second.
+  uint64_t peak_requests_per_s = 0;
+  uint64_t peak_table_calls_per_s = 0;
+  uint64_t total_requests = 0;
+  uint64_t total_table_calls = 0;
+};
+
+struct LayoutInfo {
+  uint64_t size = 0;
+  uint32_t chunks = 0;
+  uint64_t chunk_size = 0;
+  uint32_t piece_size = 0;
+  uint64_t first_chunk = 0;
+};
+
+struct SimResult {
+  std::vector<double> completion_s;  // per node: from the common start to its last blob
+  std::vector<double> first_byte_s;  // per node: first byte of the largest blob
+  double image_bytes = 0;
+  double upstream_bytes = 0;
+  double peer_bytes = 0;
+  // Chunk 0 of the largest blob: when the first node and when the last node had all of it.
+  double chunk0_first_s = 0, chunk0_all_s = 0;
+  double upstream_busy_end_s = 0;  // when the last upstream flow ended
+  std::vector<LayoutInfo> layouts;
+  // Sampled every timeline_step_s: bytes completed in the step (upstream chunks, peer pieces),
+  // active leases, live flows and nodes done at its end.
+  struct Sample {
+    double t = 0, upstream_bytes = 0, peer_bytes = 0;
+    size_t leases = 0, flows = 0, nodes_done = 0;
+    // At the sample's instant: the mean share of capacity in use over the nodes' uplinks and
+    // downlinks, and over the upstream link.
+    double up_use = 0, down_use = 0, nat_use = 0;
+  };
+  std::vector<Sample> timeline;
+  CallStats calls;
+  uint64_t leases_granted = 0, leases_expired = 0;
+  // The simulator's own cost.
+  double wall_s = 0;
+  uint64_t events = 0, piece_events = 0, recomputes = 0;
+  size_t peak_flows = 0;
+  double sim_end_s = 0;
+};
+
+// Runs one cold pull. Throws std::runtime_error on a tracker error (a bug, not a result).
+SimResult RunSim(const SimConfig& config);
+
+// Nearest-rank percentile (p in [0, 1]) as the bench programs compute it.
+double Percentile(std::vector<double> v, double p);
+
+}  // namespace shoal::sim
