@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "lib/core/atomic_file.h"
+
 namespace shoal::snapshotter {
 namespace fs = std::filesystem;
 
@@ -50,49 +52,15 @@ std::chrono::system_clock::time_point FromNanos(int64_t ns) {
           std::chrono::nanoseconds(ns)));
 }
 
-StoreResult<void> FsyncPath(const std::string& path, int flags) {
-  int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return IoErr("open", path, errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return IoErr("fsync", path, err);
-  return boost::outcome_v2::success();
-}
-
-// Writes content to path.tmp, fsyncs it, renames it over path and fsyncs the directory: a
-// crash leaves either the old file or the new one.
+// Replaces dir/name with content atomically (lib/core/atomic_file.h): a crash leaves either
+// the old file or the new one. One writer at a time (the store's mutex).
 StoreResult<void> WriteFileAtomic(const std::string& dir, const std::string& name,
                                   const std::string& content) {
   const std::string path = dir + "/" + name;
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return IoErr("create", tmp, errno);
-  size_t done = 0;
-  while (done < content.size()) {
-    ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return IoErr("write", tmp, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return IoErr("fsync", tmp, err);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return IoErr("rename into", path, err);
-  }
-  return FsyncPath(dir, O_RDONLY | O_DIRECTORY);
+  ::unlink((path + ".tmp").c_str());  // left by a crash: the write below creates it exclusively
+  Status written = shoal::WriteFileAtomic(path + ".tmp", path, content, 0600);
+  if (!written) return Err(Errc::kIo, written.error().message);
+  return boost::outcome_v2::success();
 }
 
 // Whether the name of an entry under snapshots/ is an id (a snapshot's directory) rather than a

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lib/core/atomic_file.h"
 #include "lib/core/content_hash.h"
 
 namespace shoal::store {
@@ -29,16 +30,6 @@ Error IoError(std::string_view what, const std::string& path, int err) {
   return MakeError(ErrorCode::kIo, std::string(what) + " " + path + ": " + std::strerror(err));
 }
 
-Status FsyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoError("open dir", dir, errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return IoError("fsync dir", dir, err);
-  return Ok();
-}
-
 std::string UniqueSuffix() {
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}();
@@ -47,38 +38,13 @@ std::string UniqueSuffix() {
   return s.str();
 }
 
-// Writes a whole small file to a temp name and renames it into place (fsynced).
-Status WriteFileAtomic(const std::string& tmp_dir, const std::string& path,
-                       std::string_view content) {
-  std::string tmp = tmp_dir + "/small." + UniqueSuffix();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return IoError("create", tmp, errno);
-  size_t done = 0;
-  while (done < content.size()) {
-    ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return IoError("write", tmp, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return IoError("fsync", tmp, err);
-  }
-  ::close(fd);
-  fs::create_directories(fs::path(path).parent_path());
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return IoError("rename into", path, err);
-  }
-  return Ok();
+// Writes a whole small file under a unique temp name in tmp_dir and renames it into place
+// (fsynced, with its directory).
+Status WriteSmallFile(const std::string& tmp_dir, const std::string& path,
+                      std::string_view content) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  return WriteFileAtomic(tmp_dir + "/small." + UniqueSuffix(), path, content);
 }
 
 }  // namespace
@@ -350,9 +316,9 @@ Status BlobStore::PutManifest(const Digest& digest, std::string_view body,
                      "manifest bytes hash to " + actual.str() + ", not " + digest.str());
   }
   nlohmann::json meta = {{"mediaType", media_type}, {"size", body.size()}};
-  auto st = WriteFileAtomic(root_ + "/tmp", root_ + "/meta/" + digest.hex() + ".json", meta.dump());
+  auto st = WriteSmallFile(root_ + "/tmp", root_ + "/meta/" + digest.hex() + ".json", meta.dump());
   if (!st) return st;
-  st = WriteFileAtomic(root_ + "/tmp", BlobPath(digest), body);
+  st = WriteSmallFile(root_ + "/tmp", BlobPath(digest), body);
   if (st) Added(digest, body.size());
   return st;
 }
@@ -558,7 +524,7 @@ Status BlobStore::SavePins() {
     json = PinsJsonLocked();
     pins_dirty_ = false;
   }
-  return WriteFileAtomic(root_ + "/tmp", root_ + "/pins.json", json);
+  return WriteSmallFile(root_ + "/tmp", root_ + "/pins.json", json);
 }
 
 std::string BlobStore::PinsJsonLocked() const {
@@ -759,7 +725,7 @@ Status BlobStore::Flush() {
     std::lock_guard lk(mu_);
     json = IndexJsonLocked();
   }
-  return WriteFileAtomic(root_ + "/tmp", root_ + "/meta/access.json", json);
+  return WriteSmallFile(root_ + "/tmp", root_ + "/meta/access.json", json);
 }
 
 void BlobStore::LoadIndex() {
