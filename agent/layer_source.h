@@ -29,6 +29,11 @@ class PullThroughLayerSource : public snapshotter::LayerSource {
   // The path of the cached blob once it is complete. Errors: as Manifest.
   Result<std::string> Blob(const std::string& image_ref, const Digest& digest,
                            snapshotter::Deadline deadline) override;
+  // A stream over PullThrough::OpenBlob's reader: reads wait (on the network thread) for the
+  // bytes the fetch has made safe and pread them from its file. Errors: as Manifest.
+  Result<std::unique_ptr<extract::ByteSource>> OpenBlob(const std::string& image_ref,
+                                                        const Digest& digest,
+                                                        snapshotter::Deadline deadline) override;
   // Calls in flight and later ones return kCancelled (the network thread is going away).
   void Stop() { stopped_ = true; }
 

@@ -281,10 +281,9 @@ void LayerPrep::Run(Job& job) {
   }
   // Twice the Prepare's bound: a layer started early in the background is not cut off before
   // its own Prepare (which comes later) gives up on it.
-  auto path = source_.Blob(job.image_ref, layer.blob, started + 2 * options_.timeout);
-  if (!path) return fail("fetch layer " + layer.blob.str() + ": " + path.error().ToString());
-  auto src = extract::OpenFileSource(path.value());
-  if (!src) return fail("open layer " + layer.blob.str() + ": " + src.error().ToString());
+  // Extracted while it streams in.
+  auto src = source_.OpenBlob(job.image_ref, layer.blob, started + 2 * options_.timeout);
+  if (!src) return fail("fetch layer " + layer.blob.str() + ": " + src.error().ToString());
   std::string dir;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -295,6 +294,7 @@ void LayerPrep::Run(Job& job) {
   opts.expected_diff_id = layer.diff_id;
   opts.whiteouts = extract::WhiteoutMode::kOverlay;  // containerd's overlay format
   auto stats = extract::ExtractLayer(*src.value(), dir, opts);
+  src.value().reset();  // the agent's reader goes back to the network thread now
   if (!stats) return fail("extract layer " + layer.blob.str() + ": " + stats.error().ToString());
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                 std::chrono::steady_clock::now() - started)

@@ -26,6 +26,7 @@
 
 #include "lib/core/digest.h"
 #include "lib/core/error.h"
+#include "lib/extract/byte_source.h"
 #include "snapshotter/store.h"
 
 namespace shoal::snapshotter {
@@ -57,6 +58,12 @@ class LayerSource {
   // path of the complete file. Errors: as Manifest.
   virtual Result<std::string> Blob(const std::string& image_ref, const Digest& digest,
                                    Deadline deadline) = 0;
+  // Blob `digest` as a stream of its bytes as they arrive in the agent (the fetch goes on into
+  // the cache as for any pull); each Read waits for its bytes, by `deadline`. The stream is not
+  // verified here (ExtractOptions::expected_digest does that). Errors: as Manifest.
+  virtual Result<std::unique_ptr<extract::ByteSource>> OpenBlob(const std::string& image_ref,
+                                                                const Digest& digest,
+                                                                Deadline deadline) = 0;
 };
 
 struct LayerPrepOptions {

@@ -38,6 +38,13 @@ class LayoutSource : public snapshotter::LayerSource {
     if (!fs::exists(path)) return MakeError(ErrorCode::kNotFound, "no manifest " + digest.str());
     return ManifestBody{ReadFile(path), ""};
   }
+  Result<std::unique_ptr<extract::ByteSource>> OpenBlob(const std::string& ref,
+                                                        const Digest& digest,
+                                                        Deadline deadline) override {
+    auto path = Blob(ref, digest, deadline);
+    if (!path) return path.error();
+    return extract::OpenFileSource(path.value());
+  }
   Result<std::string> Blob(const std::string&, const Digest& digest, Deadline deadline) override {
     ++blobs;
     if (delay.count() > 0 && slow.count(digest.str())) {
