@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <prometheus/counter.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
@@ -266,16 +267,41 @@ int RunAgent(const AgentConfig& config) {
         if (Prefetcher::Owns(target)) return prefetcher.HandleAdmin(method, target);
         return backend.HandleAdmin(method, target);
       });
-  server.SetMetricsHandler([&registry, &swarm, &swarm_metrics, &backend] {
+  // The snapshotter's layer preparation (below), counted at each scrape from its totals.
+  std::unique_ptr<snapshotter::LayerPrep> layer_prep;
+  auto& prep_layers = prometheus::BuildCounter()
+                          .Name("shoal_snapshotter_layers_total")
+                          .Help("containerd unpacker Prepares of a layer, by result: prepared "
+                                "(extracted by the agent, or there already) or fallback (left "
+                                "to containerd)")
+                          .Register(registry);
+  prometheus::Counter& prep_prepared = prep_layers.Add({{"result", "prepared"}});
+  prometheus::Counter& prep_fallback = prep_layers.Add({{"result", "fallback"}});
+  prometheus::Counter& prep_extracted =
+      prometheus::BuildCounter()
+          .Name("shoal_snapshotter_layers_extracted_total")
+          .Help("Layers the agent fetched and extracted for the snapshotter (claimed or not)")
+          .Register(registry)
+          .Add({});
+  snapshotter::LayerPrepStats prep_seen;
+  auto update_prep_metrics = [&] {
+    if (!layer_prep) return;
+    snapshotter::LayerPrepStats now = layer_prep->stats();
+    prep_prepared.Increment(static_cast<double>(now.prepared - prep_seen.prepared));
+    prep_fallback.Increment(static_cast<double>(now.fallbacks - prep_seen.fallbacks));
+    prep_extracted.Increment(static_cast<double>(now.extracted - prep_seen.extracted));
+    prep_seen = now;
+  };
+  server.SetMetricsHandler([&registry, &swarm, &swarm_metrics, &backend, &update_prep_metrics] {
     if (swarm && swarm_metrics) swarm_metrics->Update(swarm->Stats());
     backend.UpdateCacheMetrics();
+    update_prep_metrics();
     return prometheus::TextSerializer().Serialize(registry.Collect());
   });
   // The containerd snapshotter: gRPC's own threads serve it, beside the io_context. It is up
   // before the port file is written, which tells supervisors and tests the agent is ready.
   std::unique_ptr<snapshotter::Store> snapshots;
   std::unique_ptr<PullThroughLayerSource> layer_source;
-  std::unique_ptr<snapshotter::LayerPrep> layer_prep;
   std::unique_ptr<snapshotter::Server> snapshot_server;
   if (!config.snapshotter_socket.empty()) {
     std::string root = config.snapshotter_root.empty() ? config.cache_dir + "/snapshotter"

@@ -245,7 +245,12 @@ void LayerPrep::Worker() {
     std::shared_ptr<Job> job;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      // Once a minute without work, unclaimed layers past their time go.
+      if (!cv_.wait_for(lock, std::chrono::minutes(1),
+                        [&] { return stopping_ || !queue_.empty(); })) {
+        Expire(std::chrono::steady_clock::now());
+        continue;
+      }
       if (stopping_) return;
       job = queue_.front();
       queue_.pop_front();

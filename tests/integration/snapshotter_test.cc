@@ -439,8 +439,13 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
 
   // Views of the top layer in both snapshotters, mounted: the same tree, file for file (modes,
   // owners, contents, links, xattrs; the whiteouts hidden by overlayfs).
+  // Unleased views are garbage to containerd (see CheckSameAsNative): GC roots, made after the
+  // collection the pull's end schedules.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   w.Snap({"view", "shoal-view", top_chain});
+  w.Snap({"label", "shoal-view", "containerd.io/gc.root=test"});
   w.Snap({"view", "native-view", top_chain}, "native");
+  w.Snap({"label", "native-view", "containerd.io/gc.root=test"}, "native");
   PrintedMount shoal_mount = w.Mounts("shoal-view");
   CHECK(shoal_mount.type == "overlay");
   PrintedMount native_mount = w.Mounts("native-view", "native");
@@ -510,6 +515,9 @@ TEST_CASE("snapshotter: a CRI pull gets its layers prepared by shoal (fetched th
     CHECK(log.find("snapshotter: prepared layer " + chain) != std::string::npos);
   }
   CHECK(log.find("left to containerd") == std::string::npos);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) == 3);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "fallback"}}) == 0);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_extracted_total") == 3);
   // containerd fetched only the image config from the shim, no layer; the upstream served each
   // blob once (to the agent).
   uint64_t layer_bytes = 0;
@@ -585,6 +593,7 @@ TEST_CASE("snapshotter: a layer shoal cannot prepare in time is left to containe
                          built.value().layer_digests[1].str() + " not extracted within 1500 ms") !=
                     std::string::npos,
                 log);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "fallback"}}) >= 1);
   // containerd fetched that layer through the shim, which joined the agent's fetch: the
   // upstream still served each blob once.
   CHECK(ShimBlobBytes(*w.agent) >= static_cast<double>(built.value().layer_sizes[1]));
