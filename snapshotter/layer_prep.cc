@@ -28,6 +28,9 @@ namespace {
 constexpr uint64_t kMaxConfigBytes = 16u << 20;
 // Plans kept (one per image manifest); the map is cleared when it reaches this.
 constexpr size_t kMaxPlans = 64;
+// How long an image whose manifest or config could not be had falls back at once: its other
+// layers' Prepares do not each wait for the same failure.
+constexpr auto kPlanFailureTtl = std::chrono::seconds(30);
 
 // The layer media types lib/extract handles (it detects gzip and zstd from the bytes) and
 // containerd's applier does too. Foreign and non-distributable layers, encrypted ones and
@@ -155,7 +158,29 @@ Result<std::vector<LayerPrep::PlanLayer>> LayerPrep::Plan(const std::string& ima
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(manifest.str());
     if (it != plans_.end()) return it->second;
+    auto failed = plan_failures_.find(manifest.str());
+    if (failed != plan_failures_.end()) {
+      if (std::chrono::steady_clock::now() - failed->second.at < kPlanFailureTtl) {
+        return failed->second.error;
+      }
+      plan_failures_.erase(failed);
+    }
   }
+  auto plan = Resolve(image_ref, manifest, deadline);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!plan) {
+    if (plan_failures_.size() >= kMaxPlans) plan_failures_.clear();
+    plan_failures_[manifest.str()] = PlanFailure{plan.error(), std::chrono::steady_clock::now()};
+    return plan.error();
+  }
+  if (plans_.size() >= kMaxPlans) plans_.clear();
+  plans_[manifest.str()] = plan.value();
+  return plan;
+}
+
+Result<std::vector<LayerPrep::PlanLayer>> LayerPrep::Resolve(const std::string& image_ref,
+                                                             const Digest& manifest,
+                                                             Deadline deadline) {
   auto body = source_.Manifest(image_ref, manifest, deadline);
   if (!body) return body.error();
   if (manifest.algorithm() == DigestAlgorithm::kSha256 &&
@@ -193,9 +218,6 @@ Result<std::vector<LayerPrep::PlanLayer>> LayerPrep::Plan(const std::string& ima
     chain = i == 0 ? diff.str() : Sha256::Of(chain + " " + diff.str()).str();
     plan.push_back(PlanLayer{layers[i].digest, layers[i].media_type, diff, chain});
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (plans_.size() >= kMaxPlans) plans_.clear();
-  plans_[manifest.str()] = plan;
   return plan;
 }
 

@@ -123,8 +123,12 @@ class LayerPrep {
     Deadline finished{};
   };
 
+  // The image's layers (from the cache of plans, else Resolve); a failure is remembered for
+  // 30 s. Resolve: the manifest and config through the source.
   Result<std::vector<PlanLayer>> Plan(const std::string& image_ref, const Digest& manifest,
                                       Deadline deadline);
+  Result<std::vector<PlanLayer>> Resolve(const std::string& image_ref, const Digest& manifest,
+                                         Deadline deadline);
   // Queues a job for layer (front: wanted now) unless one exists. Requires mu_.
   std::shared_ptr<Job> Enqueue(const PlanLayer& layer, const std::string& image_ref, bool front);
   // Moves the extracted layer into a new snapshot and commits it. Errors name the step.
@@ -149,6 +153,12 @@ class LayerPrep {
   std::map<std::string, std::shared_ptr<Job>> jobs_;      // by blob digest; GUARDED_BY(mu_)
   std::deque<std::shared_ptr<Job>> queue_;                // GUARDED_BY(mu_)
   std::map<std::string, std::vector<PlanLayer>> plans_;   // by manifest digest; GUARDED_BY(mu_)
+  struct PlanFailure {
+    Error error;
+    Deadline at;
+  };
+  // Recent failures by manifest digest, so the image's next layers fall back at once.
+  std::map<std::string, PlanFailure> plan_failures_;      // GUARDED_BY(mu_)
   LayerPrepStats stats_;                                  // GUARDED_BY(mu_)
   std::vector<std::thread> workers_;
 };

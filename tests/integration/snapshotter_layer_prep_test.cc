@@ -259,4 +259,22 @@ TEST_CASE("snapshotter layer prep: what it cannot do leaves the store as it was 
   CHECK(prep.stats().prepared == 0);
 }
 
+TEST_CASE("snapshotter layer prep: an image whose manifest cannot be had falls back for each "
+          "layer at once after the first") {
+  Setup s;
+  snapshotter::LayerPrep prep(*s.store, *s.source);
+  Labels l0 = UnpackLabels(s.image, 0, s.chains);
+  Labels l1 = UnpackLabels(s.image, 1, s.chains);
+  const std::string missing = Sha256::Of(std::string("no such manifest")).str();
+  l0[snapshotter::kManifestLabel] = l1[snapshotter::kManifestLabel] = missing;
+  auto out = prep.TryPrepare("default/1/extract-1 " + s.chains[0], "", l0);
+  CHECK_FALSE(out.prepared);
+  CHECK_MESSAGE(out.reason.find("no manifest " + missing) != std::string::npos, out.reason);
+  out = prep.TryPrepare("default/2/extract-2 " + s.chains[1], s.chains[0], l1);
+  CHECK_FALSE(out.prepared);
+  CHECK(s.source->manifests == 1);  // remembered, not asked again
+  CHECK(prep.stats().fallbacks == 2);
+  CHECK(s.store->List().empty());
+}
+
 }  // namespace shoal::testkit
