@@ -440,7 +440,9 @@ PrepareOutcome LayerPrep::TryPrepare(const std::string& key, const std::string& 
     for (std::string d; std::getline(in, d, ',');) listed.insert(d);
     for (size_t i = index + 1; i < plan.value().size(); ++i) {
       const PlanLayer& l = plan.value()[i];
-      if (listed.count(l.blob.str()) && Supported(l.media_type)) Enqueue(l, ref, false);
+      if (!listed.count(l.blob.str()) || !Supported(l.media_type)) continue;
+      if (store_.Stat(l.chain_id)) continue;  // there already: its Prepare will not come
+      Enqueue(l, ref, false);
     }
     lock.unlock();
     cv_.notify_all();

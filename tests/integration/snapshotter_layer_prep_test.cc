@@ -48,8 +48,12 @@ class LayoutSource : public snapshotter::LayerSource {
   Result<std::string> Blob(const std::string&, const Digest& digest, Deadline deadline) override {
     ++blobs;
     if (delay.count() > 0 && slow.count(digest.str())) {
+      int now = ++in_flight;
+      for (int seen = max_in_flight; now > seen && !max_in_flight.compare_exchange_weak(seen, now);) {
+      }
       auto until = std::min(deadline, std::chrono::steady_clock::now() + delay);
       std::this_thread::sleep_until(until);
+      --in_flight;
       if (until == deadline) return MakeError(ErrorCode::kUnavailable, "timed out");
     }
     auto it = replaced.find(digest.str());
@@ -60,6 +64,7 @@ class LayoutSource : public snapshotter::LayerSource {
   std::set<std::string> slow;  // the blobs `delay` applies to
   std::chrono::milliseconds delay{0};
   std::atomic<int> manifests{0}, blobs{0};
+  std::atomic<int> in_flight{0}, max_in_flight{0};  // slow blobs being served at once
 
  private:
   std::string layout_;
@@ -275,6 +280,23 @@ TEST_CASE("snapshotter layer prep: an image whose manifest cannot be had falls b
   CHECK(s.source->manifests == 1);  // remembered, not asked again
   CHECK(prep.stats().fallbacks == 2);
   CHECK(s.store->List().empty());
+}
+
+TEST_CASE("snapshotter layer prep: the image's later layers are fetched and extracted beside "
+          "the first one") {
+  Setup s;
+  snapshotter::LayerPrep prep(*s.store, *s.source);
+  s.source->delay = std::chrono::milliseconds(800);
+  for (const Digest& d : s.image.layer_digests) s.source->slow.insert(d.str());
+  auto t0 = std::chrono::steady_clock::now();
+  auto out = prep.TryPrepare("default/1/extract-1 " + s.chains[0], "", UnpackLabels(s.image, 0, s.chains));
+  REQUIRE_MESSAGE(out.prepared, out.reason);
+  out = prep.TryPrepare("default/2/extract-2 " + s.chains[1], s.chains[0],
+                        UnpackLabels(s.image, 1, s.chains));
+  REQUIRE_MESSAGE(out.prepared, out.reason);
+  auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(s.source->max_in_flight == 2);
+  CHECK(took < std::chrono::milliseconds(1500));  // one delay, not two
 }
 
 }  // namespace shoal::testkit

@@ -360,8 +360,9 @@ TEST_CASE("snapshotter: ctr prepares, commits, views, lists, measures and remove
   // in its next garbage collection, which the removal schedules.
   w.Snap({"rm", "view-key", "view1-key"});
   w.Snap({"rm", "layer2"});
-  CHECK(WaitUntil([&] { return Entries(snaps) == 1; }, std::chrono::seconds(30),
-                  std::chrono::milliseconds(100)));
+  CHECK_MESSAGE(WaitUntil([&] { return Entries(snaps) == 1; }, std::chrono::seconds(30),
+                          std::chrono::milliseconds(100)),
+                w.containerd->LogTail());
   CHECK_FALSE(fs::exists(child.Value("upperdir")));
   CHECK(fs::exists(base.source + "/one"));
 
