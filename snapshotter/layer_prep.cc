@@ -134,6 +134,13 @@ void LayerPrep::Stop() {
     if (t.joinable()) t.join();
   }
   workers_.clear();
+  // Layers extracted for Prepares that will not come now.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [blob, job] : jobs_) {
+    if (job->state == Job::State::kDone && !job->dir.empty()) RemoveTree(job->dir);
+  }
+  jobs_.clear();
+  queue_.clear();
 }
 
 LayerPrepStats LayerPrep::stats() const {

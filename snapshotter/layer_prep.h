@@ -102,7 +102,8 @@ class LayerPrep {
   // store is as before and the reason is returned. Blocks at most options.timeout. Thread-safe.
   PrepareOutcome TryPrepare(const std::string& key, const std::string& parent,
                             const Labels& labels);
-  // Waiting Prepares fall back now; workers finish the layer at hand and exit. Idempotent.
+  // Waiting Prepares fall back now; workers finish the layer at hand and exit; unclaimed
+  // extracted layers are deleted. Idempotent.
   void Stop();
   LayerPrepStats stats() const;
 

@@ -299,4 +299,29 @@ TEST_CASE("snapshotter layer prep: the image's later layers are fetched and extr
   CHECK(took < std::chrono::milliseconds(1500));  // one delay, not two
 }
 
+TEST_CASE("snapshotter layer prep: a Prepare waiting when the agent stops falls back at once") {
+  Setup s;
+  snapshotter::LayerPrepOptions opts;
+  opts.timeout = std::chrono::seconds(60);
+  snapshotter::LayerPrep prep(*s.store, *s.source, opts);
+  s.source->delay = std::chrono::milliseconds(2000);
+  s.source->slow.insert(s.image.layer_digests[0].str());
+  snapshotter::PrepareOutcome out;
+  std::chrono::steady_clock::time_point returned;
+  std::thread prepare([&] {
+    out = prep.TryPrepare("default/1/extract-1 " + s.chains[0], "", UnpackLabels(s.image, 0, s.chains));
+    returned = std::chrono::steady_clock::now();
+  });
+  REQUIRE(WaitUntil([&] { return s.source->in_flight == 1; }, std::chrono::seconds(10),
+                    std::chrono::milliseconds(10)));
+  auto stopping = std::chrono::steady_clock::now();
+  prep.Stop();  // returns once the worker's fetch has ended
+  prepare.join();
+  CHECK_FALSE(out.prepared);
+  CHECK(out.reason == "the agent is stopping");
+  CHECK(returned - stopping < std::chrono::milliseconds(500));
+  CHECK(s.store->List().empty());
+  CHECK(s.Staged() == 0);  // what the worker extracted after all was nobody's: deleted
+}
+
 }  // namespace shoal::testkit
