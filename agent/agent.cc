@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include <prometheus/counter.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
@@ -39,6 +40,8 @@
 #include "lib/upstream/upstream_map.h"
 #include "registry-shim/metrics.h"
 #include "registry-shim/server.h"
+#include "agent/layer_source.h"
+#include "snapshotter/layer_prep.h"
 #include "snapshotter/service.h"
 #include "snapshotter/store.h"
 
@@ -264,9 +267,36 @@ int RunAgent(const AgentConfig& config) {
         if (Prefetcher::Owns(target)) return prefetcher.HandleAdmin(method, target);
         return backend.HandleAdmin(method, target);
       });
-  std::function<std::string()> metrics_text = [&registry, &swarm, &swarm_metrics, &backend] {
+  // The snapshotter's layer preparation (below), counted at each scrape from its totals.
+  std::unique_ptr<snapshotter::LayerPrep> layer_prep;
+  auto& prep_layers = prometheus::BuildCounter()
+                          .Name("shoal_snapshotter_layers_total")
+                          .Help("containerd unpacker Prepares of a layer, by result: prepared "
+                                "(extracted by the agent, or there already) or fallback (left "
+                                "to containerd)")
+                          .Register(registry);
+  prometheus::Counter& prep_prepared = prep_layers.Add({{"result", "prepared"}});
+  prometheus::Counter& prep_fallback = prep_layers.Add({{"result", "fallback"}});
+  prometheus::Counter& prep_extracted =
+      prometheus::BuildCounter()
+          .Name("shoal_snapshotter_layers_extracted_total")
+          .Help("Layers the agent fetched and extracted for the snapshotter (claimed or not)")
+          .Register(registry)
+          .Add({});
+  snapshotter::LayerPrepStats prep_seen;
+  auto update_prep_metrics = [&] {
+    if (!layer_prep) return;
+    snapshotter::LayerPrepStats now = layer_prep->stats();
+    prep_prepared.Increment(static_cast<double>(now.prepared - prep_seen.prepared));
+    prep_fallback.Increment(static_cast<double>(now.fallbacks - prep_seen.fallbacks));
+    prep_extracted.Increment(static_cast<double>(now.extracted - prep_seen.extracted));
+    prep_seen = now;
+  };
+  std::function<std::string()> metrics_text = [&registry, &swarm, &swarm_metrics, &backend,
+                                                &update_prep_metrics] {
     if (swarm && swarm_metrics) swarm_metrics->Update(swarm->Stats());
     backend.UpdateCacheMetrics();
+    update_prep_metrics();
     return prometheus::TextSerializer().Serialize(registry.Collect());
   };
   server.SetMetricsHandler(metrics_text);
@@ -293,6 +323,7 @@ int RunAgent(const AgentConfig& config) {
   // The containerd snapshotter: gRPC's own threads serve it, beside the io_context. It is up
   // before the port file is written, which tells supervisors and tests the agent is ready.
   std::unique_ptr<snapshotter::Store> snapshots;
+  std::unique_ptr<PullThroughLayerSource> layer_source;
   std::unique_ptr<snapshotter::Server> snapshot_server;
   if (!config.snapshotter_socket.empty()) {
     std::string root = config.snapshotter_root.empty() ? config.cache_dir + "/snapshotter"
@@ -302,7 +333,17 @@ int RunAgent(const AgentConfig& config) {
       return fail(MakeError(ErrorCode::kIo, "snapshotter store: " + opened.error().ToString()));
     }
     snapshots = std::move(opened.value());
-    auto started = snapshotter::Server::Start(*snapshots, config.snapshotter_socket);
+    // Layers of containerd's CRI pulls, fetched and extracted by the agent (layer_prep.h).
+    if (!config.snapshotter_no_prepare) {
+      layer_source = std::make_unique<PullThroughLayerSource>(ioc, backend, *store.value());
+      snapshotter::LayerPrepOptions prep_options;
+      prep_options.workers = static_cast<unsigned>(config.snapshotter_prepare_workers);
+      prep_options.timeout = std::chrono::milliseconds(config.snapshotter_prepare_timeout_ms);
+      layer_prep =
+          std::make_unique<snapshotter::LayerPrep>(*snapshots, *layer_source, prep_options);
+    }
+    auto started =
+        snapshotter::Server::Start(*snapshots, config.snapshotter_socket, layer_prep.get());
     if (!started) return fail(started.error());
     snapshot_server = std::move(started.value());
     spdlog::info("containerd snapshotter on unix:{}, {} snapshots in {}",
@@ -349,7 +390,11 @@ int RunAgent(const AgentConfig& config) {
     drain_check();
   });
   ioc.run();
-  if (snapshot_server) snapshot_server->Stop();  // calls in flight finish; the socket goes
+  // Prepares waiting for a layer fall back at once (the network thread has stopped), then the
+  // server's calls in flight finish and the socket goes.
+  if (layer_source) layer_source->Stop();
+  if (layer_prep) layer_prep->Stop();
+  if (snapshot_server) snapshot_server->Stop();
   pool.join();
   if (auto st = store.value()->Flush(); !st) spdlog::warn("cache index: {}", st.error().ToString());
   spdlog::info("stopped");

@@ -177,6 +177,21 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
                  "Directory of the snapshotter's overlayfs snapshots and their metadata (on the "
                  "node's SSD, a file system with d_type); default <cache-dir>/snapshotter")
       ->envname("SHOAL_SNAPSHOTTER_ROOT");
+  app.add_flag("--snapshotter-no-prepare", c.snapshotter_no_prepare,
+               "Do not prepare layers for containerd's CRI pulls: containerd then fetches every "
+               "layer from the shim and unpacks it itself")
+      ->envname("SHOAL_SNAPSHOTTER_NO_PREPARE");
+  app.add_option("--snapshotter-prepare-timeout-ms", c.snapshotter_prepare_timeout_ms,
+                 "Longest a layer's Prepare waits for shoal to fetch and extract it; then "
+                 "containerd fetches and unpacks that layer itself")
+      ->envname("SHOAL_SNAPSHOTTER_PREPARE_TIMEOUT_MS")
+      ->check(CLI::Range(1, 3'600'000))
+      ->capture_default_str();
+  app.add_option("--snapshotter-prepare-workers", c.snapshotter_prepare_workers,
+                 "Layers of an image fetched and extracted at once for the snapshotter")
+      ->envname("SHOAL_SNAPSHOTTER_PREPARE_WORKERS")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--node-name", c.node_name,
                  "This node's name for cluster prefetch jobs (shoalctl prefetch --nodes); default "
                  "the hostname (in Kubernetes set it from spec.nodeName)")

@@ -52,6 +52,9 @@ struct AgentConfig {
   std::vector<std::string> libtorrent_settings;  // "name=value" settings_pack overrides
   std::string snapshotter_socket;  // containerd snapshotter's unix socket; empty = not served
   std::string snapshotter_root;    // its snapshots; default <cache_dir>/snapshotter
+  bool snapshotter_no_prepare = false;  // leave every layer's fetch and unpack to containerd
+  int snapshotter_prepare_timeout_ms = 300000;  // longest a Prepare waits for shoal's extraction
+  int snapshotter_prepare_workers = 3;          // layers fetched and extracted at once
   std::string node_name;                 // cluster prefetch: this node's name; default hostname
   std::vector<std::string> node_labels;  // cluster prefetch: "k=v" labels for selectors
   std::string log_format = "json";

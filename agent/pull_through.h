@@ -91,6 +91,9 @@ class PullThrough : public shim::Backend {
   Result<upstream::RegistryEndpoint> EndpointFor(const std::string& registry) const;
   // Blobs currently being fetched.
   size_t inflight() const { return inflight_.size(); }
+  // Whether repo's manifests and blobs may be served without checking the client (its
+  // registry's pull_auth is "node", or the repository is known to be public).
+  bool ServesWithoutClientCheck(const shim::RepoRef& repo) const { return !Restricted(repo); }
 
   // Resolves an image reference (through the cache, else the tracker or upstream, like a pull)
   // to its manifest and, for an index, the manifest of `platform` ("os/arch"). Errors: a bad

@@ -89,11 +89,24 @@ void ToProto(const Info& info, api::Info* out) {
 
 class SnapshotsService final : public api::Snapshots::Service {
  public:
-  explicit SnapshotsService(Store& store) : store_(store) {}
+  SnapshotsService(Store& store, LayerPrep* prep) : store_(store), prep_(prep) {}
 
   grpc::Status Prepare(grpc::ServerContext*, const api::PrepareSnapshotRequest* req,
                        api::PrepareSnapshotResponse* resp) override {
-    auto mounts = store_.Prepare(req->key(), req->parent(), FromProto(req->labels()));
+    Labels labels = FromProto(req->labels());
+    if (prep_ && LayerPrep::Wants(labels)) {
+      // containerd's unpacker: shoal fetches and extracts the layer itself if it can; the
+      // AlreadyExists answer makes containerd skip its own fetch and unpack (metadata/
+      // snapshot.go then finds the snapshot by its target label and parent).
+      const std::string& target = labels.at(kTargetLabel);
+      PrepareOutcome out = prep_->TryPrepare(req->key(), req->parent(), labels);
+      if (out.prepared) {
+        spdlog::info("snapshotter: prepared layer {} for \"{}\"", target, req->key());
+        return {grpc::StatusCode::ALREADY_EXISTS, "target snapshot \"" + target + "\": already exists"};
+      }
+      spdlog::info("snapshotter: layer {} left to containerd: {}", target, out.reason);
+    }
+    auto mounts = store_.Prepare(req->key(), req->parent(), labels);
     if (!mounts) return Fail("prepare", mounts.error());
     spdlog::debug("snapshotter: prepared \"{}\" on \"{}\"", req->key(), req->parent());
     ToProto(mounts.value(), resp->mutable_mounts());
@@ -197,12 +210,13 @@ class SnapshotsService final : public api::Snapshots::Service {
 
  private:
   Store& store_;
+  LayerPrep* prep_;
 };
 
 }  // namespace
 
 struct Server::Impl {
-  explicit Impl(Store& store) : service(store) {}
+  Impl(Store& store, LayerPrep* prep) : service(store, prep) {}
   SnapshotsService service;
   std::unique_ptr<grpc::Server> server;
   std::mutex mu;
@@ -214,7 +228,8 @@ Server::Server(std::string socket_path, std::unique_ptr<Impl> impl)
 
 Server::~Server() { Stop(); }
 
-Result<std::unique_ptr<Server>> Server::Start(Store& store, const std::string& socket_path) {
+Result<std::unique_ptr<Server>> Server::Start(Store& store, const std::string& socket_path,
+                                              LayerPrep* prep) {
   namespace fs = std::filesystem;
   if (socket_path.empty()) {
     return MakeError(ErrorCode::kInvalidArgument, "snapshotter socket: empty path");
@@ -246,7 +261,7 @@ Result<std::unique_ptr<Server>> Server::Start(Store& store, const std::string& s
                                            std::strerror(errno));
     }
   }
-  auto impl = std::make_unique<Impl>(store);
+  auto impl = std::make_unique<Impl>(store, prep);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket_path, grpc::InsecureServerCredentials());
   builder.RegisterService(&impl->service);

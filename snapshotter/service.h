@@ -7,6 +7,7 @@
 #include <string>
 
 #include "lib/core/error.h"
+#include "snapshotter/layer_prep.h"
 #include "snapshotter/store.h"
 
 namespace shoal::snapshotter {
@@ -21,7 +22,10 @@ class Server {
   // an earlier run is replaced; the socket is made mode 0600) and starts serving. `store` must
   // outlive the server. Errors: kInvalidArgument (the path is taken by something that is not a
   // socket, or too long for a unix socket), kUnavailable (gRPC could not listen), kIo.
-  static Result<std::unique_ptr<Server>> Start(Store& store, const std::string& socket_path);
+  // With `prep` (optional, outliving the server), an unpacker's Prepare of a layer is first
+  // offered to it (layer_prep.h): a layer it prepared is answered AlreadyExists.
+  static Result<std::unique_ptr<Server>> Start(Store& store, const std::string& socket_path,
+                                               LayerPrep* prep = nullptr);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

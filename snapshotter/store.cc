@@ -370,6 +370,17 @@ StoreResult<std::vector<Mount>> Store::Mounts(const std::string& key) const {
   return MountsOf(it->second);
 }
 
+StoreResult<std::string> Store::ActiveFsDir(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = records_.find(key);
+  if (it == records_.end()) return Err(Errc::kNotFound, "snapshot \"" + key + "\" does not exist");
+  if (it->second.info.kind != Kind::kActive) {
+    return Err(Errc::kFailedPrecondition, "snapshot \"" + key + "\" is " +
+                                              KindName(it->second.info.kind) + ", not active");
+  }
+  return FsPath(it->second.id);
+}
+
 StoreResult<void> Store::Commit(const std::string& name, const std::string& key,
                                 const Labels& labels) {
   if (name.empty()) return Err(Errc::kInvalidArgument, "commit of \"" + key + "\": empty name");

@@ -123,6 +123,10 @@ class Store {
   // a failed deletion). Returns how many it removed. Errors: kIo.
   StoreResult<size_t> Cleanup();
 
+  // The files directory (upper dir) of the active snapshot `key`, for a writer that fills it
+  // before Commit (layer_prep.h). Errors: kNotFound, kFailedPrecondition (not active).
+  StoreResult<std::string> ActiveFsDir(const std::string& key) const;
+
   const std::string& root() const { return root_; }
 
  private:

@@ -108,6 +108,7 @@ struct ReadContext {
   Decoder* decoder = nullptr;
   std::vector<std::byte> buf = std::vector<std::byte>(kReadBuffer);
   std::optional<Error> error;  // the decoder's or source's failure, reported instead of libarchive's
+  Sha256* tar_sha = nullptr;   // hashes the decoded bytes (the diff ID) when set
 };
 
 la_ssize_t ReadCallback(struct archive* a, void* client, const void** out) {
@@ -118,6 +119,7 @@ la_ssize_t ReadCallback(struct archive* a, void* client, const void** out) {
     archive_set_error(a, EIO, "%s", n.error().message.c_str());
     return -1;
   }
+  if (ctx->tar_sha && n.value() > 0) ctx->tar_sha->Update(ctx->buf.data(), n.value());
   *out = ctx->buf.data();
   return static_cast<la_ssize_t>(n.value());
 }
@@ -172,6 +174,7 @@ class Writer {
       if (type != AE_IFDIR || hardlink) return Bad("entry replaces the layer root");
       DeferDir(rel, e);
       ++stats_.dirs;
+      stats_.root_entry = true;
       return Ok();
     }
     auto [parent, name] = SplitParent(rel);
@@ -714,6 +717,8 @@ Result<LayerStats> ExtractLayer(ByteSource& source, const std::string& dir,
 
   ReadContext ctx;
   ctx.decoder = decoder.value().get();
+  Sha256 tar_sha;
+  if (options.expected_diff_id) ctx.tar_sha = &tar_sha;
   std::unique_ptr<struct archive, int (*)(struct archive*)> a(archive_read_new(),
                                                               archive_read_free);
   archive_read_support_format_tar(a.get());
@@ -745,6 +750,15 @@ Result<LayerStats> ExtractLayer(ByteSource& source, const std::string& dir,
       return st.error();
     }
   }
+  if (options.expected_diff_id) {
+    // The diff ID covers the whole uncompressed stream, the blocks after the tar's end included.
+    for (;;) {
+      auto n = decoder.value()->Read(ctx.buf);
+      if (!n) return n.error();
+      if (n.value() == 0) break;
+      tar_sha.Update(ctx.buf.data(), n.value());
+    }
+  }
   stats.tar_bytes = decoder.value()->decoded_bytes();
   if (auto st = raw.Drain(); !st) return st.error();
   stats.raw_bytes = raw.bytes();
@@ -754,6 +768,14 @@ Result<LayerStats> ExtractLayer(ByteSource& source, const std::string& dir,
       return MakeError(ErrorCode::kDigestMismatch,
                        source.Describe() + ": layer bytes hash to " + got.str() + ", expected " +
                            options.expected_digest->str());
+    }
+  }
+  if (options.expected_diff_id) {
+    Digest got = tar_sha.Final();
+    if (got != *options.expected_diff_id) {
+      return MakeError(ErrorCode::kDigestMismatch,
+                       source.Describe() + ": uncompressed layer hashes to " + got.str() +
+                           ", expected diff ID " + options.expected_diff_id->str());
     }
   }
   if (options.before_commit) {

@@ -69,6 +69,10 @@ struct ExtractOptions {
   // If set, the raw (compressed) bytes must hash to this digest; checked before the rename,
   // after reading the source to its end. Mismatch: kDigestMismatch.
   std::optional<Digest> expected_digest;
+  // If set, the uncompressed tar stream (every decoded byte, to the stream's end) must hash to
+  // this digest: the layer's diff ID (the image config's rootfs.diff_ids). Checked before the
+  // rename. Mismatch: kDigestMismatch.
+  std::optional<Digest> expected_diff_id;
   // If set, called after every entry is written and before the rename; an error aborts the
   // layer (e.g. a download that turned out bad).
   std::function<Status()> before_commit;
@@ -84,6 +88,8 @@ struct LayerStats {
   uint64_t files = 0, dirs = 0, symlinks = 0, hardlinks = 0, others = 0;
   uint64_t whiteouts = 0, opaque_dirs = 0;
   uint64_t xattrs_dropped = 0;  // reserved overlay names, or privileged ones when unprivileged
+  bool root_entry = false;      // the tar had an entry for the layer root ("./"); its metadata
+                                // was applied to the root (else the root is mkdtemp's 0700)
 };
 
 // True if the process can create overlay whiteouts and trusted.* xattrs (euid 0).

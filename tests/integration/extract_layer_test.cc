@@ -280,6 +280,36 @@ TEST_CASE("extract: bytes that do not hash to the expected digest are not commit
   CHECK(Children(tmp.path()).empty());
 }
 
+TEST_CASE("extract: the uncompressed stream must hash to the expected diff ID") {
+  TempDir tmp("shoal-extract-diffid");
+  // Blocks after the tar's end (docker and containerd write them too) belong to the diff ID.
+  std::string tar = BuildTar({FileEntry("a", "a"), DirEntry("d")}) + std::string(4096, '\0');
+  for (Compression c : {Compression::kNone, Compression::kGzip, Compression::kZstd}) {
+    CAPTURE(static_cast<int>(c));
+    const std::string blob = Compress(tar, c);
+    const std::string name = "ok" + std::to_string(static_cast<int>(c));
+    ExtractOptions opts;
+    opts.expected_digest = Sha256::Of(blob);
+    opts.expected_diff_id = Sha256::Of(tar);
+    auto r = ExtractBytes(blob, tmp.Sub(name), opts);
+    REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+    CHECK(r.value().files == 1);
+    CHECK_FALSE(r.value().root_entry);
+    opts.expected_diff_id = Sha256::Of(tar.substr(0, tar.size() - 512));
+    auto bad = ExtractBytes(blob, tmp.Sub("bad"), opts);
+    REQUIRE_FALSE(bad.has_value());
+    CHECK(bad.error().code == ErrorCode::kDigestMismatch);
+    CHECK(bad.error().message == "layer: uncompressed layer hashes to " + Sha256::Of(tar).str() +
+                                     ", expected diff ID " + opts.expected_diff_id->str());
+    CHECK_FALSE(fs::exists(tmp.Sub("bad")));
+  }
+  // A tar with an entry for the root says so.
+  auto rooted = ExtractBytes(BuildTar({DirEntry("./", 0700), FileEntry("a", "a")}),
+                             tmp.Sub("rooted"));
+  REQUIRE_MESSAGE(rooted.has_value(), rooted.error().ToString());
+  CHECK(rooted.value().root_entry);
+}
+
 TEST_CASE("extract: a growing file is extracted as its bytes arrive") {
   TempDir tmp("shoal-extract-growing");
   std::vector<TarEntry> entries;

@@ -5,16 +5,19 @@
 #include <doctest/doctest.h>
 
 #include <sys/mount.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include "lib/core/sha256.h"
 
 #include "tests/support/agent.h"
 #include "tests/support/counted_upstream.h"
 #include "tests/support/counting_proxy.h"
+#include "tests/support/cri.h"
 #include "tests/support/image.h"
 #include "tests/support/layer_tar.h"
 #include "tests/support/process.h"
@@ -144,10 +147,16 @@ struct World {
   std::unique_ptr<Agent> agent;
   std::unique_ptr<Containerd> containerd;
 
-  explicit World(bool with_upstream) {
+  std::string hosts_dir;  // with cri: hosts.toml for gcr.io, pointing at the agent's shim
+
+  // cri: containerd's CRI plugin runs with snapshotter "shoal", snapshot annotations on and
+  // gcr.io mirrored to the agent (needs with_upstream). agent_args go to the agent.
+  explicit World(bool with_upstream, bool cri = false,
+                 const std::vector<std::string>& agent_args = {}) {
     AgentOptions opts;
     opts.cache_dir = dir.Sub("cache");
     opts.extra_args = {"--snapshotter-socket", Socket(), "--log-level", "debug"};
+    opts.extra_args.insert(opts.extra_args.end(), agent_args.begin(), agent_args.end());
     if (with_upstream) {
       auto up = CountedUpstream::Start();
       REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
@@ -159,7 +168,15 @@ struct World {
     auto a = Agent::Start(opts);
     REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
     agent = std::move(a.value());
-    auto c = Containerd::Start(Containerd::ProxySnapshotterConfig("shoal", Socket()));
+    std::string extra = Containerd::ProxySnapshotterConfig("shoal", Socket());
+    if (cri) {
+      hosts_dir = dir.Sub("certs.d");
+      auto generated = Shoalctl({"config", "containerd", "--agent", agent->HostPort(),
+                                 "--registry", "gcr.io", "-o", hosts_dir});
+      REQUIRE_MESSAGE(generated.has_value(), generated.error().ToString());
+      extra += Containerd::CriImageConfig("shoal", hosts_dir);
+    }
+    auto c = Containerd::Start(extra, cri);
     REQUIRE_MESSAGE(c.has_value(), c.error().ToString());
     containerd = std::move(c.value());
   }
@@ -186,7 +203,83 @@ struct World {
   PrintedMount Mounts(const std::string& key, const std::string& snapshotter = "shoal") {
     return ParseMount(Snap({"mounts", dir.Sub("target"), key}, snapshotter));
   }
+  // `ctr <args>`; REQUIREs success and returns the output.
+  std::string Ctr(std::vector<std::string> args) {
+    auto out = containerd->Ctr(args, std::chrono::seconds(60));
+    REQUIRE_MESSAGE(out.has_value(), (out.error().ToString() + "\nagent:\n" + agent->LogTail() +
+                                      "\ncontainerd:\n" + containerd->LogTail()));
+    return out.value();
+  }
 };
+
+// Checks that the trees mounted at a and b are the same, file for file: modes, owners,
+// contents, links, xattrs, hard links, the mtimes of all but directories, and the roots' modes
+// and owners (the whiteouts hidden by overlayfs).
+void CheckSameTree(const std::string& a, const std::string& b) {
+  Tree ta = SnapshotTree(a);
+  Tree tb = SnapshotTree(b);
+  CHECK(ta.size() > 10);
+  CHECK(ta.size() == tb.size());
+  for (const auto& [path, node] : tb) {
+    CAPTURE(path);
+    auto it = ta.find(path);
+    REQUIRE(it != ta.end());
+    CHECK(it->second.type == node.type);
+    CHECK(it->second.mode == node.mode);
+    CHECK(it->second.uid == node.uid);
+    CHECK(it->second.gid == node.gid);
+    CHECK(it->second.content_sha == node.content_sha);
+    CHECK(it->second.link == node.link);
+    CHECK(it->second.xattrs == node.xattrs);
+    CHECK(it->second.hardlink_group == node.hardlink_group);
+    if (node.type != 'd') CHECK(it->second.mtime == node.mtime);
+  }
+  struct stat sa, sb;
+  REQUIRE(::stat(a.c_str(), &sa) == 0);
+  REQUIRE(::stat(b.c_str(), &sb) == 0);
+  CHECK((sa.st_mode & 07777) == (sb.st_mode & 07777));
+  CHECK(sa.st_uid == sb.st_uid);
+  CHECK(sa.st_gid == sb.st_gid);
+}
+
+// containerd's chain IDs of every layer, bottom first.
+std::vector<std::string> ChainIds(const std::vector<Digest>& diff_ids) {
+  std::vector<std::string> out;
+  for (size_t i = 1; i <= diff_ids.size(); ++i) {
+    out.push_back(ChainId(std::vector<Digest>(diff_ids.begin(), diff_ids.begin() + i)));
+  }
+  return out;
+}
+
+// Views `top_chain` in shoal's snapshotter (the CRI's namespace k8s.io) and in the native one
+// (ctr's default namespace, where ref was pulled with --snapshotter native), mounts both and
+// compares them; removes the views again.
+void CheckSameAsNative(World& w, const std::string& top_chain) {
+  // Views no lease holds are garbage to containerd: the collection that the end of a pull
+  // schedules (its lease goes) removed them while they were compared. Let it pass, and make
+  // the views GC roots.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  w.Ctr({"-n", "k8s.io", "snapshots", "--snapshotter", "shoal", "view", "shoal-view", top_chain});
+  w.Ctr({"-n", "k8s.io", "snapshots", "--snapshotter", "shoal", "label", "shoal-view",
+         "containerd.io/gc.root=test"});
+  w.Snap({"view", "native-view", top_chain}, "native");
+  w.Snap({"label", "native-view", "containerd.io/gc.root=test"}, "native");
+  PrintedMount shoal_mount = ParseMount(w.Ctr({"-n", "k8s.io", "snapshots", "--snapshotter",
+                                               "shoal", "mounts", w.dir.Sub("target"),
+                                               "shoal-view"}));
+  CHECK(shoal_mount.type == "overlay");
+  PrintedMount native_mount = w.Mounts("native-view", "native");
+  {
+    ScopedMount a(shoal_mount, w.dir.Sub("mnt-shoal"));
+    ScopedMount b(native_mount, w.dir.Sub("mnt-native"));
+    CheckSameTree(w.dir.Sub("mnt-shoal"), w.dir.Sub("mnt-native"));
+  }
+  w.Ctr({"-n", "k8s.io", "snapshots", "--snapshotter", "shoal", "rm", "shoal-view"});
+  w.Snap({"rm", "native-view"}, "native");
+}
+
+// Blob body bytes the agent's shim sent to its clients (containerd).
+double ShimBlobBytes(const Agent& agent) { return agent.Metric("shoal_shim_blob_bytes_total"); }
 
 }  // namespace
 
@@ -267,8 +360,9 @@ TEST_CASE("snapshotter: ctr prepares, commits, views, lists, measures and remove
   // in its next garbage collection, which the removal schedules.
   w.Snap({"rm", "view-key", "view1-key"});
   w.Snap({"rm", "layer2"});
-  CHECK(WaitUntil([&] { return Entries(snaps) == 1; }, std::chrono::seconds(30),
-                  std::chrono::milliseconds(100)));
+  CHECK_MESSAGE(WaitUntil([&] { return Entries(snaps) == 1; }, std::chrono::seconds(30),
+                          std::chrono::milliseconds(100)),
+                w.containerd->LogTail());
   CHECK_FALSE(fs::exists(child.Value("upperdir")));
   CHECK(fs::exists(base.source + "/one"));
 
@@ -346,8 +440,13 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
 
   // Views of the top layer in both snapshotters, mounted: the same tree, file for file (modes,
   // owners, contents, links, xattrs; the whiteouts hidden by overlayfs).
+  // Unleased views are garbage to containerd (see CheckSameAsNative): GC roots, made after the
+  // collection the pull's end schedules.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
   w.Snap({"view", "shoal-view", top_chain});
+  w.Snap({"label", "shoal-view", "containerd.io/gc.root=test"});
   w.Snap({"view", "native-view", top_chain}, "native");
+  w.Snap({"label", "native-view", "containerd.io/gc.root=test"}, "native");
   PrintedMount shoal_mount = w.Mounts("shoal-view");
   CHECK(shoal_mount.type == "overlay");
   PrintedMount native_mount = w.Mounts("native-view", "native");
@@ -384,6 +483,131 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
   CHECK(collected);
   CHECK(WaitUntil([&] { return Entries(w.SnapshotsDir()) == 0; }, std::chrono::seconds(30),
                   std::chrono::milliseconds(100)));
+  CHECK(MountsUnder(w.dir.path()).empty());
+}
+
+TEST_CASE("snapshotter: a CRI pull gets its layers prepared by shoal (fetched through the "
+          "agent) and containerd fetches and unpacks none of them") {
+  World w(true, /*cri=*/true);
+  // Three layers, one per compression: files, links, a whiteout and an opaque directory.
+  ImageSpec spec;
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 12, {1ull << 20}, 1901});
+  LayerSpec mid{Compression::kZstd, 8, {300000}, 1902};
+  mid.with_whiteout = true;
+  spec.layers.push_back(mid);
+  spec.layers.push_back(LayerSpec{Compression::kNone, 5, {}, 1903});
+  const std::string layout = w.dir.Sub("layout");
+  auto built = BuildImage(spec, layout, "1");
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE(PushImage(*w.registry, layout, "1", "proj/cri").has_value());
+  w.proxy->Reset();
+
+  // The kubelet's call: CRI PullImage. It answers with the image ID.
+  auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/cri:1");
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+                                       "\n" + w.containerd->LogTail()));
+  CHECK(pulled.value() == built.value().config_digest.str());
+
+  // Every layer was prepared by the agent; none was left to containerd.
+  const std::vector<std::string> chains = ChainIds(built.value().diff_ids);
+  const std::string log = w.agent->Log();
+  for (const std::string& chain : chains) {
+    CAPTURE(chain);
+    CHECK(log.find("snapshotter: prepared layer " + chain) != std::string::npos);
+  }
+  CHECK(log.find("left to containerd") == std::string::npos);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) == 3);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "fallback"}}) == 0);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_extracted_total") == 3);
+  // containerd fetched only the image config from the shim, no layer; the upstream served each
+  // blob once (to the agent).
+  uint64_t layer_bytes = 0;
+  for (uint64_t n : built.value().layer_sizes) layer_bytes += n;
+  const uint64_t config_bytes = built.value().total_blob_bytes - layer_bytes;
+  CHECK(ShimBlobBytes(*w.agent) == static_cast<double>(config_bytes));
+  CHECK(w.proxy->BlobBytes() == built.value().total_blob_bytes);
+  for (const Digest& d : built.value().layer_digests) CHECK(w.proxy->BlobGets(d) == 1);
+
+  // containerd's view: one committed snapshot per layer, named by chain ID, each on the one
+  // below, in the CRI's namespace.
+  std::map<std::string, std::vector<std::string>> listed;
+  for (auto& row : Rows(w.Ctr({"-n", "k8s.io", "snapshots", "--snapshotter", "shoal", "ls"})))
+    listed[row[0]] = row;
+  REQUIRE(listed.size() == 3);
+  CHECK(listed[chains[0]] == std::vector<std::string>{chains[0], "Committed"});
+  CHECK(listed[chains[1]] == std::vector<std::string>{chains[1], chains[0], "Committed"});
+  CHECK(listed[chains[2]] == std::vector<std::string>{chains[2], chains[1], "Committed"});
+
+  // The same image unpacked by containerd's native snapshotter mounts to the same tree.
+  auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/cri:1", "native");
+  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  CheckSameAsNative(w, chains[2]);
+
+  // A second pull of the image: nothing is fetched or extracted again.
+  const double shim_before = ShimBlobBytes(*w.agent);
+  auto again = CriPullImage(w.containerd->Socket(), "gcr.io/proj/cri:1");
+  REQUIRE_MESSAGE(again.has_value(), again.error().ToString());
+  CHECK(ShimBlobBytes(*w.agent) == shim_before);
+
+  // containerd's garbage collection removes shoal's snapshots once the image is gone (the CRI
+  // names it by tag, digest and ID).
+  std::istringstream names(w.Ctr({"-n", "k8s.io", "images", "ls", "-q"}));
+  for (std::string name; std::getline(names, name);) {
+    if (!name.empty()) w.Ctr({"-n", "k8s.io", "images", "rm", "--sync", name});
+  }
+  CHECK(WaitUntil(
+      [&] {
+        return Rows(w.Ctr({"-n", "k8s.io", "snapshots", "--snapshotter", "shoal", "ls"})).empty();
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(200)));
+  CHECK(WaitUntil([&] { return Entries(w.SnapshotsDir()) == 0; }, std::chrono::seconds(30),
+                  std::chrono::milliseconds(100)));
+  CHECK(MountsUnder(w.dir.path()).empty());
+}
+
+TEST_CASE("snapshotter: a layer shoal cannot prepare in time is left to containerd and the CRI "
+          "pull still succeeds with the same tree") {
+  // Layers get 1.5 s; the middle one takes about 3 s through the throttled upstream.
+  World w(true, /*cri=*/true, {"--snapshotter-prepare-timeout-ms", "1500"});
+  ImageSpec spec;
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 10, {}, 2001});
+  LayerSpec big{Compression::kGzip, 4, {6ull << 20}, 2002};
+  big.with_whiteout = true;
+  spec.layers.push_back(big);
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 6, {}, 2003});
+  const std::string layout = w.dir.Sub("layout");
+  auto built = BuildImage(spec, layout, "1");
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE(PushImage(*w.registry, layout, "1", "proj/slow").has_value());
+  REQUIRE(built.value().layer_sizes.at(1) > (2u << 20));
+  w.proxy->Reset();
+  w.proxy->SetDelayPerMiB(std::chrono::milliseconds(1000));
+
+  auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/slow:1");
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+                                       "\n" + w.containerd->LogTail()));
+  w.proxy->SetDelayPerMiB(std::chrono::milliseconds(0));
+  const std::vector<std::string> chains = ChainIds(built.value().diff_ids);
+  const std::string log = w.agent->Log();
+  CHECK(log.find("snapshotter: prepared layer " + chains[0]) != std::string::npos);
+  CHECK_MESSAGE(log.find("snapshotter: layer " + chains[1] + " left to containerd: layer " +
+                         built.value().layer_digests[1].str() + " not extracted within 1500 ms") !=
+                    std::string::npos,
+                log);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "fallback"}}) >= 1);
+  // containerd fetched that layer through the shim, which joined the agent's fetch: the
+  // upstream still served each blob once.
+  CHECK(ShimBlobBytes(*w.agent) >= static_cast<double>(built.value().layer_sizes[1]));
+  CHECK(w.proxy->BlobGets(built.value().layer_digests[1]) == 1);
+
+  std::map<std::string, std::vector<std::string>> listed;
+  for (auto& row : Rows(w.Ctr({"-n", "k8s.io", "snapshots", "--snapshotter", "shoal", "ls"})))
+    listed[row[0]] = row;
+  REQUIRE(listed.size() == 3);
+  CHECK(listed[chains[2]] == std::vector<std::string>{chains[2], chains[1], "Committed"});
+  auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/slow:1", "native");
+  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  CheckSameAsNative(w, chains[2]);
   CHECK(MountsUnder(w.dir.path()).empty());
 }
 

@@ -133,24 +133,45 @@ std::string Dockerd::LogTail() const { return process_ ? process_->LogTail(6000)
 
 // ---- containerd ------------------------------------------------------------------------------
 
+std::string Containerd::CriImageConfig(const std::string& snapshotter,
+                                       const std::string& hosts_dir) {
+  return "[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"" + snapshotter +
+         "\"\n  disable_snapshot_annotations = false\n" +
+         "[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"" + hosts_dir +
+         "\"\n";
+}
+
 std::string Containerd::ProxySnapshotterConfig(const std::string& name,
                                                const std::string& socket_path) {
   return "[proxy_plugins]\n  [proxy_plugins." + name + "]\n    type = \"snapshot\"\n" +
          "    address = \"" + socket_path + "\"\n";
 }
 
-Result<std::unique_ptr<Containerd>> Containerd::Start(const std::string& extra_config) {
+Result<std::unique_ptr<Containerd>> Containerd::Start(const std::string& extra_config,
+                                                      bool cri) {
   std::unique_ptr<Containerd> c(new Containerd());
   const TempDir& dir = *c->dir_;
   std::string cfg;
   cfg += "version = 2\n";
   cfg += "root = \"" + dir.Sub("root") + "\"\n";
   cfg += "state = \"" + dir.Sub("state") + "\"\n";
-  cfg += "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n";
+  if (!cri) cfg += "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n";
   cfg += "[grpc]\n  address = \"" + dir.Sub("containerd.sock") + "\"\n";
   cfg += "[ttrpc]\n  address = \"" + dir.Sub("containerd-ttrpc.sock") + "\"\n";
   cfg += "[debug]\n  address = \"\"\n  level = \"debug\"\n";
   cfg += "[metrics]\n  address = \"\"\n";
+  if (cri) {
+    std::filesystem::create_directories(dir.Sub("cni/conf"));
+    std::filesystem::create_directories(dir.Sub("cni/bin"));
+    cfg += "[plugins.\"io.containerd.grpc.v1.cri\"]\n";
+    cfg += "  disable_tcp_service = true\n";
+    cfg += "  stream_server_address = \"127.0.0.1\"\n  stream_server_port = \"0\"\n";
+    cfg += "  enable_selinux = false\n  disable_apparmor = true\n";
+    cfg += "  restrict_oom_score_adj = true\n";
+    cfg += "  [plugins.\"io.containerd.grpc.v1.cri\".cni]\n";
+    cfg += "    bin_dir = \"" + dir.Sub("cni/bin") + "\"\n";
+    cfg += "    conf_dir = \"" + dir.Sub("cni/conf") + "\"\n";
+  }
   cfg += extra_config;
   WriteFile(dir.Sub("config.toml"), cfg);
   auto proc =

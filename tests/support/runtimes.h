@@ -60,7 +60,18 @@ class Containerd {
   // Starts it and waits up to 30 s for `ctr version`. `extra_config` is TOML appended to its
   // config.toml (version 2), e.g. a `[proxy_plugins.NAME]` section for a snapshotter. Errors:
   // kUnavailable with the log tail.
-  static Result<std::unique_ptr<Containerd>> Start(const std::string& extra_config = "");
+  // With `cri`, its CRI plugin runs too (on the same socket, namespace k8s.io), with what it
+  // needs to start here: CNI directories of its own (empty: image service only, no pod
+  // networks), no TCP or TLS streaming, no AppArmor or SELinux. Add CriImageConfig to choose
+  // its snapshotter and registry hosts.
+  static Result<std::unique_ptr<Containerd>> Start(const std::string& extra_config = "",
+                                                   bool cri = false);
+  // The TOML for the CRI plugin's image pulls: snapshotter `snapshotter` with snapshot
+  // annotations on (the labels remote snapshotters read), registry hosts from `hosts_dir`
+  // (hosts.toml per registry, as `shoalctl config containerd` writes).
+  static std::string CriImageConfig(const std::string& snapshotter, const std::string& hosts_dir);
+  // containerd's gRPC socket (the CRI's too).
+  std::string Socket() const { return dir_->Sub("containerd.sock"); }
   // The TOML for a proxy snapshotter plugin `name` served on the unix socket `socket_path`
   // (containerd then accepts `--snapshotter name`).
   static std::string ProxySnapshotterConfig(const std::string& name,
