@@ -220,7 +220,10 @@ void CheckSameTree(const std::string& a, const std::string& b) {
   Tree tb = SnapshotTree(b);
   CHECK(ta.size() > 10);
   CHECK(ta.size() == tb.size());
-  for (const auto& [path, node] : tb) {
+  for (const auto& entry : tb) {
+    // Named references, not a structured binding: clang 14 cannot capture those (CAPTURE).
+    const std::string& path = entry.first;
+    const auto& node = entry.second;
     CAPTURE(path);
     auto it = ta.find(path);
     REQUIRE(it != ta.end());
@@ -457,7 +460,9 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
     Tree native_tree = SnapshotTree(w.dir.Sub("mnt-native"));
     CHECK(shoal_tree.size() > 10);
     CHECK(shoal_tree.size() == native_tree.size());
-    for (const auto& [path, node] : native_tree) {
+    for (const auto& entry : native_tree) {
+      const std::string& path = entry.first;  // not a binding: clang 14 (CAPTURE)
+      const auto& node = entry.second;
       CAPTURE(path);
       auto it = shoal_tree.find(path);
       REQUIRE(it != shoal_tree.end());
