@@ -47,7 +47,12 @@ SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
                     .Name("shoal_swarm_torrents")
                     .Help("Chunk torrents in the session (seeding or downloading)")
                     .Register(registry)
-                    .Add({})) {
+                    .Add({})),
+      peers_(prometheus::BuildGauge()
+                 .Name("shoal_swarm_peers_connected")
+                 .Help("Peer connections open now, over all chunk torrents")
+                 .Register(registry)
+                 .Add({})) {
   auto& wasted = prometheus::BuildCounter()
                      .Name("shoal_swarm_wasted_bytes_total")
                      .Help(
@@ -71,6 +76,7 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   AddDelta(hashed_memory_, s.piece_bytes_hashed_from_memory, last_.piece_bytes_hashed_from_memory);
   AddDelta(hashed_file_, s.piece_bytes_read_back, last_.piece_bytes_read_back);
   torrents_.Set(static_cast<double>(s.torrents));
+  peers_.Set(static_cast<double>(s.peers_connected));
   for (size_t i = 0; i < wasted_.size(); ++i) AddDelta(*wasted_[i], s.wasted[i], last_.wasted[i]);
   last_.wasted = s.wasted;
   last_.downloaded = s.downloaded;

@@ -32,6 +32,7 @@ class SwarmMetrics {
   prometheus::Counter& hashed_memory_;
   prometheus::Counter& hashed_file_;
   prometheus::Gauge& torrents_;
+  prometheus::Gauge& peers_;  // shoal_swarm_peers_connected
   std::vector<prometheus::Counter*> wasted_;  // by swarm::kWasteReasons
   swarm::SwarmStats last_;
 };

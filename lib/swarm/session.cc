@@ -216,6 +216,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   boost::asio::steady_timer stats_timer{ioc};
   std::array<int, kWasteReasons.size()> waste_index{};
   std::array<uint64_t, kWasteReasons.size()> wasted{};
+  int peers_index = -1;  // peer.num_peers_connected
+  uint64_t peers_connected = 0;
   std::vector<int64_t> last_counters;  // the latest sample of every session counter
 
   const std::string& root_cert() const {
@@ -340,6 +342,9 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
           wasted[i] = static_cast<uint64_t>(std::max<int64_t>(0, counters[idx]));
         }
       }
+      if (peers_index >= 0 && peers_index < static_cast<int>(counters.size())) {
+        peers_connected = static_cast<uint64_t>(std::max<int64_t>(0, counters[peers_index]));
+      }
     } else if (auto* nc = lt::alert_cast<lt::torrent_need_cert_alert>(a)) {
       OnNeedCert(nc->handle);
     } else if (auto* pe = lt::alert_cast<lt::peer_error_alert>(a)) {
@@ -462,6 +467,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     for (size_t i = 0; i < waste_index.size(); ++i) {
       waste_index[i] = lt::find_metric_idx(std::string("ses.waste_piece_") + kWasteReasons[i]);
     }
+    peers_index = lt::find_metric_idx("peer.num_peers_connected");
     SampleStats();
     port = options.tls ? session->ssl_listen_port() : session->listen_port();
     if (port == 0) {
@@ -643,6 +649,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     out.piece_bytes_hashed_from_memory = disk_stats->bytes_hashed_from_memory.load();
     out.piece_bytes_read_back = disk_stats->bytes_read_back.load();
     out.wasted = wasted;
+    out.peers_connected = peers_connected;
     out.torrents = chunks.size();
     if (!session) return out;
     std::vector<lt::torrent_status> all =

@@ -151,6 +151,8 @@ struct SwarmStats {
   uint64_t piece_bytes_hashed_from_memory = 0;
   uint64_t piece_bytes_read_back = 0;
   size_t torrents = 0;            // chunks currently added
+  // Peer connections open now (libtorrent's peer.num_peers_connected, sampled every second).
+  uint64_t peers_connected = 0;
   std::vector<ChunkStats> chunks;
 };
 

@@ -517,6 +517,9 @@ TEST_CASE("observability: Debian's Prometheus scrapes the tracker and 3 agents t
   CHECK(peer > 0);
   CHECK(PromQuery(prom_url, "sum(shoal_tracker_chunks_published_total)").value_or(0) > 0);
   CHECK(PromQuery(prom_url, "count(up{job=\"agent\"} == 1)").value_or(0) == 3);
+  // Every agent reports its open peer connections; during the pull some were open.
+  CHECK(PromQuery(prom_url, "count(shoal_swarm_peers_connected)").value_or(0) == 3);
+  CHECK(PromQuery(prom_url, "sum(max_over_time(shoal_swarm_peers_connected[5m]))").value_or(0) > 0);
 
   // Every /metrics output passes promtool's exposition-format check.
   for (const std::string& target : agent_targets) {
