@@ -527,6 +527,13 @@ TEST_CASE("tracker cluster view: operators get leases, blobs, jobs and agents as
   CHECK(v["prefetch_jobs"][0]["slowest_nodes"][0]["node"] == "n1");
   CHECK(v["agents"]["live"] == 1);
   CHECK(v["agents"]["stale"] == 0);
+  // /metrics answers anyone: the job's progress is there by job id, and no image name is.
+  auto metrics = HttpGet(t.base + "/metrics", {}, seconds(2));
+  REQUIRE(metrics.has_value());
+  const std::string id = job.body["id"];
+  CHECK(metrics.value().body.find("shoal_tracker_prefetch_job_nodes{prefetch_job=\"" + id +
+                                  "\",state=\"pending\"} 1") != std::string::npos);
+  CHECK(metrics.value().body.find("demo/app") == std::string::npos);
 
   // Publishing under the lease: the chunk crossed the NAT once, and the lease ended.
   REQUIRE(Send("PUT", t.Chunk(2), PublishBody("a1", granted.body["lease_id"], Metainfo(1000)))

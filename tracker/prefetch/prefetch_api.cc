@@ -425,18 +425,16 @@ PrefetchApi::PrefetchApi(PrefetchApiOptions options, prometheus::Registry& regis
                   .Help("Agents that polled for prefetch jobs within the agent TTL")
                   .Register(registry)
                   .Add({})),
-      image_nodes_(prometheus::BuildGauge()
-                       .Name("shoal_tracker_image_nodes")
-                       .Help(
-                           "Nodes of the newest prefetch job naming an image, by state "
-                           "(pending, running, done, failed); the 10 newest images only")
-                       .Register(registry)),
-      image_bytes_(prometheus::BuildGauge()
-                       .Name("shoal_tracker_image_bytes")
-                       .Help(
-                           "Bytes of the newest prefetch job naming an image over its nodes, "
-                           "by kind (done, total); the 10 newest images only")
-                       .Register(registry)) {}
+      job_nodes_(prometheus::BuildGauge()
+                     .Name("shoal_tracker_prefetch_job_nodes")
+                     .Help("Nodes of a prefetch job by state (pending, running, done, failed); "
+                           "the 10 newest jobs only")
+                     .Register(registry)),
+      job_bytes_(prometheus::BuildGauge()
+                     .Name("shoal_tracker_prefetch_job_bytes")
+                     .Help("Bytes of a prefetch job over its nodes, by kind (done, total); the "
+                           "10 newest jobs only")
+                     .Register(registry)) {}
 
 bool PrefetchApi::Owns(std::string_view path) {
   return path == kPrefix ||
@@ -627,48 +625,43 @@ void PrefetchApi::Sweep(TimePoint now) {
         .Set(nodes[s]);
   }
   agents_.Set(static_cast<double>(jobs_.LiveAgents(now).size()));
-  UpdateImageGauges();
+  UpdateJobGauges();
 }
 
-void PrefetchApi::UpdateImageGauges() {
-  // The newest job naming each image, newest images first (List() is newest first).
-  std::map<std::string, const PrefetchJobRecord*> chosen;
-  std::vector<std::string> order;
+void PrefetchApi::UpdateJobGauges() {
+  std::map<std::string, const PrefetchJobRecord*> newest;  // List() is newest first
   for (const auto* job : jobs_.List()) {
-    for (const auto& image : job->spec.images) {
-      if (order.size() >= kImageGauges) break;
-      if (chosen.emplace(image, job).second) order.push_back(image);
-    }
+    if (newest.size() >= kJobGauges) break;
+    newest.emplace(job->id, job);
   }
-  // Series of images no longer among them go, so the label set stays bounded.
-  for (auto it = image_series_.begin(); it != image_series_.end();) {
-    if (chosen.count(it->first)) {
+  // Series of jobs no longer among them go, so the label set stays bounded.
+  for (auto it = job_series_.begin(); it != job_series_.end();) {
+    if (newest.count(it->first)) {
       ++it;
       continue;
     }
     for (size_t i = 0; i < it->second.size(); ++i) {
-      (i < 4 ? image_nodes_ : image_bytes_).Remove(it->second[i]);
+      (i < 4 ? job_nodes_ : job_bytes_).Remove(it->second[i]);
     }
-    it = image_series_.erase(it);
+    it = job_series_.erase(it);
   }
-  for (const auto& image : order) {
-    const PrefetchJobRecord& job = *chosen[image];
+  for (const auto& [id, job] : newest) {
     double states[4] = {0, 0, 0, 0};
     double done = 0, total = 0;
-    for (const auto& n : job.nodes) {
+    for (const auto& n : job->nodes) {
       ++states[static_cast<int>(n.state)];
       done += static_cast<double>(n.bytes_done);
       total += static_cast<double>(n.bytes_total);
     }
-    auto& series = image_series_[image];
+    auto& series = job_series_[id];
     if (series.empty()) {
       for (int st = 0; st < 4; ++st) {
-        series.push_back(&image_nodes_.Add(
-            {{"image", image},
+        series.push_back(&job_nodes_.Add(
+            {{"prefetch_job", id},
              {"state", PrefetchNodeStateName(static_cast<PrefetchNodeState>(st))}}));
       }
-      series.push_back(&image_bytes_.Add({{"image", image}, {"kind", "done"}}));
-      series.push_back(&image_bytes_.Add({{"image", image}, {"kind", "total"}}));
+      series.push_back(&job_bytes_.Add({{"prefetch_job", id}, {"kind", "done"}}));
+      series.push_back(&job_bytes_.Add({{"prefetch_job", id}, {"kind", "total"}}));
     }
     for (int st = 0; st < 4; ++st) series[st]->Set(states[st]);
     series[4]->Set(done);

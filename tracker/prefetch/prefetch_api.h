@@ -93,14 +93,15 @@ class PrefetchApi {
   prometheus::Family<prometheus::Gauge>& job_gauge_;   // shoal_tracker_prefetch_jobs{state}
   prometheus::Family<prometheus::Gauge>& node_gauge_;  // shoal_tracker_prefetch_nodes{state}
   prometheus::Gauge& agents_;                          // shoal_tracker_prefetch_agents
-  // shoal_tracker_image_nodes{image,state} and shoal_tracker_image_bytes{image,kind}: the
-  // progress of the images of the newest jobs, at most kImageGauges images (older ones' series
-  // are removed), so the label set stays bounded.
-  static constexpr size_t kImageGauges = 10;
-  prometheus::Family<prometheus::Gauge>& image_nodes_;
-  prometheus::Family<prometheus::Gauge>& image_bytes_;
-  std::map<std::string, std::vector<prometheus::Gauge*>> image_series_;  // by image
-  void UpdateImageGauges();
+  // shoal_tracker_prefetch_job_nodes{prefetch_job,state} and
+  // shoal_tracker_prefetch_job_bytes{prefetch_job,kind}: the progress of the kJobGauges newest
+  // jobs (older jobs' series are removed, so the label set stays bounded). Labelled by job id,
+  // not image: /metrics answers anyone, and image names are for operators (tracker/access.h).
+  static constexpr size_t kJobGauges = 10;
+  prometheus::Family<prometheus::Gauge>& job_nodes_;
+  prometheus::Family<prometheus::Gauge>& job_bytes_;
+  std::map<std::string, std::vector<prometheus::Gauge*>> job_series_;  // by job id
+  void UpdateJobGauges();
 };
 
 }  // namespace shoal::tracker
