@@ -7,15 +7,18 @@
 #include <fstream>
 #include <thread>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -79,6 +82,12 @@ Result<std::vector<http::Url>> ParseTrackers(const std::vector<std::string>& spe
     out.push_back(url.value());
   }
   return out;
+}
+
+// Whether two existing paths are on one file system (same device).
+bool SameFileSystem(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev;
 }
 
 std::string DefaultAgentId() {
@@ -283,9 +292,21 @@ int RunAgent(const AgentConfig& config) {
           .Help("Layers the agent fetched and extracted for the snapshotter (claimed or not)")
           .Register(registry)
           .Add({});
+  auto& snapshot_bytes = prometheus::BuildGauge()
+                             .Name("shoal_snapshotter_bytes")
+                             .Help(
+                                 "Bytes on disk of the snapshotter's layers, by state: committed "
+                                 "(snapshots) or staged (extracted, waiting for containerd's "
+                                 "Prepare); on the cache's disk they count against its budget")
+                             .Register(registry);
+  prometheus::Gauge& snapshot_committed = snapshot_bytes.Add({{"state", "committed"}});
+  prometheus::Gauge& snapshot_staged = snapshot_bytes.Add({{"state", "staged"}});
+  std::unique_ptr<snapshotter::Store> snapshots;
   snapshotter::LayerPrepStats prep_seen;
   auto update_prep_metrics = [&] {
+    if (snapshots) snapshot_committed.Set(static_cast<double>(snapshots->CommittedBytes()));
     if (!layer_prep) return;
+    snapshot_staged.Set(static_cast<double>(layer_prep->StagedBytes()));
     snapshotter::LayerPrepStats now = layer_prep->stats();
     prep_prepared.Increment(static_cast<double>(now.prepared - prep_seen.prepared));
     prep_fallback.Increment(static_cast<double>(now.fallbacks - prep_seen.fallbacks));
@@ -322,7 +343,6 @@ int RunAgent(const AgentConfig& config) {
   }
   // The containerd snapshotter: gRPC's own threads serve it, beside the io_context. It is up
   // before the port file is written, which tells supervisors and tests the agent is ready.
-  std::unique_ptr<snapshotter::Store> snapshots;
   std::unique_ptr<PullThroughLayerSource> layer_source;
   std::unique_ptr<snapshotter::Server> snapshot_server;
   if (!config.snapshotter_socket.empty()) {
@@ -333,14 +353,30 @@ int RunAgent(const AgentConfig& config) {
       return fail(MakeError(ErrorCode::kIo, "snapshotter store: " + opened.error().ToString()));
     }
     snapshots = std::move(opened.value());
+    // On the cache's disk, extracted layers share its budget: blobs are evicted to make room
+    // for them (issue 18 item 4). containerd's GC (Remove) gives their space back.
+    snapshotter::LayerPrepOptions prep_options;
+    if (SameFileSystem(snapshots->root(), config.cache_dir)) {
+      store.value()->SetExternalUsage([&snapshots, &layer_prep] {
+        return snapshots->CommittedBytes() + (layer_prep ? layer_prep->StagedBytes() : 0);
+      });
+      auto recheck = [&ioc, &backend] { asio::post(ioc, [&backend] { backend.Evict(); }); };
+      snapshots->SetOnChange(recheck);
+      prep_options.on_staged = recheck;
+    } else {
+      spdlog::info(
+          "snapshotter root {} is not on the cache's file system: its layers are not "
+          "counted in the cache budget",
+          snapshots->root());
+    }
     // Layers of containerd's CRI pulls, fetched and extracted by the agent (layer_prep.h).
     if (!config.snapshotter_no_prepare) {
       layer_source = std::make_unique<PullThroughLayerSource>(ioc, backend, *store.value());
-      snapshotter::LayerPrepOptions prep_options;
       prep_options.workers = static_cast<unsigned>(config.snapshotter_prepare_workers);
       prep_options.timeout = std::chrono::milliseconds(config.snapshotter_prepare_timeout_ms);
       layer_prep =
           std::make_unique<snapshotter::LayerPrep>(*snapshots, *layer_source, prep_options);
+      prefetcher.EnableSnapshots(layer_prep.get());
     }
     auto started =
         snapshotter::Server::Start(*snapshots, config.snapshotter_socket, layer_prep.get());

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 
 #include "agent/admin.h"
 #include "lib/oci/reference.h"
@@ -66,10 +67,20 @@ std::optional<int64_t> ParseCount(const std::string& text) {
 
 json PrefetchJob::ToJson() const {
   json images_json = json::array();
+  size_t layers = 0, prepared = 0, layers_failed = 0;
   for (const auto& i : images) {
     json j = {{"ref", i.ref}, {"resolved", i.resolved}};
     if (!i.digest.empty()) j["digest"] = i.digest;
     if (!i.error.empty()) j["error"] = i.error;
+    if (i.snapshots) {
+      const snapshotter::StageProgress& p = *i.snapshots;
+      j["snapshots"] = {
+          {"layers", p.layers}, {"prepared", p.prepared}, {"failed", p.failed}, {"done", p.done}};
+      if (!p.error.empty()) j["snapshots"]["error"] = p.error;
+      layers += p.layers;
+      prepared += p.prepared;
+      layers_failed += p.failed;
+    }
     images_json.push_back(j);
   }
   json blobs_json = json::array();
@@ -101,6 +112,9 @@ json PrefetchJob::ToJson() const {
       {"started_ms", UnixMs(started)},
       {"elapsed_ms", std::chrono::duration_cast<std::chrono::milliseconds>(now - started).count()},
       {"version", version}};
+  if (request.snapshots) {
+    out["snapshots"] = {{"layers", layers}, {"prepared", prepared}, {"failed", layers_failed}};
+  }
   if (ended) out["ended_ms"] = UnixMs(*ended);
   if (!error.empty()) out["error"] = error;
   return out;
@@ -158,6 +172,11 @@ Result<std::string> Prefetcher::Start(PrefetchRequest request, std::string id,
   if (request.ttl.count() < 0) {
     return MakeError(ErrorCode::kInvalidArgument, "ttl must not be negative");
   }
+  if (request.snapshots && !layer_prep_) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "snapshots: this agent prepares no containerd snapshots (start it with "
+                     "--snapshotter-socket, without --snapshotter-no-prepare)");
+  }
   if (id.empty()) id = fmt::format("pf-{:012x}", rng_() & 0xffffffffffffull);
   if (jobs_.count(id)) {
     return MakeError(ErrorCode::kInvalidArgument, "prefetch job " + id + " exists already");
@@ -194,7 +213,11 @@ awaitable<void> Prefetcher::Run(std::shared_ptr<PrefetchJob> job) {
   // what this job has fetched while it fetches the rest.
   std::optional<std::chrono::seconds> ttl;
   if (job->request.ttl.count() > 0) ttl = job->request.ttl;
-  for (auto& image : job->images) {
+  // Run itself counts as a stage until the workers start: a Stage that ends while an image
+  // is still being resolved does not end the job.
+  ++job->stages;
+  for (size_t index = 0; index < job->images.size(); ++index) {
+    PrefetchJob::Image& image = job->images[index];
     auto resolved = co_await pull_through_.ResolveImage(image.ref, job->request.platform);
     if (!resolved) {
       image.error = resolved.error().ToString();
@@ -223,15 +246,26 @@ awaitable<void> Prefetcher::Run(std::shared_ptr<PrefetchJob> job) {
     };
     if (r.manifest.config) add(*r.manifest.config, "config");
     for (const auto& l : r.manifest.layers) add(l, "layer");
+    if (job->request.snapshots && layer_prep_) {
+      // Extracted while the workers below fetch: each layer streams into its extraction.
+      image.snapshots = snapshotter::StageProgress{};
+      ++job->stages;
+      const auto keep = ttl ? *ttl : std::chrono::seconds(std::chrono::hours(24));
+      layer_prep_->Stage(image.ref, r.manifests.back(), keep,
+                         [this, job, index](const snapshotter::StageProgress& p) {
+                           asio::post(ioc_, [this, job, index, p] { OnStage(*job, index, p); });
+                         });
+    }
     Changed(*job);
   }
   pull_through_.UpdateCacheMetrics();
   const int workers = std::min<int>(job->request.parallel, static_cast<int>(job->blobs.size()));
+  job->workers = workers;
+  --job->stages;
   if (workers == 0) {
-    Finish(*job);
+    MaybeFinish(*job);
     co_return;
   }
-  job->workers = workers;
   for (int i = 0; i < workers; ++i) asio::co_spawn(ioc_, Worker(job), asio::detached);
 }
 
@@ -265,12 +299,35 @@ awaitable<void> Prefetcher::Worker(std::shared_ptr<PrefetchJob> job) {
     }
     Changed(*job);
   }
-  if (--job->workers == 0) Finish(*job);
+  --job->workers;
+  MaybeFinish(*job);
+}
+
+void Prefetcher::OnStage(PrefetchJob& job, size_t index, const snapshotter::StageProgress& p) {
+  PrefetchJob::Image& image = job.images[index];
+  if (!image.snapshots || image.snapshots->done) return;  // reports from two workers may cross
+  image.snapshots = p;
+  if (p.done) {
+    --job.stages;
+    if (p.failed > 0 || !p.error.empty()) {
+      spdlog::warn("prefetch {}: {}: {} of {} layers not extracted for containerd: {}", job.id,
+                   image.ref, p.failed, p.layers, p.error);
+    }
+  }
+  Changed(job);
+  MaybeFinish(job);
+}
+
+void Prefetcher::MaybeFinish(PrefetchJob& job) {
+  if (job.workers == 0 && job.stages == 0 && !job.ended) Finish(job);
 }
 
 void Prefetcher::Finish(PrefetchJob& job) {
   size_t bad_images = 0, bad_blobs = 0;
-  for (const auto& i : job.images) bad_images += !i.error.empty();
+  for (const auto& i : job.images) {
+    bad_images += !i.error.empty() ||
+                  (i.snapshots && (i.snapshots->failed > 0 || !i.snapshots->error.empty()));
+  }
   for (const auto& b : job.blobs) bad_blobs += b.state == PrefetchBlob::State::kFailed;
   if (bad_images + bad_blobs == 0) {
     job.state = PrefetchJob::State::kDone;
@@ -279,6 +336,9 @@ void Prefetcher::Finish(PrefetchJob& job) {
     std::string first;
     for (const auto& i : job.images) {
       if (first.empty() && !i.error.empty()) first = i.ref + ": " + i.error;
+      if (first.empty() && i.snapshots && !i.snapshots->error.empty()) {
+        first = i.ref + ": layers for containerd: " + i.snapshots->error;
+      }
     }
     for (const auto& b : job.blobs) {
       if (first.empty() && !b.error.empty()) first = b.digest.str() + ": " + b.error;
@@ -326,6 +386,12 @@ awaitable<shim::AdminReply> Prefetcher::HandleAdmin(const std::string& method,
       if (!n || *n > 32)
         co_return JsonReply(400, {{"error", "parallel \"" + text + "\" is not 1..32"}});
       request.parallel = static_cast<int>(*n);
+    }
+    if (std::string text = t.Param("snapshots"); !text.empty()) {
+      if (text != "0" && text != "1" && text != "true" && text != "false") {
+        co_return JsonReply(400, {{"error", "snapshots \"" + text + "\" is not 0 or 1"}});
+      }
+      request.snapshots = text == "1" || text == "true";
     }
     for (const auto& ref : request.images) {
       if (auto r = oci::ParseImageRef(ref); !r) {

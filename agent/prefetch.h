@@ -1,5 +1,7 @@
 #pragma once
 // Node prefetch: jobs that warm this node's cache with whole images before they are needed.
+// With `snapshots`, a job also extracts every layer for the agent's containerd snapshotter
+// (snapshotter::LayerPrep::Stage), so that a pull of the image afterwards extracts nothing.
 // A job resolves each image (the platform's manifest of an index), pins it (owner "prefetch")
 // and fetches its config and layers through PullThrough::FetchToCache, several at once, so the
 // swarm and the tracker's leases are used exactly as for a runtime pull. Jobs report progress
@@ -26,6 +28,7 @@
 #include "agent/pull_through.h"
 #include "lib/store/blob_store.h"
 #include "registry-shim/server.h"
+#include "snapshotter/layer_prep.h"
 
 namespace shoal::agent {
 
@@ -36,6 +39,9 @@ struct PrefetchRequest {
   // How long the pins last; 0 = until unpinned.
   std::chrono::seconds ttl = std::chrono::hours(24);
   int parallel = 4;  // blobs fetched at once
+  // Also extract the layers for containerd (kept for its Prepares as long as the pins last;
+  // 24 h when they do not expire).
+  bool snapshots = false;
 };
 
 struct PrefetchOptions {
@@ -64,6 +70,7 @@ struct PrefetchJob {
     std::string digest;  // of the manifest the reference names, once resolved
     std::string error;   // why it could not be resolved or pinned
     bool resolved = false;
+    std::optional<snapshotter::StageProgress> snapshots;  // with request.snapshots, once staged
   };
   std::string id;
   PrefetchRequest request;
@@ -76,9 +83,11 @@ struct PrefetchJob {
   std::chrono::steady_clock::time_point ended_steady;
   uint64_t version = 0;  // bumped on every change
   int workers = 0;       // fetch coroutines still running
+  int stages = 0;        // images whose layers are still being extracted (request.snapshots)
   std::function<void(const PrefetchJob&)> on_change;
 
-  // The job as JSON: id, state, images, blobs, totals (bytes_total, bytes_done, blobs_*).
+  // The job as JSON: id, state, images, blobs, totals (bytes_total, bytes_done, blobs_*), and
+  // with request.snapshots the layers extracted ("snapshots": layers, prepared, failed).
   nlohmann::json ToJson() const;
 };
 
@@ -89,9 +98,13 @@ class Prefetcher {
   Prefetcher(boost::asio::io_context& ioc, PullThrough& pull_through, store::BlobStore& store,
              PrefetchOptions options = {});
 
+  // Lets jobs extract layers for the snapshotter (request.snapshots); `prep` outlives this
+  // object, or is Stopped first. Without it such requests are refused.
+  void EnableSnapshots(snapshotter::LayerPrep* prep) { layer_prep_ = prep; }
   // Starts a job with `id` (a fresh one when empty) and returns its id; on_change is called
   // after every change of the job. Errors: kInvalidArgument for an empty request, a bad
-  // platform or parallelism, or an id already in use; kUnavailable when max_jobs jobs run.
+  // platform or parallelism, an id already in use, or snapshots without EnableSnapshots;
+  // kUnavailable when max_jobs jobs run.
   Result<std::string> Start(PrefetchRequest request, std::string id = "",
                             std::function<void(const PrefetchJob&)> on_change = {});
   // The job, or null when unknown (or dropped after keep_ended).
@@ -100,7 +113,8 @@ class Prefetcher {
   boost::asio::awaitable<void> WaitChange(const std::string& id, uint64_t since,
                                           std::chrono::milliseconds timeout);
   // The admin API under /shoal/v1/prefetch:
-  //   POST /shoal/v1/prefetch?ref=IMAGE[&ref=...]&platform=os/arch&ttl=S&parallel=N -> job
+  //   POST /shoal/v1/prefetch?ref=IMAGE[&ref=...]&platform=os/arch&ttl=S&parallel=N
+  //        [&snapshots=1] -> job
   //   GET  /shoal/v1/prefetch                       -> {"jobs": [summaries]}
   //   GET  /shoal/v1/prefetch/{id}?wait_ms=N&since=V -> job (long-polls until version > V)
   boost::asio::awaitable<shim::AdminReply> HandleAdmin(const std::string& method,
@@ -112,7 +126,11 @@ class Prefetcher {
   boost::asio::awaitable<void> Run(std::shared_ptr<PrefetchJob> job);
   boost::asio::awaitable<void> Worker(std::shared_ptr<PrefetchJob> job);
   void Changed(PrefetchJob& job);
+  // Finishes the job once no fetch and no layer extraction runs.
+  void MaybeFinish(PrefetchJob& job);
   void Finish(PrefetchJob& job);
+  // A Stage's progress for image `index` of the job (network thread).
+  void OnStage(PrefetchJob& job, size_t index, const snapshotter::StageProgress& progress);
   // Drops ended jobs past keep_ended, and the oldest ended ones beyond max_jobs - 1.
   bool MakeRoom();
 
@@ -122,6 +140,7 @@ class Prefetcher {
   PrefetchOptions options_;
   std::map<std::string, std::shared_ptr<PrefetchJob>> jobs_;
   Notifier changes_;
+  snapshotter::LayerPrep* layer_prep_ = nullptr;
   std::mt19937_64 rng_{std::random_device{}()};
 };
 

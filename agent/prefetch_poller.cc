@@ -97,6 +97,7 @@ void PrefetchPoller::Run(size_t replica, const TrackerPrefetchJob& job) {
   request.platform = job.platform;
   request.ttl = std::chrono::seconds(job.ttl_s);
   request.parallel = job.parallel;
+  request.snapshots = job.snapshots;
   spdlog::info("prefetch: job {} from tracker {}: {} images", job.id, tracker_.ReplicaUrl(replica),
                job.images.size());
   auto started = prefetcher_.Start(std::move(request), job.id);

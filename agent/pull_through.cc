@@ -677,6 +677,13 @@ void PullThrough::RegisterCacheMetrics(prometheus::Registry& metrics) {
                                            "downloaded (counted against the budget)")
                                        .Register(metrics)
                                        .Add({});
+  cache_metrics_.layer_bytes = &prometheus::BuildGauge()
+                                    .Name("shoal_cache_layer_bytes")
+                                    .Help(
+                                        "Bytes of extracted layers (the snapshotter's, on the "
+                                        "cache's disk) counted in the cache budget")
+                                    .Register(metrics)
+                                    .Add({});
   cache_metrics_.evictions = &prometheus::BuildCounter()
                                   .Name("shoal_cache_evictions_total")
                                   .Help("Blobs evicted from the cache to keep it within budget")
@@ -697,7 +704,10 @@ store::EvictReport PullThrough::Evict(std::optional<uint64_t> to) {
     });
   }
   if (r.over_budget > 0) {
-    spdlog::warn("cache: {} bytes over budget; the rest is pinned or in use", r.over_budget);
+    spdlog::warn(
+        "cache: {} bytes over budget; the rest is pinned, in use or extracted layers "
+        "(the snapshotter's, {} bytes)",
+        r.over_budget, store_.Stats().external_bytes);
   }
   UpdateCacheMetrics();
   return r;
@@ -714,6 +724,7 @@ void PullThrough::UpdateCacheMetrics() {
     cache_metrics_.evictions_seen = s.evictions;
   }
   cache_metrics_.inflight_bytes->Set(static_cast<double>(s.inflight_bytes));
+  cache_metrics_.layer_bytes->Set(static_cast<double>(s.external_bytes));
   cache_metrics_.bytes->Set(static_cast<double>(s.bytes));
   cache_metrics_.budget_bytes->Set(static_cast<double>(s.budget));
   cache_metrics_.pinned_bytes->Set(static_cast<double>(s.pinned_bytes));
@@ -845,6 +856,7 @@ awaitable<shim::AdminReply> PullThrough::HandleAdmin(const std::string& method,
     }
     co_return JsonReply(200, {{"bytes", s.bytes},
                               {"budget", s.budget},
+                              {"snapshot_bytes", s.external_bytes},
                               {"pinned_bytes", s.pinned_bytes},
                               {"blobs", s.blobs},
                               {"evictions", s.evictions},
@@ -910,6 +922,7 @@ awaitable<shim::AdminReply> PullThrough::HandleAdmin(const std::string& method,
                               {"evicted", evicted},
                               {"over_budget", r.over_budget},
                               {"bytes", s.bytes},
+                              {"snapshot_bytes", s.external_bytes},
                               {"budget", s.budget}});
   }
   co_return JsonReply(404, {{"error", "no admin endpoint " + method + " " + t.path}});

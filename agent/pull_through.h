@@ -137,6 +137,7 @@ class PullThrough : public shim::Backend {
     prometheus::Gauge* budget_bytes = nullptr;
     prometheus::Gauge* pinned_bytes = nullptr;
     prometheus::Gauge* inflight_bytes = nullptr;
+    prometheus::Gauge* layer_bytes = nullptr;
     prometheus::Counter* evictions = nullptr;
     uint64_t evictions_seen = 0;  // the store's eviction count already added to `evictions`
   };

@@ -587,6 +587,7 @@ awaitable<Result<std::vector<TrackerPrefetchJob>>> TrackerClient::PollPrefetch(
       job.platform = e.value("platform", "linux/amd64");
       job.ttl_s = e.value("ttl_s", int64_t{86400});
       job.parallel = e.value("parallel", 4);
+      job.snapshots = e.value("snapshots", false);
       out.push_back(std::move(job));
     }
     co_return out;

@@ -98,6 +98,7 @@ struct TrackerPrefetchJob {
   std::string platform;
   int64_t ttl_s = 0;
   int parallel = 4;
+  bool snapshots = false;  // also extract the layers for containerd (PrefetchRequest::snapshots)
 };
 
 // This node's progress on a job, as reported to the tracker.

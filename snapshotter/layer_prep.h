@@ -12,11 +12,19 @@
 // directory that the layer's own Prepare moves into its snapshot. Anything LayerPrep cannot do
 // leaves the store as it was and the caller prepares an empty snapshot as usual, within
 // options.timeout. No gRPC here.
+//
+// Stage does the same ahead of containerd, for a prefetch (issue 18 item 3): every layer of an
+// image is extracted into staging and kept until its Prepare claims it (a rename) or the
+// prefetch's keep time passes. Such layers are recorded next to their directory
+// (staging/<dir>.json) and survive an agent restart on the same boot; after a reboot they are
+// deleted, since extracted files are not fsynced (a crash of the machine may have cut them).
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -71,6 +79,21 @@ struct LayerPrepOptions {
   // Longest a Prepare waits for its layer; a layer's fetch gets twice this from its start.
   std::chrono::milliseconds timeout{300'000};
   std::chrono::minutes staged_ttl{10};  // unclaimed extracted layers are deleted after this
+  // Called on a worker thread, without LayerPrep's lock, after a layer was extracted into
+  // staging (the agent re-checks its cache budget, which counts StagedBytes).
+  std::function<void()> on_staged;
+  // This boot's id (/proc/sys/kernel/random/boot_id) when empty; a test passes another to play
+  // a reboot.
+  std::string boot_id;
+};
+
+// How a Stage of one image stands.
+struct StageProgress {
+  size_t layers = 0;    // the image's layers (known once its manifest and config were read)
+  size_t prepared = 0;  // extracted and kept for their Prepare, or committed snapshots already
+  size_t failed = 0;    // not extracted (containerd will unpack them itself)
+  bool done = false;    // final: every layer prepared or failed, or the image could not be read
+  std::string error;    // the first failure: the image's, or a layer's
 };
 
 // What TryPrepare did.
@@ -84,6 +107,7 @@ struct LayerPrepStats {
   uint64_t prepared = 0;   // Prepares answered with a snapshot shoal extracted (or had)
   uint64_t fallbacks = 0;  // Prepares left to containerd
   uint64_t extracted = 0;  // layers extracted (claimed or not)
+  uint64_t restored = 0;   // staged layers found again at start (kept for a prefetch)
 };
 
 class LayerPrep {
@@ -102,6 +126,14 @@ class LayerPrep {
   // store is as before and the reason is returned. Blocks at most options.timeout. Thread-safe.
   PrepareOutcome TryPrepare(const std::string& key, const std::string& parent,
                             const Labels& labels);
+  // Extracts every layer of image manifest `manifest` (in image_ref's repository) ahead of
+  // containerd and keeps each for its Prepare until `keep` passes (at least staged_ttl).
+  // Returns at once; on_change is called from LayerPrep's threads after each change, without
+  // its lock, the last time with done set. Thread-safe.
+  void Stage(const std::string& image_ref, const Digest& manifest, std::chrono::seconds keep,
+             std::function<void(const StageProgress&)> on_change);
+  // Bytes on disk of the extracted layers waiting in staging for their Prepare. Lock-free.
+  uint64_t StagedBytes() const { return staged_bytes_.load(std::memory_order_relaxed); }
   // Waiting Prepares fall back now; workers finish the layer at hand and exit; unclaimed
   // extracted layers are deleted. Idempotent.
   void Stop();
@@ -122,6 +154,22 @@ class LayerPrep {
     bool root_entry = false;
     std::string error;  // kFailed
     Deadline finished{};
+    Deadline keep_until{};   // a Stage keeps it this long (and records it on disk)
+    bool persisted = false;  // its record (dir + ".json") is written
+    bool abandoned = false;  // a Prepare gave up on it and nobody else wants it
+    uint64_t bytes = 0;      // on disk, once extracted
+  };
+  // One Stage call.
+  struct StageJob {
+    std::string image_ref;
+    Digest manifest = Digest::FromSha256Hex(std::string(64, '0'));
+    std::chrono::seconds keep{0};
+    std::function<void(const StageProgress&)> on_change;
+    bool planned = false;
+    std::vector<std::shared_ptr<Job>> jobs;
+    size_t already = 0;               // committed snapshots already
+    size_t unsupported = 0;           // layers of a media type shoal does not extract
+    std::vector<std::string> errors;  // the plan's, and the layers' it does not extract
   };
 
   // The image's layers (from the cache of plans, else Resolve); a failure is remembered for
@@ -133,10 +181,23 @@ class LayerPrep {
   // Queues a job for layer (front: wanted now) unless one exists. Requires mu_.
   std::shared_ptr<Job> Enqueue(const PlanLayer& layer, const std::string& image_ref, bool front);
   // Moves the extracted layer into a new snapshot and commits it. Errors name the step.
-  Status Install(const Job& job, const std::string& key, const std::string& parent,
-                 const Labels& labels);
+  Status Install(const Job& job, const std::string& target, const std::string& key,
+                 const std::string& parent, const Labels& labels);
   void Worker();
   void Run(Job& job);
+  // Plans a Stage and queues its layers.
+  void RunStage(const std::shared_ptr<StageJob>& stage);
+  // The stage's progress. Requires mu_.
+  StageProgress ProgressLocked(const StageJob& stage) const;
+  // Reports to the stages `which` selects (outside mu_) and drops those that are done.
+  void ReportStages(const std::function<bool(const StageJob&)>& which);
+  // Writes the job's record (a kept, extracted layer) so that a restart finds it. Without mu_.
+  void Persist(const std::shared_ptr<Job>& job);
+  // Deletes a staged job's directory and record and gives its bytes back.
+  void Discard(const Job& job);
+  // Restores the staged layers an earlier run kept (same boot, keep time not passed) and
+  // deletes everything else under staging. Constructor only.
+  void Restore();
   // Deletes extracted layers nobody claimed within staged_ttl. Requires mu_.
   void Expire(Deadline now);
   PrepareOutcome Fallback(std::string reason);
@@ -153,6 +214,11 @@ class LayerPrep {
   uint64_t next_dir_ = 0;                                 // GUARDED_BY(mu_)
   std::map<std::string, std::shared_ptr<Job>> jobs_;      // by blob digest; GUARDED_BY(mu_)
   std::deque<std::shared_ptr<Job>> queue_;                // GUARDED_BY(mu_)
+  std::deque<std::shared_ptr<StageJob>> stage_queue_;     // not planned yet; GUARDED_BY(mu_)
+  std::vector<std::shared_ptr<StageJob>> stages_;         // planned, not done; GUARDED_BY(mu_)
+  std::atomic<uint64_t> staged_bytes_{0};
+  std::string boot_id_;  // this boot's, for staged layers' records; empty: none are kept
+  std::string dir_tag_;  // in every staging directory's name: unique to this run
   std::map<std::string, std::vector<PlanLayer>> plans_;   // by manifest digest; GUARDED_BY(mu_)
   struct PlanFailure {
     Error error;

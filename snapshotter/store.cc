@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -163,7 +164,17 @@ StoreResult<void> Store::Load() {
     if (IsIdName(it->path().filename().string(), &id) && id >= next_id_) next_id_ = id + 1;
   }
   if (ec) return Err(Errc::kIo, "list " + root_ + "/snapshots: " + ec.message());
+  CountCommittedLocked();
   return boost::outcome_v2::success();
+}
+
+void Store::CountCommittedLocked() {
+  uint64_t total = 0;
+  for (const auto& [key, r] : records_) {
+    if (r.info.kind == Kind::kCommitted)
+      total += static_cast<uint64_t>(std::max<int64_t>(0, r.usage.size));
+  }
+  committed_bytes_.store(total, std::memory_order_relaxed);
 }
 
 StoreResult<void> Store::LoadRecords(const std::string& path) {
@@ -406,7 +417,7 @@ StoreResult<void> Store::Commit(const std::string& name, const std::string& key,
   // checked again: a concurrent Remove or Commit of the same key wins.
   auto usage = DiskUsage(FsPath(id));
   if (!usage) return usage.error();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = records_.find(key);
   if (it == records_.end() || it->second.id != id || it->second.info.kind != Kind::kActive) {
     return Err(Errc::kNotFound, "commit: active snapshot \"" + key + "\" went away");
@@ -428,10 +439,13 @@ StoreResult<void> Store::Commit(const std::string& name, const std::string& key,
     records_[key] = std::move(old);
     return st.error();
   }
+  CountCommittedLocked();
+  lock.unlock();
   // The work dir only served the overlay mount of the active snapshot; committed layers are
   // lower dirs only.
   std::error_code ec;
   fs::remove_all(WorkPath(id), ec);
+  if (on_change_) on_change_();
   return boost::outcome_v2::success();
 }
 
@@ -456,6 +470,7 @@ StoreResult<void> Store::Remove(const std::string& key) {
       return st.error();
     }
     id = old.id;
+    CountCommittedLocked();
   }
   // The record is gone and ids are never reused, so nobody reaches this directory any more.
   // A failure here leaves garbage for Cleanup, not an error: the snapshot is removed.
@@ -463,6 +478,7 @@ StoreResult<void> Store::Remove(const std::string& key) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   if (ec) spdlog::warn("snapshot \"{}\" removed, but deleting {} failed: {}", key, dir, ec.message());
+  if (on_change_) on_change_();
   return boost::outcome_v2::success();
 }
 

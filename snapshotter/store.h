@@ -12,8 +12,10 @@
 // Ids are decimal numbers that are never reused, so a directory whose id has no record is
 // garbage (Cleanup removes it).
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -129,6 +131,13 @@ class Store {
 
   const std::string& root() const { return root_; }
 
+  // Bytes on disk of the committed snapshots (their usage recorded at commit), kept as a running
+  // total: cheap, never waits for the store's lock (the agent counts it against its cache budget).
+  uint64_t CommittedBytes() const { return committed_bytes_.load(std::memory_order_relaxed); }
+  // Called after every Commit and Remove that succeeded, without the store's lock, on the
+  // caller's thread (the agent re-checks its cache budget). Set before any other use.
+  void SetOnChange(std::function<void()> hook) { on_change_ = std::move(hook); }
+
  private:
   struct Record {
     uint64_t id = 0;
@@ -146,6 +155,8 @@ class Store {
   std::string WorkPath(uint64_t id) const;
   // Writes metadata.json atomically from records_ and next_id_. Requires mu_.
   StoreResult<void> Save() const;
+  // Recomputes committed_bytes_ from records_. Requires mu_.
+  void CountCommittedLocked();
   // Loads metadata.json (if any) and moves next_id_ past every directory on disk.
   StoreResult<void> Load();
   StoreResult<void> LoadRecords(const std::string& path);
@@ -156,6 +167,8 @@ class Store {
   mutable std::mutex mu_;
   std::map<std::string, Record> records_;  // by key; GUARDED_BY(mu_)
   uint64_t next_id_ = 1;                   // GUARDED_BY(mu_)
+  std::atomic<uint64_t> committed_bytes_{0};  // written under mu_
+  std::function<void()> on_change_;
 };
 
 // Measures `dir` as containerd's fs.DiskUsage does (see Usage). Errors: kNotFound when dir is

@@ -201,8 +201,11 @@ uint64_t BlobStore::BudgetLocked() const {
   return static_cast<uint64_t>(fs_bytes * *budget_percent_ / 100.0);
 }
 
+void BlobStore::SetExternalUsage(std::function<uint64_t()> used) { external_ = std::move(used); }
+
 std::string BlobStore::SpaceReport() const {
   TimePoint now = Now();
+  const uint64_t external = External();
   std::lock_guard lk(mu_);
   uint64_t pinned = 0, in_use = 0;
   for (const auto& [digest, e] : index_) {
@@ -216,6 +219,7 @@ std::string BlobStore::SpaceReport() const {
                     std::to_string(total_bytes_) + " (pinned " + std::to_string(pinned) +
                     ", in use " + std::to_string(in_use) + "); in flight " +
                     std::to_string(reserved_);
+  if (external_) out += "; extracted layers (snapshotter) " + std::to_string(external);
   struct statvfs vfs;
   if (::statvfs(root_.c_str(), &vfs) == 0) {
     out += "; free on disk " + std::to_string(static_cast<uint64_t>(vfs.f_bavail) *
@@ -236,16 +240,18 @@ std::string BlobStore::MakeRoomInBudget(const Digest& digest, uint64_t size) {
   for (;;) {
     {
       TimePoint now = Now();
+      const uint64_t external = External();
       std::lock_guard lk(mu_);
       uint64_t budget = BudgetLocked();
       // A pinned blob (a prefetch, an operator's pin) is wanted whatever the budget, which is
       // for what LRU eviction manages; only the disk itself (AllocateEvicting) limits it.
-      if (budget == 0 || total_bytes_ + reserved_ + size <= budget || PinnedLocked(digest, now)) {
+      if (budget == 0 || total_bytes_ + external + reserved_ + size <= budget ||
+          PinnedLocked(digest, now)) {
         reserved_ += size;
         return "";
       }
       // Not even evicting everything evictable would do: say so and keep the cache.
-      if (total_bytes_ - EvictableBytesLocked(now) + reserved_ + size > budget) break;
+      if (total_bytes_ - EvictableBytesLocked(now) + external + reserved_ + size > budget) break;
     }
     if (!EvictOne(digest)) break;
   }
@@ -611,8 +617,10 @@ std::vector<CacheEntry> BlobStore::List() const {
 
 CacheStats BlobStore::Stats() const {
   TimePoint now = Now();
+  const uint64_t external = External();
   std::lock_guard lk(mu_);
   CacheStats s;
+  s.external_bytes = external;
   s.bytes = total_bytes_;
   s.budget = BudgetLocked();
   s.inflight_bytes = reserved_;
@@ -653,10 +661,13 @@ EvictReport BlobStore::EvictTo(uint64_t budget) {
   }
   std::sort(order.begin(), order.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
+  // The snapshotter's layers are not evicted here: the blobs make room for them.
+  const uint64_t external = External();
+  const uint64_t blob_budget = budget > external ? budget - external : 0;
   for (const auto& [when, digest] : order) {
     {
       std::lock_guard lk(mu_);
-      if (total_bytes_ <= budget) break;
+      if (total_bytes_ <= blob_budget) break;
       auto it = index_.find(digest);
       // Re-checked under the lock: a reader may have opened it, or someone pinned it, since.
       if (it == index_.end() || users_.count(digest) > 0 || PinnedLocked(digest, now)) continue;
@@ -677,7 +688,7 @@ EvictReport BlobStore::EvictTo(uint64_t budget) {
   }
   {
     std::lock_guard lk(mu_);
-    report.over_budget = total_bytes_ > budget ? total_bytes_ - budget : 0;
+    report.over_budget = total_bytes_ + external > budget ? total_bytes_ + external - budget : 0;
   }
   return report;
 }

@@ -106,6 +106,7 @@ struct CacheStats {
   uint64_t blobs = 0;
   uint64_t evictions = 0;       // blobs evicted since Open
   uint64_t inflight_bytes = 0;  // reserved by blobs being written (Create until Commit or Abort)
+  uint64_t external_bytes = 0;  // held outside the cache on its budget (SetExternalUsage)
 };
 
 // What one Evict call did.
@@ -185,6 +186,12 @@ class BlobStore {
   // Every complete blob, least recently used first.
   std::vector<CacheEntry> List() const;
   CacheStats Stats() const;
+  // Space on the budget held outside the blob cache on the same disk (the snapshotter's
+  // extracted layers): `used` returns its bytes now. It counts with the blobs, so least recently
+  // used blobs are evicted to make room for it; it is never evicted here. Called without the
+  // store's lock; must be cheap and must not call the store. Set before the store is shared
+  // between threads.
+  void SetExternalUsage(std::function<uint64_t()> used);
   // Called with each digest just before its file is deleted by Evict, without the store's lock
   // held, on the thread that called Evict (the agent removes the blob's torrents from the swarm).
   void SetEvictHook(std::function<void(const Digest&)> hook);
@@ -211,6 +218,8 @@ class BlobStore {
   explicit BlobStore(std::string root) : root_(std::move(root)) {}
   // The budget now (a percentage is measured again). Requires mu_.
   uint64_t BudgetLocked() const;
+  // SetExternalUsage's bytes now (0 without it). Must be called without mu_.
+  uint64_t External() const { return external_ ? external_() : 0; }
   // Makes room for `size` more bytes in the budget (evicting); "" or why it cannot fit.
   std::string MakeRoomInBudget(const Digest& digest, uint64_t size);
   // Allocates fd's disk space, evicting while the disk is full; "" or why it cannot fit.
@@ -251,6 +260,7 @@ class BlobStore {
   std::unordered_map<Digest, int> users_;         // GUARDED_BY(mu_): in-use counts
   std::map<Digest, std::map<std::string, shoal::store::Pin>> pins_;  // GUARDED_BY(mu_): by owner
   std::function<void(const Digest&)> evict_hook_;                    // GUARDED_BY(mu_)
+  std::function<uint64_t()> external_;  // set before use; called without mu_
   friend class BlobWriter;
 };
 

@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -128,6 +130,7 @@ struct Setup {
     size_t n = 0;
     for (auto it = fs::directory_iterator(dir.Sub("snap/staging")); it != fs::directory_iterator();
          ++it) {
+      if (!it->is_directory()) continue;  // a kept layer's record
       if (!blob || it->path().filename().string().rfind(blob->hex().substr(0, 16), 0) == 0) ++n;
     }
     return n;
@@ -322,6 +325,135 @@ TEST_CASE("snapshotter layer prep: a Prepare waiting when the agent stops falls 
   CHECK(returned - stopping < std::chrono::milliseconds(500));
   CHECK(s.store->List().empty());
   CHECK(s.Staged() == 0);  // what the worker extracted after all was nobody's: deleted
+}
+
+// What a Stage reported, for a test to wait on.
+struct StageWatch {
+  std::mutex mu;
+  std::vector<snapshotter::StageProgress> seen;
+  std::function<void(const snapshotter::StageProgress&)> Callback() {
+    return [this](const snapshotter::StageProgress& p) {
+      std::lock_guard<std::mutex> lock(mu);
+      seen.push_back(p);
+    };
+  }
+  std::optional<snapshotter::StageProgress> Final() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (seen.empty() || !seen.back().done) return std::nullopt;
+    return seen.back();
+  }
+  snapshotter::StageProgress Wait() {
+    REQUIRE(WaitUntil([&] { return Final().has_value(); }, std::chrono::seconds(20),
+                      std::chrono::milliseconds(10)));
+    return *Final();
+  }
+};
+
+TEST_CASE(
+    "snapshotter layer prep: a Stage extracts every layer ahead of containerd, whose "
+    "Prepares then only move them into place") {
+  Setup s;
+  snapshotter::LayerPrepOptions opts;
+  int staged_calls = 0;
+  opts.on_staged = [&staged_calls] { ++staged_calls; };
+  snapshotter::LayerPrep prep(*s.store, *s.source, opts);
+  StageWatch watch;
+  prep.Stage("gcr.io/proj/img:1", s.image.manifest_digest, std::chrono::hours(1), watch.Callback());
+  snapshotter::StageProgress p = watch.Wait();
+  CHECK(p.layers == 2);
+  CHECK(p.prepared == 2);
+  CHECK(p.failed == 0);
+  CHECK(p.error.empty());
+  CHECK(prep.stats().extracted == 2);
+  CHECK(staged_calls == 2);
+  CHECK(s.Staged() == 2);
+  const uint64_t staged = prep.StagedBytes();
+  CHECK(staged > 0);
+  CHECK(s.store->List().empty());  // nothing is containerd's yet
+  const int fetched = s.source->blobs;
+
+  // containerd's Prepares claim them: nothing fetched or extracted again.
+  for (size_t i = 0; i < 2; ++i) {
+    auto out = prep.TryPrepare("default/" + std::to_string(i) + "/extract " + s.chains[i],
+                               i == 0 ? "" : s.chains[0], UnpackLabels(s.image, i, s.chains));
+    REQUIRE_MESSAGE(out.prepared, out.reason);
+  }
+  CHECK(s.source->blobs == fetched);
+  CHECK(prep.stats().extracted == 2);
+  CHECK(prep.stats().prepared == 2);
+  CHECK(prep.StagedBytes() == 0);
+  CHECK(s.Staged() == 0);
+  CHECK(fs::is_empty(s.dir.Sub("snap/staging")));  // the records went with the layers
+  CHECK(s.store->CommittedBytes() >= staged);
+
+  // Staged again when every layer is a snapshot already: done at once, nothing extracted.
+  StageWatch again;
+  prep.Stage("gcr.io/proj/img:1", s.image.manifest_digest, std::chrono::hours(1), again.Callback());
+  p = again.Wait();
+  CHECK(p.prepared == 2);
+  CHECK(prep.stats().extracted == 2);
+}
+
+TEST_CASE(
+    "snapshotter layer prep: staged layers survive an agent restart on the same boot, "
+    "not a reboot") {
+  Setup s;
+  {
+    snapshotter::LayerPrep prep(*s.store, *s.source);
+    StageWatch watch;
+    prep.Stage("gcr.io/proj/img:1", s.image.manifest_digest, std::chrono::hours(1),
+               watch.Callback());
+    CHECK(watch.Wait().prepared == 2);
+  }  // the agent stops
+  CHECK(s.Staged() == 2);
+  uint64_t staged = 0;
+  {
+    snapshotter::LayerPrep prep(*s.store, *s.source);
+    CHECK(prep.stats().restored == 2);
+    staged = prep.StagedBytes();
+    CHECK(staged > 0);
+    auto out =
+        prep.TryPrepare("default/1/extract " + s.chains[0], "", UnpackLabels(s.image, 0, s.chains));
+    REQUIRE_MESSAGE(out.prepared, out.reason);
+    CHECK(prep.stats().extracted == 0);  // moved into place, not extracted again
+    CHECK(ReadFile(s.dir.Sub("snap") + "/snapshots/1/fs/etc/b") == "beta");
+    CHECK(prep.StagedBytes() < staged);
+  }
+  CHECK(s.Staged() == 1);  // the second layer is still kept
+  {
+    // A reboot: files that were never fsynced may be cut; the kept layer is deleted.
+    snapshotter::LayerPrepOptions opts;
+    opts.boot_id = "another-boot";
+    snapshotter::LayerPrep prep(*s.store, *s.source, opts);
+    CHECK(prep.stats().restored == 0);
+    CHECK(prep.StagedBytes() == 0);
+    CHECK(fs::is_empty(s.dir.Sub("snap/staging")));
+  }
+}
+
+TEST_CASE(
+    "snapshotter layer prep: a Stage of an image it cannot read ends at once with the "
+    "reason") {
+  Setup s;
+  snapshotter::LayerPrep prep(*s.store, *s.source);
+  StageWatch watch;
+  const Digest missing = Sha256::Of(std::string("no such manifest"));
+  prep.Stage("gcr.io/proj/img:1", missing, std::chrono::hours(1), watch.Callback());
+  snapshotter::StageProgress p = watch.Wait();
+  CHECK(p.layers == 0);
+  CHECK_MESSAGE(p.error.find("no manifest " + missing.str()) != std::string::npos, p.error);
+  CHECK(prep.stats().extracted == 0);
+  // A layer whose bytes are bad fails the Stage with the extraction's reason; the other is kept.
+  s.source->replaced[s.image.layer_digests[1].str()] =
+      s.dir.Sub("layout") + "/blobs/sha256/" + s.image.layer_digests[0].hex();
+  StageWatch bad;
+  prep.Stage("gcr.io/proj/img:1", s.image.manifest_digest, std::chrono::hours(1), bad.Callback());
+  p = bad.Wait();
+  CHECK(p.layers == 2);
+  CHECK(p.prepared == 1);
+  CHECK(p.failed == 1);
+  CHECK_MESSAGE(p.error.find(s.image.layer_digests[1].str()) != std::string::npos, p.error);
+  CHECK(s.Staged() == 1);
 }
 
 }  // namespace shoal::testkit

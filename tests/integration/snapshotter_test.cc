@@ -12,12 +12,15 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "lib/core/sha256.h"
 
 #include "tests/support/agent.h"
 #include "tests/support/counted_upstream.h"
 #include "tests/support/counting_proxy.h"
 #include "tests/support/cri.h"
+#include "tests/support/http_client.h"
 #include "tests/support/image.h"
 #include "tests/support/layer_tar.h"
 #include "tests/support/process.h"
@@ -583,6 +586,201 @@ TEST_CASE("snapshotter: a layer shoal cannot prepare in time is left to containe
   REQUIRE(listed.size() == 3);
   CHECK(listed[chains[2]] == std::vector<std::string>{chains[2], chains[1], "Committed"});
   auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/slow:1", "native");
+  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  CheckSameAsNative(w, chains[2]);
+  CHECK(MountsUnder(w.dir.path()).empty());
+}
+
+TEST_CASE(
+    "snapshotter: a prefetch with --snapshots extracts every layer beforehand, and a CRI "
+    "pull after an agent restart extracts nothing") {
+  World w(true, /*cri=*/true);
+  ImageSpec spec;
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 10, {1ull << 20}, 2101});
+  LayerSpec mid{Compression::kZstd, 6, {200000}, 2102};
+  mid.with_whiteout = true;
+  spec.layers.push_back(mid);
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 4, {}, 2103});
+  const std::string layout = w.dir.Sub("layout");
+  auto built = BuildImage(spec, layout, "1");
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE(PushImage(*w.registry, layout, "1", "proj/pre").has_value());
+  w.proxy->Reset();
+
+  // The operator's prefetch before the experiment: blobs cached and layers extracted.
+  auto prefetched = Shoalctl(
+      {"prefetch", "gcr.io/proj/pre:1", "--agent", w.agent->Url(), "--snapshots", "--json"});
+  REQUIRE_MESSAGE(prefetched.has_value(),
+                  (prefetched.error().ToString() + "\n" + w.agent->LogTail()));
+  auto result = nlohmann::json::parse(prefetched.value(), nullptr, false);
+  REQUIRE_MESSAGE(result.is_object(), prefetched.value());
+  CHECK_MESSAGE(result.value("ok", false), prefetched.value());
+  const nlohmann::json& job = result["job"];
+  CHECK(job["state"] == "done");
+  CHECK(job["snapshots"]["layers"] == 3);
+  CHECK(job["snapshots"]["prepared"] == 3);
+  CHECK(job["snapshots"]["failed"] == 0);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_extracted_total") == 3);
+  CHECK(w.agent->Metric("shoal_snapshotter_bytes", {{"state", "staged"}}) > (1 << 20));
+  // containerd knows nothing yet: the layers wait in staging for its Prepares.
+  CHECK(Rows(w.Ctr({"-n", "k8s.io", "snapshots", "--snapshotter", "shoal", "ls"})).empty());
+
+  // The agent restarts (an upgrade, a crash) before the pod starts: the staged layers stay.
+  REQUIRE_MESSAGE(w.agent->Restart().has_value(), w.agent->LogTail());
+  CHECK(w.agent->Log().find("3 staged layers") != std::string::npos);
+  // The restarted agent listens on another port here: containerd reads hosts.toml at each pull.
+  auto regenerated = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
+                               "gcr.io", "-o", w.hosts_dir});
+  REQUIRE_MESSAGE(regenerated.has_value(), regenerated.error().ToString());
+  const uint64_t upstream_before = w.proxy->BlobBytes();
+  CHECK(upstream_before == built.value().total_blob_bytes);
+
+  auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/pre:1");
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+                                       "\n" + w.containerd->LogTail()));
+  CHECK(pulled.value() == built.value().config_digest.str());
+  // Every layer came from staging: prepared, none extracted by this agent process, none left to
+  // containerd, nothing fetched upstream again.
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) == 3);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "fallback"}}) == 0);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_extracted_total") == 0);
+  CHECK(w.agent->Metric("shoal_snapshotter_bytes", {{"state", "staged"}}) == 0);
+  CHECK(w.agent->Metric("shoal_snapshotter_bytes", {{"state", "committed"}}) > (1 << 20));
+  CHECK(w.proxy->BlobBytes() == upstream_before);
+  const std::vector<std::string> chains = ChainIds(built.value().diff_ids);
+  auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/pre:1", "native");
+  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  CheckSameAsNative(w, chains[2]);
+  CHECK(MountsUnder(w.dir.path()).empty());
+}
+
+TEST_CASE(
+    "snapshotter: extracted layers count in the agent's cache budget, blobs make room for "
+    "them, and containerd's garbage collection gives the space back") {
+  // About 3 MiB of blobs that extract to about 6 MiB: the budget holds the layers and some of
+  // the blobs, not all of them.
+  const uint64_t budget = 15ull << 19;  // 7.5 MiB
+  World w(true, /*cri=*/true, {"--cache-budget", std::to_string(budget)});
+  ImageSpec spec;
+  for (uint64_t seed : {2201, 2202, 2203}) {
+    spec.layers.push_back(LayerSpec{Compression::kGzip, 3, {2ull << 20}, seed});
+  }
+  const std::string layout = w.dir.Sub("layout");
+  auto built = BuildImage(spec, layout, "1");
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE(PushImage(*w.registry, layout, "1", "proj/budget").has_value());
+
+  auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/budget:1");
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+                                       "\n" + w.containerd->LogTail()));
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) == 3);
+  auto used = [&] {
+    return w.agent->Metric("shoal_cache_bytes") +
+           w.agent->Metric("shoal_snapshotter_bytes", {{"state", "committed"}}) +
+           w.agent->Metric("shoal_snapshotter_bytes", {{"state", "staged"}});
+  };
+  const double layers_bytes = w.agent->Metric("shoal_snapshotter_bytes", {{"state", "committed"}});
+  CHECK(layers_bytes > (6 << 20));
+  CHECK(layers_bytes < static_cast<double>(budget));
+  // Blobs were evicted, least recently used first, until blobs and layers fit.
+  CHECK_MESSAGE(WaitUntil([&] { return used() <= static_cast<double>(budget); },
+                          std::chrono::seconds(20), std::chrono::milliseconds(100)),
+                w.agent->Metrics());
+  CHECK(w.agent->Metric("shoal_cache_evictions_total") >= 1);
+  auto cache = HttpRequest("GET", w.agent->Url() + "/shoal/v1/cache");
+  REQUIRE(cache.has_value());
+  auto cache_json = nlohmann::json::parse(cache.value().body, nullptr, false);
+  CHECK(cache_json.value("snapshot_bytes", 0.0) == layers_bytes);
+
+  // containerd removes the image: its snapshots go, and their bytes leave the budget.
+  std::istringstream names(w.Ctr({"-n", "k8s.io", "images", "ls", "-q"}));
+  for (std::string name; std::getline(names, name);) {
+    if (!name.empty()) w.Ctr({"-n", "k8s.io", "images", "rm", "--sync", name});
+  }
+  CHECK(WaitUntil(
+      [&] {
+        return w.agent->Metric("shoal_snapshotter_bytes", {{"state", "committed"}}) == 0;
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(200)));
+  CHECK(MountsUnder(w.dir.path()).empty());
+}
+
+TEST_CASE(
+    "snapshotter: an agent killed while it extracts a prefetch's layers keeps the finished "
+    "ones and deletes the cut one, and the CRI pull still gets the same tree") {
+  World w(true, /*cri=*/true);
+  auto containerd_ok = [](const Result<std::string>& r) { return r.has_value(); };
+  ImageSpec spec;
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 8, {}, 2301});
+  spec.layers.push_back(LayerSpec{Compression::kGzip, 6, {}, 2302});
+  LayerSpec big{Compression::kGzip, 4, {8ull << 20}, 2303};
+  big.with_whiteout = true;
+  spec.layers.push_back(big);
+  const std::string layout = w.dir.Sub("layout");
+  auto built = BuildImage(spec, layout, "1");
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE(PushImage(*w.registry, layout, "1", "proj/cut").has_value());
+  REQUIRE(built.value().layer_sizes.at(2) > (3u << 20));
+  // The big layer streams in over seconds, and is extracted as it comes.
+  w.proxy->SetDelayPerMiB(std::chrono::milliseconds(1500));
+  auto started = HttpRequest(
+      "POST", w.agent->Url() + "/shoal/v1/prefetch?ref=gcr.io/proj/cut:1" + "&snapshots=1");
+  REQUIRE(started.has_value());
+  REQUIRE_MESSAGE(started.value().status == 202, started.value().body);
+
+  // Two layers extracted and recorded, the third one's directory partly written: a crash.
+  const std::string staging = w.dir.Sub("cache/snapshotter/staging");
+  auto count = [&](bool records) {
+    size_t n = 0;
+    std::error_code ec;
+    for (fs::directory_iterator it(staging, ec), end; !ec && it != end; it.increment(ec)) {
+      const bool record = it->path().extension() == ".json";
+      n += record == records;
+    }
+    return n;
+  };
+  const std::string big_prefix = built.value().layer_digests[2].hex().substr(0, 16);
+  auto big_started = [&] {
+    std::error_code ec;
+    for (fs::directory_iterator it(staging, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->path().filename().string().rfind(big_prefix, 0) == 0) return true;
+    }
+    return false;
+  };
+  REQUIRE_MESSAGE(WaitUntil([&] { return count(true) == 2 && big_started(); },
+                            std::chrono::seconds(30), std::chrono::milliseconds(20)),
+                  w.agent->LogTail());
+  w.agent->Kill();
+  CHECK(count(false) == 3);
+  w.proxy->SetDelayPerMiB(std::chrono::milliseconds(0));
+
+  REQUIRE_MESSAGE(w.agent->Restart().has_value(), w.agent->LogTail());
+  CHECK(w.agent->Log().find("2 staged layers") != std::string::npos);
+  CHECK(count(false) == 2);  // the cut directory went
+  CHECK(count(true) == 2);
+  CHECK_FALSE(big_started());
+  auto regenerated = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
+                               "gcr.io", "-o", w.hosts_dir});
+  REQUIRE_MESSAGE(regenerated.has_value(), regenerated.error().ToString());
+  // containerd's gRPC connection to the killed agent reconnects with backoff (a kubelet retries
+  // its PullImage meanwhile): wait until it answers again.
+  // (A Prepare reaches the agent; a list of an empty namespace would not.)
+  REQUIRE(WaitUntil(
+      [&] {
+        return containerd_ok(w.containerd->Ctr(
+            {"-n", "probe", "snapshots", "--snapshotter", "shoal", "prepare", "probe"},
+            std::chrono::seconds(10)));
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(250)));
+  w.Ctr({"-n", "probe", "snapshots", "--snapshotter", "shoal", "rm", "probe"});
+
+  auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/cut:1");
+  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+                                       "\n" + w.containerd->LogTail()));
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) == 3);
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_extracted_total") == 1);  // the cut one again
+  const std::vector<std::string> chains = ChainIds(built.value().diff_ids);
+  auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/cut:1", "native");
   REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
   CheckSameAsNative(w, chains[2]);
   CHECK(MountsUnder(w.dir.path()).empty());

@@ -223,13 +223,22 @@ TEST_CASE("snapshotter: remove refuses a snapshot with children and frees the sp
   CHECK(s->Remove("l1").error().code == Errc::kFailedPrecondition);
   CHECK(fs::exists(l2));
 
+  // Committed layers count on disk (the agent's cache budget reads this); views do not.
+  const uint64_t both = s->CommittedBytes();
+  CHECK(both > 0);
+  int changes = 0;
+  s->SetOnChange([&changes] { ++changes; });
   // Leaves first, then their parents.
   REQUIRE(s->Remove("v").has_value());
+  CHECK(changes == 1);
+  CHECK(s->CommittedBytes() == both);
   REQUIRE(s->Remove("l2").has_value());
   CHECK_FALSE(fs::exists(fs::path(l2).parent_path()));
+  CHECK(s->CommittedBytes() < both);
   REQUIRE(s->Remove("l1").has_value());
   CHECK_FALSE(fs::exists(fs::path(l1).parent_path()));
   CHECK(s->List().empty());
+  CHECK(s->CommittedBytes() == 0);
   // The key is free again, with a new directory (ids are never reused).
   auto again = s->Prepare("l1", "", {});
   REQUIRE(again.has_value());
@@ -269,16 +278,19 @@ TEST_CASE("snapshotter: every snapshot survives reopening the store") {
   TempRoot root;
   std::string l1, l2;
   std::vector<Mount> active_mounts;
+  uint64_t committed = 0;
   {
     auto s = OpenStore(root.path);
     l1 = Layer(*s, "l1", "", "one");
     l2 = Layer(*s, "l2", "l1", "two");
+    committed = s->CommittedBytes();
     auto active = s->Prepare("active", "l2", {{"k", "v"}});
     REQUIRE(active.has_value());
     active_mounts = active.value();
     REQUIRE(s->View("view", "l1", {}).has_value());
   }
   auto s = OpenStore(root.path);
+  CHECK(s->CommittedBytes() == committed);
   auto list = s->List();
   REQUIRE(list.size() == 4);
   CHECK(list[0].name == "active");

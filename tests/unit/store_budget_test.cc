@@ -297,6 +297,58 @@ TEST_CASE("store budget: Create makes room for the incoming blob and counts it w
   CHECK(fs::is_empty(root.path + "/tmp"));
 }
 
+TEST_CASE(
+    "store budget: space held outside the cache (extracted layers) counts and blobs make "
+    "room for it") {
+  TempRoot root;
+  FakeClock clock;
+  auto store = OpenWithClock(root.path, clock);
+  uint64_t layers = 0;
+  store->SetExternalUsage([&layers] { return layers; });
+  store->SetBudget(100);
+  Digest a = PutBlob(*store, 'a', 40);
+  clock.Advance(std::chrono::seconds(1));
+  Digest b = PutBlob(*store, 'b', 40);
+  CHECK(store->Stats().external_bytes == 0);
+
+  // The snapshotter extracted 30 bytes of layers: 40 + 40 + 30 > 100, and the least recently
+  // used blob goes; the layers stay.
+  layers = 30;
+  CHECK(store->Stats().external_bytes == 30);
+  EvictReport r = store->Evict();
+  CHECK(r.evicted == std::vector<Digest>{a});
+  CHECK(r.over_budget == 0);
+  CHECK(store->Stat(b).has_value());
+
+  // An incoming blob makes room beside the layers too: 40 + 30 + 40 > 100 evicts b.
+  std::string data(40, 'c');
+  auto w = store->Create(Sha256::Of(data), data.size());
+  REQUIRE_MESSAGE(w.has_value(), w.error().ToString());
+  CHECK_FALSE(store->Stat(b).has_value());
+  REQUIRE(w.value()->PWrite(data.data(), data.size(), 0).has_value());
+  REQUIRE(w.value()->Commit().has_value());
+
+  // Layers alone over the budget: nothing evictable helps; the refusal says what holds it.
+  layers = 90;
+  std::string more(20, 'd');
+  auto refused = store->Create(Sha256::Of(more), more.size());
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == ErrorCode::kInsufficientStorage);
+  CHECK_MESSAGE(
+      refused.error().message.find("extracted layers (snapshotter) 90") != std::string::npos,
+      refused.error().message);
+  // Refused before evicting anything; an Evict then gives the layers the blob's room.
+  CHECK(store->Stats().bytes == 40);
+  r = store->Evict();
+  CHECK(r.freed_bytes == 40);
+  CHECK(r.over_budget == 0);
+  // More layers than the budget: over it by the difference, with no blob left to evict.
+  layers = 130;
+  r = store->Evict();
+  CHECK(r.evicted.empty());
+  CHECK(r.over_budget == 30);
+}
+
 TEST_CASE("store budget: a percentage budget is measured again at each use") {
   TempRoot root;
   auto store = BlobStore::Open(root.path).value();

@@ -87,6 +87,8 @@ TEST_CASE("prefetch api: malformed job requests get 400 with a precise message")
   CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selector":5})"),
                  "must be an object of strings"));
   CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"nodes":[""]})"), "non-empty string"));
+  CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"snapshots":"yes"})"),
+                 R"("snapshots" must be true or false)"));
   CHECK(Contains(a.Error(post, jobs, R"({"images":["a:1"],"selecter":{}})"),
                  R"(unknown field "selecter")"));
   // Nobody polled yet: a valid job selects no one.
@@ -137,7 +139,8 @@ TEST_CASE("prefetch api: a job is created on polling agents, handed out and repo
   CHECK(agents["agents"][1]["labels"]["gpu"] == "yes");
 
   auto created = a.Call(http::verb::post, "/v1/prefetch/jobs", "",
-                        R"({"images":["gcr.io/p/a:1"],"selector":"zone=b","ttl_s":60})");
+                        R"({"images":["gcr.io/p/a:1"],"selector":"zone=b","ttl_s":60,)"
+                        R"("snapshots":true})");
   const json& job = created.second;
   REQUIRE_MESSAGE(created.first == 201, job.dump());
   const std::string id = job["id"];
@@ -152,6 +155,7 @@ TEST_CASE("prefetch api: a job is created on polling agents, handed out and repo
   REQUIRE(poll["jobs"].size() == 1);
   CHECK(poll["jobs"][0]["id"] == id);
   CHECK(poll["jobs"][0]["ttl_s"] == 60);
+  CHECK(poll["jobs"][0]["snapshots"] == true);  // the agent extracts the layers too
 
   const std::string path = "/v1/prefetch/jobs/" + id + "/nodes/n2";
   auto [r1, b1] = a.Call(http::verb::put, path, "",

@@ -43,6 +43,7 @@ struct PrefetchFlags {
   std::string platform = "linux/amd64";
   std::string timeout = "0";
   int parallel = 4;
+  bool snapshots = false;
   bool json = false;
 };
 
@@ -66,6 +67,21 @@ std::vector<ProgressRow> NodeRows(const json& job) {
     r.done = b.value("done", uint64_t{0});
     r.total = b.value("size", uint64_t{0});
     r.error = b.value("error", "");
+    rows.push_back(std::move(r));
+  }
+  // With --snapshots, one row per image for its layers extracted for containerd.
+  for (const auto& i : job.value("images", json::array())) {
+    if (!i.contains("snapshots")) continue;
+    const json& s = i["snapshots"];
+    ProgressRow r;
+    r.name = "layers for containerd " + i.value("ref", "");
+    const bool done = s.value("done", false);
+    const uint64_t failed = s.value("failed", uint64_t{0});
+    r.state = !done ? "extracting" : failed > 0 || s.contains("error") ? "failed" : "done";
+    r.done = s.value("prepared", uint64_t{0});
+    r.total = s.value("layers", uint64_t{0});
+    r.unit = "layers";
+    r.error = s.value("error", "");
     rows.push_back(std::move(r));
   }
   return rows;
@@ -123,7 +139,8 @@ std::variant<JobHandle, int> Submit(const PrefetchFlags& f, long long ttl_s, lon
   if (!f.cluster) {
     std::string target = "/shoal/v1/prefetch?platform=" + http::QueryEscape(f.platform) +
                          "&ttl=" + std::to_string(ttl_s) +
-                         "&parallel=" + std::to_string(f.parallel);
+                         "&parallel=" + std::to_string(f.parallel) +
+                         (f.snapshots ? "&snapshots=1" : "");
     for (const auto& i : f.images) target += "&ref=" + http::QueryEscape(i);
     auto r = JsonCall(f.agent, bhttp::verb::post, target, "", "--agent");
     if (!r) {
@@ -140,6 +157,7 @@ std::variant<JobHandle, int> Submit(const PrefetchFlags& f, long long ttl_s, lon
   }
   json body = {
       {"images", f.images}, {"platform", f.platform}, {"ttl_s", ttl_s}, {"parallel", f.parallel}};
+  if (f.snapshots) body["snapshots"] = true;
   if (timeout_s > 0) body["timeout_s"] = timeout_s;
   if (!f.nodes.empty()) body["nodes"] = f.nodes;
   if (!f.selector.empty()) {
@@ -306,6 +324,12 @@ int RunPrefetch(PrefetchFlags f) {
     }
     PrintResultTable("NODE", results);
     std::printf("%zu of %zu nodes ok\n", results.size() - failed, results.size());
+    if (!f.cluster && job.contains("snapshots")) {
+      const json& s = job["snapshots"];
+      std::printf("layers extracted for containerd: %llu of %llu\n",
+                  static_cast<unsigned long long>(s.value("prepared", uint64_t{0})),
+                  static_cast<unsigned long long>(s.value("layers", uint64_t{0})));
+    }
   }
   return failed == 0 ? 0 : 1;
 }
@@ -364,6 +388,10 @@ void AddPrefetchCommand(CLI::App& app) {
                   "not done count as failed")
       ->envname("SHOAL_PREFETCH_TIMEOUT")
       ->capture_default_str();
+  cmd->add_flag("--snapshots", flags->snapshots,
+                "Also extract every layer for the agent's containerd snapshotter, so that a pod "
+                "start extracts nothing (needs the agent's --snapshotter-socket)")
+      ->envname("SHOAL_PREFETCH_SNAPSHOTS");
   cmd->add_flag("--json", flags->json, "Print the result as JSON")->envname("SHOAL_PREFETCH_JSON");
   cmd->callback([flags] { throw CLI::RuntimeError(RunPrefetch(*flags)); });
 }

@@ -25,7 +25,23 @@ std::string Bar(uint64_t done, uint64_t total) {
 ProgressView::ProgressView(bool tty, std::FILE* out)
     : tty_(tty), out_(out), last_summary_(std::chrono::steady_clock::now()) {}
 
+namespace {
+// "1.2 GiB" for bytes, "3 layers" for a row that counts items.
+std::string Amount(const ProgressRow& row, uint64_t n) {
+  return row.unit.empty() ? Human(static_cast<double>(n)) : std::to_string(n) + " " + row.unit;
+}
+}  // namespace
+
 std::string ProgressView::Line(const ProgressRow& row, std::chrono::steady_clock::time_point now) {
+  if (!row.unit.empty()) {
+    char buf[512];
+    std::snprintf(buf, sizeof(buf), "%-28.28s %s %10s / %-10s %-8s", row.name.c_str(),
+                  Bar(row.done, row.total).c_str(), std::to_string(row.done).c_str(),
+                  Amount(row, row.total).c_str(), row.state.c_str());
+    std::string line = buf;
+    if (!row.error.empty()) line += "  " + row.error.substr(0, 120);
+    return line;
+  }
   auto it = rates_.find(row.name);
   if (it == rates_.end() && row.done > 0 && !row.Ended()) {
     it = rates_.emplace(row.name, Rate{now, row.done}).first;
@@ -81,7 +97,7 @@ void ProgressView::Update(const std::string& title, const std::vector<ProgressRo
     std::string& printed = printed_state_[row.name];
     if (row.Ended() && printed != row.state) {
       std::fprintf(out_, "%s %s %s%s\n", row.name.c_str(), row.state.c_str(),
-                   Human(static_cast<double>(row.done)).c_str(),
+                   Amount(row, row.done).c_str(),
                    row.error.empty() ? "" : ("  " + row.error).c_str());
     }
     printed = row.state;
@@ -91,8 +107,10 @@ void ProgressView::Update(const std::string& title, const std::vector<ProgressRo
     uint64_t done = 0, total = 0;
     size_t ended = 0;
     for (const auto& r : rows) {
-      done += r.done;
-      total += r.total;
+      if (r.unit.empty()) {
+        done += r.done;
+        total += r.total;
+      }
       ended += r.Ended();
     }
     std::fprintf(out_, "%s: %zu/%zu ended, %s / %s\n", title.c_str(), ended, rows.size(),
@@ -114,8 +132,7 @@ void PrintResultTable(const std::string& what, const std::vector<ProgressRow>& r
   for (const auto& r : rows) {
     std::string result = r.Ok() ? "ok" : r.state == "timeout" ? "timeout" : "failed";
     std::printf("%-28s %-8s %10s %8s  %s\n", r.name.c_str(), result.c_str(),
-                Human(static_cast<double>(r.done)).c_str(), HumanDuration(r.seconds).c_str(),
-                r.error.c_str());
+                Amount(r, r.done).c_str(), HumanDuration(r.seconds).c_str(), r.error.c_str());
   }
 }
 

@@ -16,8 +16,9 @@ namespace shoal::ctl {
 struct ProgressRow {
   std::string name;
   std::string state;  // waiting, pending, fetching, running, done, failed, timeout
-  uint64_t done = 0;  // bytes
+  uint64_t done = 0;  // bytes, or items when `unit` names them
   uint64_t total = 0;
+  std::string unit;    // empty: bytes; else what done and total count ("layers")
   double seconds = 0;  // time spent, for the result table
   std::string error;
   // Whether the row ended (done, failed or timed out).

@@ -199,6 +199,7 @@ json PrefetchJobJson(const PrefetchJobRecord& job, TimePoint now, bool with_node
             {"platform", job.spec.platform},
             {"ttl_s", job.spec.ttl_s},
             {"parallel", job.spec.parallel},
+            {"snapshots", job.spec.snapshots},
             {"selector", selector},
             {"elapsed_ms", Ms((job.ended ? *job.ended : now) - job.created)},
             {"version", job.version},
@@ -237,8 +238,8 @@ struct PrefetchApi::Call {
 namespace {
 
 std::optional<Rejection> ParseCreate(const Body& body, std::string_view text, PrefetchSpec& spec) {
-  if (auto r = UnknownFields(text, {"images", "platform", "ttl_s", "parallel", "nodes", "selector",
-                                    "percent", "timeout_s"}))
+  if (auto r = UnknownFields(text, {"images", "platform", "ttl_s", "parallel", "snapshots", "nodes",
+                                    "selector", "percent", "timeout_s"}))
     return r;
   if (!body.Find("images")) return Rejection{400, "request body has no \"images\" field"};
   if (auto r = StringList(body, "images", kMaxImages, kMaxImageBytes, spec.images)) return r;
@@ -263,6 +264,10 @@ std::optional<Rejection> ParseCreate(const Body& body, std::string_view text, Pr
   if (parallel) {
     if (*parallel == 0) return Rejection{400, "\"parallel\" must be 1..32"};
     spec.parallel = static_cast<int>(*parallel);
+  }
+  if (const json* snapshots = body.Find("snapshots")) {
+    if (!snapshots->is_boolean()) return Rejection{400, "\"snapshots\" must be true or false"};
+    spec.snapshots = snapshots->get<bool>();
   }
   if (auto r = OptionalUnsigned(body, "percent", 100, percent)) return r;
   if (percent) {
@@ -557,7 +562,8 @@ BlobResponse PrefetchApi::Execute(const Call& call, TimePoint now) {
                             {"images", a.images},
                             {"platform", a.platform},
                             {"ttl_s", a.ttl_s},
-                            {"parallel", a.parallel}});
+                            {"parallel", a.parallel},
+                            {"snapshots", a.snapshots}});
       }
       Wake(changed);
       return Json(200, json{{"jobs", list}, {"agent_ttl_ms", Ms(options_.jobs.agent_ttl)}});

@@ -1,8 +1,8 @@
 #pragma once
-// The tracker's prefetch API: cluster-wide prefetch jobs (tracker/prefetch/prefetch_jobs.h) as JSON over
-// HTTP under /v1/prefetch. Operators (shoalctl prefetch --cluster) create and watch jobs;
+// The tracker's prefetch API: cluster-wide prefetch jobs (tracker/prefetch/prefetch_jobs.h) as JSON
+// over HTTP under /v1/prefetch. Operators (shoalctl prefetch --cluster) create and watch jobs;
 // agents long-poll for their part and report progress:
-//   POST /v1/prefetch/jobs  {"images":[...],"platform","ttl_s","parallel","nodes":[...],
+//   POST /v1/prefetch/jobs {"images":[...],"platform","ttl_s","parallel","snapshots","nodes":[...],
 //                            "selector":{"k":"v"} or "k=v,...","percent","timeout_s"} -> 201 job
 //   GET  /v1/prefetch/jobs                        -> {"jobs":[job without nodes]}
 //   GET  /v1/prefetch/jobs/{id}?wait_ms=N&since=V -> job (long-polls until version > V)

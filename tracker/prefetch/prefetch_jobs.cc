@@ -195,7 +195,7 @@ std::vector<PrefetchAssignment> PrefetchJobs::Take(const std::string& node,
       part.started = now;
       ++job.version;
       out.push_back(PrefetchAssignment{id, job.spec.images, job.spec.platform, job.spec.ttl_s,
-                                       job.spec.parallel});
+                                       job.spec.parallel, job.spec.snapshots});
     }
   }
   return out;

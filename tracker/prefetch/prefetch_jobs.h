@@ -41,6 +41,7 @@ struct PrefetchSpec {
   std::string platform = "linux/amd64";
   int64_t ttl_s = 86400;  // pins; 0 = until unpinned
   int parallel = 4;
+  bool snapshots = false;  // also extract the layers for containerd's snapshotter on each node
   std::vector<std::string> nodes;               // only these (named nodes need not be live)
   std::map<std::string, std::string> selector;  // only nodes with all these labels
   std::optional<int> percent;                   // then this share of them, at least one
@@ -80,6 +81,7 @@ struct PrefetchAssignment {
   std::string platform;
   int64_t ttl_s = 0;
   int parallel = 4;
+  bool snapshots = false;
 };
 
 // An agent's report on its part of a job.
