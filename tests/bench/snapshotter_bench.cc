@@ -441,8 +441,11 @@ std::string CpuText(const Cpu& c) {
 }
 
 void PrintRound(int r, const Round& x) {
-  std::printf("  round %d: download %.2fs, extract %.2fs, shoal %.2fs, overlayfs %.2fs\n", r,
-              x.download.seconds, x.extract.seconds, x.shoal.seconds, x.overlayfs.seconds);
+  std::printf("  round %d: download %.2fs, extract %.2fs, shoal %.2fs, overlayfs %.2fs; "
+              "shoal / max(d,e) %.2fx, overlayfs / shoal %.2fx\n",
+              r, x.download.seconds, x.extract.seconds, x.shoal.seconds, x.overlayfs.seconds,
+              x.shoal.seconds / std::max(x.download.seconds, x.extract.seconds),
+              x.overlayfs.seconds / x.shoal.seconds);
   std::printf("    cpu-s  download (%s)\n", CpuText(x.download.cpu).c_str());
   std::printf("    cpu-s  extract  (%s)\n", CpuText(x.extract.cpu).c_str());
   std::printf("    cpu-s  shoal    (%s): %s\n", CpuText(x.shoal.cpu).c_str(),
