@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <thread>
 
 #include "lib/core/sha256.h"
 #include "tests/support/counting_proxy.h"
@@ -197,6 +198,35 @@ TEST_CASE("testkit: the counting proxy throttles relayed bodies") {
   REQUIRE(r.has_value());
   CHECK(r.value().status == 200);
   CHECK(elapsed >= milliseconds(350));
+}
+
+TEST_CASE("testkit: the counting proxy's rate limit is one link shared by all connections") {
+  TempDir dir;
+  auto reg = Registry::Start();
+  REQUIRE(reg.has_value());
+  ImageSpec spec;
+  spec.layers = {LayerSpec{
+      .compression = Compression::kNone, .small_files = 0, .big_files = {4 << 20}, .seed = 62}};
+  auto img = BuildImage(spec, dir.Sub("layout"), "1");
+  REQUIRE(img.has_value());
+  REQUIRE(PushImage(*reg.value(), dir.Sub("layout"), "1", "demo/capped").has_value());
+  auto proxy = CountingProxy::Start(reg.value()->HostPort());
+  REQUIRE(proxy.has_value());
+  proxy.value()->SetRateLimit(8 << 20);  // 8 MiB/s: one blob alone takes ~0.5 s
+  const std::string url =
+      proxy.value()->Url() + "/v2/demo/capped/blobs/" + img.value().layer_digests[0].str();
+  auto start = std::chrono::steady_clock::now();
+  Result<HttpResponse> a = MakeError(ErrorCode::kUnavailable, "not run");
+  std::thread other([&] { a = HttpGet(url); });
+  auto b = HttpGet(url);
+  other.join();
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  CHECK(a.value().status == 200);
+  CHECK(b.value().status == 200);
+  // Two blobs over one 8 MiB/s link: ~1 s (a burst of 256 KiB aside), not ~0.5 s each at once.
+  CHECK(elapsed >= milliseconds(900));
 }
 
 TEST_CASE("testkit: an htpasswd registry needs the credentials to push and pull") {

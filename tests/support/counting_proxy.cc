@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -109,6 +110,29 @@ void CountingProxy::FailNext(int n, int status) {
 void CountingProxy::SetDelayPerMiB(std::chrono::milliseconds delay) {
   std::lock_guard<std::mutex> lock(mu_);
   delay_per_mib_ = delay;
+}
+
+void CountingProxy::SetRateLimit(uint64_t bytes_per_second) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rate_limit_ = bytes_per_second;
+  link_free_ = {};
+}
+
+void CountingProxy::Pace(uint64_t n) {
+  using namespace std::chrono;
+  steady_clock::time_point until;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (rate_limit_ == 0 || n == 0) return;
+    // An idle link banks at most the burst (tbf's bucket); beyond it time does not count.
+    const auto now = steady_clock::now();
+    const uint64_t burst_bytes = std::max<uint64_t>(256 * 1024, rate_limit_ / 50);
+    const auto burst = nanoseconds(burst_bytes * 1'000'000'000 / rate_limit_);
+    if (link_free_ < now - burst) link_free_ = now - burst;
+    link_free_ += nanoseconds(static_cast<int64_t>(n * 1'000'000'000 / rate_limit_));
+    until = link_free_;
+  }
+  std::this_thread::sleep_until(until);
 }
 
 void CountingProxy::AddResponseHeader(std::string target_part, std::string name,
@@ -345,6 +369,7 @@ void CountingProxy::Serve(tcp::socket& client) {
             std::this_thread::sleep_for(std::chrono::microseconds(
                 delay_per_mib.count() * 1000 * static_cast<int64_t>(res.body().size) >> 20));
           }
+          Pace(res.body().size);
         } else {
           res.body().data = nullptr;
           res.body().size = 0;

@@ -52,6 +52,10 @@ class CountingProxy {
   void FailNext(int n, int status = 503);
   // Sleeps this long per MiB of response body relayed (0 = no throttle).
   void SetDelayPerMiB(std::chrono::milliseconds delay);
+  // Caps the response body bytes relayed per second over all connections together (a link of
+  // that rate shared by every request, with a burst of at most 20 ms of it, 256 KiB at least;
+  // 0 = no cap). Applies on top of SetDelayPerMiB.
+  void SetRateLimit(uint64_t bytes_per_second);
   // Adds header `name: value` to every later upstream response to a request whose target
   // contains `target_part`: what a registry that paginates would send (docker-registry 2.8 sends
   // no Link on tags/list). `value` may hold "{upstream}", replaced by the upstream's host:port.
@@ -68,6 +72,8 @@ class CountingProxy {
   // Classifies and counts a request; returns the status to inject, or 0 to forward it.
   int Count(const std::string& method, const std::string& target);
   void CountBlobBytes(uint64_t n);
+  // With a rate limit: reserves n bytes of the shared link and returns when they may be sent.
+  void Pace(uint64_t n);
   void Log(const std::string& method, const std::string& target, int status);
 
   std::unique_ptr<SyncHttpServer> server_;
@@ -81,6 +87,9 @@ class CountingProxy {
   int fail_next_ = 0;                           // GUARDED_BY(mu_)
   int fail_status_ = 503;                       // GUARDED_BY(mu_)
   std::chrono::milliseconds delay_per_mib_{0};  // GUARDED_BY(mu_)
+  uint64_t rate_limit_ = 0;                     // bytes per second; GUARDED_BY(mu_)
+  // When the bytes reserved so far have all been sent at rate_limit_. GUARDED_BY(mu_).
+  std::chrono::steady_clock::time_point link_free_{};
   struct ExtraHeader {
     std::string target_part, name, value;
   };

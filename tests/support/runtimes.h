@@ -93,6 +93,8 @@ class Containerd {
   std::string LogTail() const;
   // The config.toml it runs with.
   std::string ConfigPath() const { return dir_->Sub("config.toml"); }
+  // containerd's pid (for CPU figures); -1 when not started.
+  pid_t Pid() const { return process_ ? process_->pid() : -1; }
 
  private:
   Containerd() : dir_(std::make_unique<TempDir>("shoal-containerd")) {}
