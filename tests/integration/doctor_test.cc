@@ -379,5 +379,52 @@ TEST_CASE(
   CHECK(down.code == 2);
 }
 
+TEST_CASE(
+    "doctor: a containerd config.toml or import that is not TOML fails the containerd and "
+    "snapshotter checks with its file, line and column, and is left as it is") {
+  TempDir root("shoal-node");
+  auto put = [&](const std::string& rel, const std::string& content) {
+    fs::create_directories(fs::path(root.Sub(rel)).parent_path());
+    WriteFile(root.Sub(rel), content);
+  };
+  const std::string config =
+      "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n"
+      "[plugins.\"io.containerd.grpc.v1.cri\".registry]\n"
+      "  config_path = \"/etc/containerd/certs.d\"\n";
+  const std::string import = "[proxy_plugins.shoal]\n  type = \"snapshot\n";  // unterminated
+  put("etc/containerd/config.toml", config);
+  put("etc/containerd/conf.d/50-shoal.toml", import);
+  std::vector<std::string> args = {"--root",
+                                   root.path(),
+                                   "--agent",
+                                   "127.0.0.1:1",
+                                   "--snapshotter-socket",
+                                   "/run/shoal/snapshotter.sock"};
+  Doctor d = RunDoctor(args);
+  CAPTURE(d.text);
+  const std::string at = "/etc/containerd/conf.d/50-shoal.toml:2:19: ";
+  CHECK(d.Status("containerd", at) == "fail");
+  CHECK(d.Status("snapshotter", at) == "fail");
+  CHECK(d.Fix("snapshotter", at).find("config dump") != std::string::npos);
+  CHECK(d.code == 2);
+  CHECK(ReadFile(root.Sub("etc/containerd/config.toml")) == config);
+  CHECK(ReadFile(root.Sub("etc/containerd/conf.d/50-shoal.toml")) == import);
+
+  // config.toml itself, without --snapshotter-socket: the snapshotter check cannot tell whether
+  // it is enabled, so it fails too rather than being skipped.
+  const std::string broken =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry\n"
+      "  config_path = \"/etc/containerd/certs.d\"\n";
+  put("etc/containerd/config.toml", broken);
+  args.resize(4);
+  Doctor d2 = RunDoctor(args);
+  CAPTURE(d2.text);
+  const std::string at2 = "/etc/containerd/config.toml:2:46: Error while parsing table header";
+  CHECK(d2.Status("containerd", at2) == "fail");
+  CHECK(d2.Status("snapshotter", at2) == "fail");
+  CHECK(d2.Status("snapshotter", "skipped") == "");
+  CHECK(ReadFile(root.Sub("etc/containerd/config.toml")) == broken);
+}
+
 }  // namespace
 }  // namespace shoal::testkit

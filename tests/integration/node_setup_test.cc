@@ -534,5 +534,90 @@ TEST_CASE(
   CHECK(out.find("--containerd-snapshotter needs --containerd-config") != std::string::npos);
 }
 
+TEST_CASE(
+    "node-setup: the containerd snapshotter opt-in leaves a config.toml that is not TOML, or whose "
+    "line edit would change more than shoal's settings, as it is and says where, and edits "
+    "settings written as dotted keys") {
+  TempDir host("shoal-host");
+  const std::string node_path = "/etc/containerd/config.toml";
+  const std::string path = host.Sub("etc/containerd/config.toml");
+  fs::create_directories(host.Sub("etc/containerd"));
+  const std::vector<std::string> args = {"node-setup", "--root",
+                                         host.path(),  "--containerd-config",
+                                         node_path,    "--containerd-snapshotter"};
+  std::vector<std::string> cleanup = args;
+  cleanup.insert(cleanup.begin() + 1, "--cleanup");
+  int code = 0;
+  std::string out;
+
+  // Not TOML: toml++'s reason at file:line:column, nothing written.
+  const std::string broken =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \n";
+  WriteFile(path, broken);
+  std::tie(code, out) = Ctl(args);
+  CAPTURE(out);
+  CHECK(code == 1);
+  CHECK(out.find(node_path + ":3:17: Error while parsing key-value pair") != std::string::npos);
+  CHECK(out.find("left as it is") != std::string::npos);
+  CHECK(ReadFile(path) == broken);
+  CHECK_FALSE(fs::exists(path + ".shoal-backup"));
+
+  // An edited file that the operator broke afterwards: cleanup takes nothing back.
+  const std::string good = "version = 2\n";
+  WriteFile(path, good);
+  std::tie(code, out) = Ctl(args);
+  REQUIRE(code == 0);
+  const std::string edited_broken = ReadFile(path) + "oops = \n";
+  WriteFile(path, edited_broken);
+  const auto last_line = std::count(edited_broken.begin(), edited_broken.end(), '\n');
+  std::tie(code, out) = Ctl(cleanup);
+  CAPTURE(out);
+  CHECK(code == 1);
+  CHECK(out.find(node_path + ":" + std::to_string(last_line) + ":8: ") != std::string::npos);
+  CHECK(ReadFile(path) == edited_broken);
+  CHECK(fs::exists(path + ".shoal-backup"));
+  fs::remove(path + ".shoal-backup");
+
+  // The operator's own line ending in shoal's "added" marker (say, copied from an edited file):
+  // taking shoal's lines back would drop it too. The line editor cannot tell; the parsed
+  // result, compared with the original, can: refused both ways, nothing written.
+  const std::string marked =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n"
+      "  config_path = \"/etc/containerd/certs.d\"  # shoal-node-setup: added\n";
+  WriteFile(path, marked);
+  for (const auto& a : {args, cleanup}) {
+    std::tie(code, out) = Ctl(a);
+    CAPTURE(out);
+    CHECK(code == 1);
+    CHECK(out.find(node_path + ": the line-level edit would also change plugins.\"io.containerd."
+                               "grpc.v1.cri\".registry.config_path") != std::string::npos);
+    CHECK(ReadFile(path) == marked);
+    CHECK_FALSE(fs::exists(path + ".shoal-backup"));
+  }
+
+  // The CRI's settings as dotted keys of its plugin table: changed on their own lines, and
+  // containerd reads them; cleanup gives the bytes back.
+  const std::string dotted =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n"
+      "  containerd.snapshotter = \"overlayfs\"\n"
+      "  containerd.disable_snapshot_annotations = true\n"
+      "  registry.config_path = \"/etc/containerd/certs.d\"\n";
+  WriteFile(path, dotted);
+  std::tie(code, out) = Ctl(args);
+  CAPTURE(out);
+  CHECK(code == 0);
+  const std::string edited = ReadFile(path);
+  CAPTURE(edited);
+  CHECK(edited.find("  containerd.snapshotter = \"shoal\"  # shoal-node-setup: was:   "
+                    "containerd.snapshotter = \"overlayfs\"\n") != std::string::npos);
+  std::string dump = ConfigDump(path);
+  CHECK(dump.find("snapshotter = \"shoal\"") != std::string::npos);
+  CHECK(dump.find("disable_snapshot_annotations = false") != std::string::npos);
+  CHECK(dump.find("config_path = \"/etc/containerd/certs.d\"") != std::string::npos);
+  std::tie(code, out) = Ctl(cleanup);
+  CHECK(code == 0);
+  CHECK(ReadFile(path) == dotted);
+}
+
 }  // namespace
 }  // namespace shoal::testkit

@@ -4,7 +4,6 @@
 // agent and the trackers are asked over HTTP. Exit code: 0 all ok, 1 warnings, 2 failures.
 #include <utility>  // before Asio (GCC 12 + Boost 1.74)
 
-#include <glob.h>
 #include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -373,9 +372,15 @@ void CheckDockerd(const DoctorOptions& o, const std::string& agent, Report& r) {
 
 void CheckContainerd(const DoctorOptions& o, const std::string& agent,
                      const std::vector<std::string>& registries, Report& r) {
-  auto text = ReadIfExists(UnderRoot(o.root, o.containerd_config));
+  ContainerdConfig config = LoadContainerdConfig(o.root, o.containerd_config);
   std::string certs = o.containerd_certs_dir;
-  if (!text || !text.value()) {
+  if (!config.errors.empty()) {
+    for (const std::string& e : config.errors) {
+      r.Fail("containerd", e + ": containerd does not start with it",
+             "correct it there (`containerd --config " + o.containerd_config +
+                 " config dump` reads it as containerd does), then restart containerd");
+    }
+  } else if (config.files.empty()) {
     std::error_code ec;
     bool running = fs::exists(UnderRoot(o.root, "/run/containerd/containerd.sock"), ec);
     if (!running && certs.empty()) {
@@ -388,12 +393,12 @@ void CheckContainerd(const DoctorOptions& o, const std::string& agent,
            "config_path = \"/etc/containerd/certs.d\" under "
            "[plugins.\"io.containerd.grpc.v1.cri\".registry], then restart containerd");
   } else {
-    static const std::regex kConfigPath(R"re((^|\n)\s*config_path\s*=\s*["']([^"']*)["'])re");
-    std::smatch m;
-    std::string body = Uncommented(*text.value());
-    if (std::regex_search(body, m, kConfigPath)) {
-      r.Ok("containerd", "config_path = \"" + m[2].str() + "\"");
-      if (certs.empty()) certs = m[2];
+    ContainerdSetting set =
+        SectionSetting(config, "plugins", kCriPlugin, {"registry", "config_path"});
+    if (set.value && set.value->is_string()) {
+      const std::string& path = set.value->as_string()->get();
+      r.Ok("containerd", "config_path = \"" + path + "\"");
+      if (certs.empty()) certs = path;
     } else {
       r.Fail("containerd",
              "config_path is not set in " + o.containerd_config +
@@ -422,83 +427,6 @@ void CheckContainerd(const DoctorOptions& o, const std::string& agent,
 }
 
 // --- containerd's snapshotter (the agent's, opted in) ---
-
-// config.toml and the files it imports, in the order containerd 1.6 loads them (breadth first,
-// each once), as (path on the node, lines).
-std::vector<std::pair<std::string, std::vector<TomlLine>>> LoadContainerdConfig(
-    const std::string& root, const std::string& path) {
-  std::vector<std::pair<std::string, std::vector<TomlLine>>> files;
-  std::vector<std::string> pending = {path};
-  for (size_t n = 0; n < pending.size() && n < 64; ++n) {
-    std::string p = pending[n];
-    bool seen = false;
-    for (const auto& f : files) seen = seen || f.first == p;
-    auto text = ReadIfExists(UnderRoot(root, p));
-    if (seen || !text || !text.value()) continue;
-    files.emplace_back(p, ScanToml(*text.value()));
-    const auto& lines = files.back().second;
-    for (size_t i = 0; i < lines.size(); ++i) {
-      if (lines[i].kind == TomlLine::Kind::kTable) break;
-      if (lines[i].kind != TomlLine::Kind::kKey || lines[i].path != "imports") continue;
-      for (std::string imp : TomlStrings(lines, i)) {
-        if (imp.find('*') != std::string::npos) {
-          // containerd globs the pattern as written (relative to its working directory).
-          std::string under = UnderRoot(root, imp);
-          glob_t g{};
-          if (::glob(under.c_str(), 0, nullptr, &g) == 0) {
-            std::string prefix = root;
-            while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
-            for (size_t k = 0; k < g.gl_pathc; ++k) {
-              pending.push_back(std::string(g.gl_pathv[k]).substr(prefix.size()));
-            }
-          }
-          ::globfree(&g);
-        } else {
-          if (imp.empty() || imp[0] != '/') imp = (fs::path(p).parent_path() / imp).string();
-          pending.push_back(fs::path(imp).lexically_normal().string());
-        }
-      }
-    }
-  }
-  return files;
-}
-
-// A setting as containerd 1.6 merges config.toml with its imports.
-struct Setting {
-  std::optional<std::string> value;  // the raw TOML value
-  std::string file;                  // where it is (or, for a section, the file that holds it)
-  bool section_found = false;
-};
-
-// The value of `key` in `section` (plugins."<id>" or proxy_plugins.<name>): an imported file
-// that has the section replaces it whole, so the last file with the section decides.
-Setting SectionKey(const std::vector<std::pair<std::string, std::vector<TomlLine>>>& files,
-                   const std::string& section, const std::string& key) {
-  Setting s;
-  for (const auto& [path, lines] : files) {
-    bool has = false;
-    std::optional<std::string> v;
-    for (const TomlLine& l : lines) {
-      if (l.kind != TomlLine::Kind::kTable && l.kind != TomlLine::Kind::kKey) continue;
-      if (l.path == section || l.path.rfind(section + ".", 0) == 0) has = true;
-      if (l.kind == TomlLine::Kind::kKey && l.path == section + "." + key) v = l.value;
-    }
-    if (has) s = {v, path, true};
-  }
-  return s;
-}
-
-// A plain setting (e.g. grpc.address): the last file that sets it.
-Setting PlainKey(const std::vector<std::pair<std::string, std::vector<TomlLine>>>& files,
-                 const std::string& key) {
-  Setting s;
-  for (const auto& [path, lines] : files) {
-    for (const TomlLine& l : lines) {
-      if (l.kind == TomlLine::Kind::kKey && l.path == key) s = {l.value, path, true};
-    }
-  }
-  return s;
-}
 
 // The output of a command line run through sh with a 10 s limit; nullopt if it could not run.
 std::optional<std::string> Capture(const std::string& command, int* status) {
@@ -539,22 +467,31 @@ std::string FindCtr(const std::string& root) {
   return "";
 }
 
+// A string setting's value; nullopt when it is not set or not a string.
+std::optional<std::string> StringOf(const ContainerdSetting& s) {
+  if (!s.value || !s.value->is_string()) return std::nullopt;
+  return s.value->as_string()->get();
+}
+
 void CheckSnapshotter(const DoctorOptions& o, Report& r) {
   const std::string check = "snapshotter";
   const std::string cri = kCriContainerdTable;
-  auto files = LoadContainerdConfig(o.root, o.containerd_config);
-  Setting type = SectionKey(files, "proxy_plugins.shoal", "type");
-  Setting address = SectionKey(files, "proxy_plugins.shoal", "address");
-  Setting snap = SectionKey(files, cri, "snapshotter");
-  Setting annotations = SectionKey(files, cri, "disable_snapshot_annotations");
-  std::optional<std::string> cri_snapshotter = snap.value ? TomlString(*snap.value) : std::nullopt;
-  if (o.snapshotter_socket.empty() && !address.section_found && cri_snapshotter != "shoal") {
+  const ContainerdConfig config = LoadContainerdConfig(o.root, o.containerd_config);
+  ContainerdSetting type = SectionSetting(config, "proxy_plugins", "shoal", {"type"});
+  ContainerdSetting address = SectionSetting(config, "proxy_plugins", "shoal", {"address"});
+  ContainerdSetting snap =
+      SectionSetting(config, "plugins", kCriPlugin, {"containerd", "snapshotter"});
+  ContainerdSetting annotations =
+      SectionSetting(config, "plugins", kCriPlugin, {"containerd", "disable_snapshot_annotations"});
+  std::optional<std::string> cri_snapshotter = StringOf(snap);
+  if (o.snapshotter_socket.empty() && config.errors.empty() && !address.section_found &&
+      cri_snapshotter != "shoal") {
     r.Ok(check,
          "the agent's containerd snapshotter is not enabled (no --snapshotter-socket, and "
          "containerd's config names no shoal snapshotter): skipped");
     return;
   }
-  std::optional<std::string> named = address.value ? TomlString(*address.value) : std::nullopt;
+  std::optional<std::string> named = StringOf(address);
   const std::string socket =
       !o.snapshotter_socket.empty() ? o.snapshotter_socket : named.value_or("");
   const std::string restart =
@@ -566,22 +503,27 @@ void CheckSnapshotter(const DoctorOptions& o, Report& r) {
                             "` (in the node image, or on the node)" + restart;
 
   // What containerd's configuration says.
-  if (files.empty()) {
+  if (!config.errors.empty()) {
+    // Which settings containerd would run with is unknown: it does not start.
+    for (const std::string& e : config.errors) {
+      r.Fail(check, e + ": containerd does not start with it, so neither does its snapshotter",
+             "correct it there (`containerd --config " + o.containerd_config +
+                 " config dump` reads it as containerd does)" + restart);
+    }
+    if (socket.empty()) return;
+  } else if (config.files.empty()) {
     r.Fail(check, "no " + o.containerd_config + ": containerd knows no shoal snapshotter", setup);
   } else {
-    std::optional<std::string> version;
-    for (const TomlLine& l : files.front().second) {
-      if (l.kind == TomlLine::Kind::kTable) break;
-      if (l.kind == TomlLine::Kind::kKey && l.path == "version") version = l.value;
-    }
-    if (version != "2") {
+    const toml::node* version = config.files.front().table.get("version");
+    if (!version || !version->is_integer() || version->as_integer()->get() != 2) {
       r.Fail(check,
              o.containerd_config + " is " +
-                 (version ? "version " + *version : std::string("version 1 (no version = 2)")) +
+                 (version ? "version " + TomlText(version)
+                          : std::string("version 1 (no version = 2)")) +
                  ": doctor checks containerd 1.6's version 2 settings only",
              "version = 2 with the settings of docs/runtimes.md (containerd snapshotter)");
     }
-    std::optional<std::string> kind = type.value ? TomlString(*type.value) : std::nullopt;
+    std::optional<std::string> kind = StringOf(type);
     if (!address.section_found) {
       r.Fail(check,
              "containerd's config has no [proxy_plugins.shoal]: containerd cannot reach the "
@@ -589,13 +531,14 @@ void CheckSnapshotter(const DoctorOptions& o, Report& r) {
              setup);
     } else if (kind != "snapshot") {
       r.Fail(check,
-             "[proxy_plugins.shoal] in " + address.file +
-                 " has type = " + type.value.value_or("(none)") + ", not \"snapshot\"",
+             "[proxy_plugins.shoal] in " + address.file + " has type = " +
+                 (type.value ? TomlText(type.value) : std::string("(none)")) + ", not \"snapshot\"",
              "type = \"snapshot\" in [proxy_plugins.shoal]" + restart);
     } else if (named != socket) {
       r.Fail(check,
              "[proxy_plugins.shoal] in " + address.file + " has address = " +
-                 address.value.value_or("(none)") + ", but the agent serves " + socket,
+                 (address.value ? TomlText(address.value) : std::string("(none)")) +
+                 ", but the agent serves " + socket,
              "address = \"" + socket + "\" in [proxy_plugins.shoal]" + restart);
     } else {
       r.Ok(check, "[proxy_plugins.shoal] type = \"snapshot\", address = \"" + socket + "\" (" +
@@ -605,8 +548,9 @@ void CheckSnapshotter(const DoctorOptions& o, Report& r) {
     if (cri_snapshotter != "shoal") {
       r.Fail(check,
              "the CRI's snapshotter is " +
-                 (snap.value ? *snap.value : std::string("\"overlayfs\" (the default)")) + " in " +
-                 where + ", not \"shoal\": the kubelet's pulls do not use the agent's snapshotter",
+                 (snap.value ? TomlText(snap.value) : std::string("\"overlayfs\" (the default)")) +
+                 " in " + where +
+                 ", not \"shoal\": the kubelet's pulls do not use the agent's snapshotter",
              "snapshotter = \"shoal\" under [" + cri + "] in " + o.containerd_config +
                  " itself (containerd 1.6 replaces the whole CRI section with an imported "
                  "file's)" +
@@ -614,12 +558,12 @@ void CheckSnapshotter(const DoctorOptions& o, Report& r) {
     } else {
       r.Ok(check, "the CRI's snapshotter is \"shoal\" (" + where + ")");
     }
-    std::optional<bool> disabled =
-        annotations.value ? TomlBool(*annotations.value) : std::optional<bool>(true);
-    if (disabled != false) {
+    bool disabled = !annotations.value || !annotations.value->is_boolean() ||
+                    annotations.value->as_boolean()->get();
+    if (disabled) {
       r.Warn(check,
              "disable_snapshot_annotations is " +
-                 (annotations.value ? *annotations.value
+                 (annotations.value ? TomlText(annotations.value)
                                     : std::string("true (containerd 1.6's default)")) +
                  " in " + where +
                  ": the CRI passes no layer labels, so the agent prepares no layer and "
@@ -657,8 +601,7 @@ void CheckSnapshotter(const DoctorOptions& o, Report& r) {
   }
 
   // What the running containerd loaded (it reads config.toml only when it starts).
-  Setting grpc = PlainKey(files, "grpc.address");
-  std::string containerd_socket = grpc.value ? TomlString(*grpc.value).value_or("") : "";
+  std::string containerd_socket = StringOf(PlainSetting(config, {"grpc", "address"})).value_or("");
   if (containerd_socket.empty()) containerd_socket = "/run/containerd/containerd.sock";
   std::error_code ec;
   if (!fs::exists(UnderRoot(o.root, containerd_socket), ec)) {

@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -112,30 +111,36 @@ bool RemoveManaged(const std::string& part, const std::string& path, bool remove
   return true;
 }
 
-// Says whether containerd's config.toml sets config_path (without it containerd ignores certs.d).
+// Says whether containerd's config.toml (with its imports, merged as containerd 1.6 does) sets
+// the CRI's config_path (without it containerd ignores certs.d).
 void CheckContainerdConfigPath(const SetupOptions& o) {
   if (o.containerd_config.empty()) return;
-  auto text = ReadIfExists(UnderRoot(o.root, o.containerd_config));
-  if (!text || !text.value()) {
+  ContainerdConfig config = LoadContainerdConfig(o.root, o.containerd_config);
+  for (const std::string& e : config.errors) {
+    Warn("containerd", e + ": containerd does not start with it (config.toml left alone)");
+  }
+  if (!config.errors.empty()) return;
+  if (config.files.empty()) {
     Warn("containerd", o.containerd_config + " not found: containerd's defaults do not set " +
                            "config_path, so it does not read " + o.containerd_certs_dir);
     return;
   }
-  static const std::regex kConfigPath(R"re(^\s*config_path\s*=\s*["']([^"']*)["'])re",
-                                      std::regex::multiline);
-  std::smatch m;
-  if (!std::regex_search(*text.value(), m, kConfigPath)) {
+  ContainerdSetting set =
+      SectionSetting(config, "plugins", kCriPlugin, {"registry", "config_path"});
+  const std::string* path =
+      set.value && set.value->is_string() ? &set.value->as_string()->get() : nullptr;
+  if (!path) {
     Warn("containerd",
          "config_path is not set in " + o.containerd_config +
              ": containerd ignores the hosts.toml files until it is (set config_path = \"" +
              o.containerd_certs_dir +
              "\" under [plugins.\"io.containerd.grpc.v1.cri\".registry] and restart containerd "
              "when convenient; node-setup does not set it and never restarts containerd)");
-  } else if (m[1].str() != o.containerd_certs_dir) {
-    Warn("containerd", "config_path is \"" + m[1].str() + "\", not " + o.containerd_certs_dir +
+  } else if (*path != o.containerd_certs_dir) {
+    Warn("containerd", "config_path is \"" + *path + "\", not " + o.containerd_certs_dir +
                            ": containerd does not read the hosts.toml files written here");
   } else {
-    Say("containerd", "config_path = \"" + m[1].str() + "\" in " + o.containerd_config);
+    Say("containerd", "config_path = \"" + *path + "\" in " + set.file);
   }
 }
 
@@ -175,13 +180,17 @@ bool ContainerdSnapshotter(const SetupOptions& o) {
   const std::string& original = *text.value();
   if (o.cleanup) {
     bool changed = false;
-    std::string restored = DisableShoalSnapshotter(original, &changed);
+    auto restored = DisableShoalSnapshotter(original, o.containerd_config, &changed);
+    if (!restored) {
+      Warn(part, restored.error().message + ": left as it is");
+      return false;
+    }
     if (!changed) {
       Say(part, o.containerd_config + ": nothing of shoal's to remove");
       (void)RemoveIfExists(backup_path);
       return true;
     }
-    auto done = WriteAtomic(path, restored);
+    auto done = WriteAtomic(path, restored.value());
     if (!done) {
       Warn(part, done.error().message);
       return false;
@@ -196,9 +205,9 @@ bool ContainerdSnapshotter(const SetupOptions& o) {
         "(`ctr -n k8s.io images rm`) so that the kubelet pulls them again");
     return true;
   }
-  auto edit = EnableShoalSnapshotter(original, o.snapshotter_socket);
+  auto edit = EnableShoalSnapshotter(original, o.snapshotter_socket, o.containerd_config);
   if (!edit) {
-    Warn(part, o.containerd_config + ": " + edit.error().message + ": left as it is");
+    Warn(part, edit.error().message + ": left as it is");
     return false;
   }
   for (const auto& d : edit.value().done) Say(part, d);

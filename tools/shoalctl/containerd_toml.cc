@@ -1,12 +1,21 @@
 // Reading and editing containerd's config.toml for the agent's snapshotter (see the header).
 #include "tools/shoalctl/containerd_toml.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
 #include <map>
+#include <optional>
+#include <sstream>
+
+#include "tools/shoalctl/node_files.h"
 
 namespace shoal::ctl {
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr char kBegin[] =
     "# shoal-node-setup: begin (the shoal agent's containerd snapshotter; `shoalctl node-setup "
@@ -49,110 +58,8 @@ std::string LeadingSpace(const std::string& s) { return s.substr(0, s.find_first
 
 bool StartsWith(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
 
-// Whether `path` is `section` or inside it.
-bool Under(const std::string& path, const std::string& section) {
-  return path == section || StartsWith(path, section + ".");
-}
-
-// Where a scan of values stands at the end of a line.
-struct ValueState {
-  bool in_basic_ml = false;    // inside """..."""
-  bool in_literal_ml = false;  // inside '''...'''
-  int depth = 0;               // open [ and { of arrays and inline tables
-  bool Open() const { return in_basic_ml || in_literal_ml || depth > 0; }
-};
-
-// Scans s[from..] as (part of) a value, updating `st`; returns where a comment starts, or npos.
-size_t ScanValue(const std::string& s, size_t from, ValueState& st) {
-  size_t i = from;
-  while (i < s.size()) {
-    if (st.in_basic_ml) {
-      if (s[i] == '\\') {
-        i += 2;
-      } else if (s.compare(i, 3, "\"\"\"") == 0) {
-        st.in_basic_ml = false;
-        i += 3;
-      } else {
-        ++i;
-      }
-      continue;
-    }
-    if (st.in_literal_ml) {
-      if (s.compare(i, 3, "'''") == 0) {
-        st.in_literal_ml = false;
-        i += 3;
-      } else {
-        ++i;
-      }
-      continue;
-    }
-    char c = s[i];
-    if (c == '#') return i;
-    if (s.compare(i, 3, "\"\"\"") == 0) {
-      st.in_basic_ml = true;
-      i += 3;
-    } else if (s.compare(i, 3, "'''") == 0) {
-      st.in_literal_ml = true;
-      i += 3;
-    } else if (c == '"') {
-      ++i;
-      while (i < s.size() && s[i] != '"') i += s[i] == '\\' ? 2 : 1;
-      ++i;
-    } else if (c == '\'') {
-      i = s.find('\'', i + 1);
-      if (i == std::string::npos) return std::string::npos;
-      ++i;
-    } else {
-      if (c == '[' || c == '{') ++st.depth;
-      if ((c == ']' || c == '}') && st.depth > 0) --st.depth;
-      ++i;
-    }
-  }
-  return std::string::npos;
-}
-
-// The position of `stop` in s (from `from`) outside quoted parts of a key; npos if none.
-size_t FindInKey(const std::string& s, size_t from, char stop) {
-  for (size_t i = from; i < s.size(); ++i) {
-    if (s[i] == '"') {
-      ++i;
-      while (i < s.size() && s[i] != '"') i += s[i] == '\\' ? 2 : 1;
-    } else if (s[i] == '\'') {
-      i = s.find('\'', i + 1);
-      if (i == std::string::npos) return i;
-    } else if (s[i] == stop) {
-      return i;
-    }
-  }
-  return std::string::npos;
-}
-
-bool BareKey(const std::string& k) {
-  return !k.empty() && std::all_of(k.begin(), k.end(), [](unsigned char c) {
-    return std::isalnum(c) || c == '_' || c == '-';
-  });
-}
-
-// A dotted key or table name with quotes only where TOML needs them.
-std::string NormalizeKey(const std::string& raw) {
-  std::string out;
-  size_t pos = 0;
-  while (pos <= raw.size()) {
-    size_t dot = FindInKey(raw, pos, '.');
-    std::string part =
-        Trim(raw.substr(pos, dot == std::string::npos ? std::string::npos : dot - pos));
-    if (part.size() >= 2 && (part[0] == '"' || part[0] == '\'')) {
-      part = TomlString(part).value_or(part);
-      if (!BareKey(part)) part = "\"" + part + "\"";
-    }
-    out += (out.empty() ? "" : ".") + part;
-    if (dot == std::string::npos) break;
-    pos = dot + 1;
-  }
-  return out;
-}
-
-// A TOML basic string of `s`.
+// A TOML basic string of `s` (the socket has no quotes, backslashes or newlines: node-setup
+// refuses others).
 std::string Quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -162,105 +69,156 @@ std::string Quote(const std::string& s) {
   return out + "\"";
 }
 
-}  // namespace
-
-std::vector<TomlLine> ScanToml(const std::string& text) {
-  std::vector<TomlLine> out;
-  ValueState st;
-  std::string table;
-  for (std::string& raw : SplitLines(text)) {
-    TomlLine l;
-    l.text = std::move(raw);
-    if (st.Open()) {
-      l.kind = TomlLine::Kind::kContinuation;
-      ScanValue(l.text, 0, st);
-      out.push_back(std::move(l));
-      continue;
-    }
-    std::string t = Trim(l.text);
-    if (t.empty() || t[0] == '#') {
-      out.push_back(std::move(l));
-      continue;
-    }
-    if (StartsWith(t, "[[")) {
-      size_t close = FindInKey(t, 2, ']');
-      if (close != std::string::npos) {
-        l.kind = TomlLine::Kind::kArrayTable;
-        l.path = NormalizeKey(t.substr(2, close - 2));
-        table = l.path;
-      }
-    } else if (t[0] == '[') {
-      size_t close = FindInKey(t, 1, ']');
-      if (close != std::string::npos) {
-        l.kind = TomlLine::Kind::kTable;
-        l.path = NormalizeKey(t.substr(1, close - 1));
-        table = l.path;
-      }
-    } else {
-      size_t eq = FindInKey(l.text, 0, '=');
-      if (eq != std::string::npos) {
-        l.kind = TomlLine::Kind::kKey;
-        std::string key = NormalizeKey(l.text.substr(0, eq));
-        l.path = table.empty() ? key : table + "." + key;
-        size_t comment = ScanValue(l.text, eq + 1, st);
-        l.value = Trim(l.text.substr(
-            eq + 1, comment == std::string::npos ? std::string::npos : comment - eq - 1));
-        l.multiline = st.Open();
-      }
-    }
-    out.push_back(std::move(l));
-  }
-  return out;
-}
-
-std::optional<std::string> TomlString(const std::string& value) {
-  if (value.size() < 2) return std::nullopt;
-  if (value.front() == '\'' && value.back() == '\'' && !StartsWith(value, "'''")) {
-    return value.substr(1, value.size() - 2);
-  }
-  if (value.front() != '"' || value.back() != '"' || StartsWith(value, "\"\"\"")) {
-    return std::nullopt;
-  }
+// A key path as TOML writes it, quoting only the parts that need it:
+// plugins."io.containerd.grpc.v1.cri".containerd.snapshotter.
+std::string KeyPath(const std::vector<std::string>& path) {
   std::string out;
-  for (size_t i = 1; i + 1 < value.size(); ++i) {
-    char c = value[i];
-    if (c == '\\' && i + 2 < value.size()) {
-      char n = value[++i];
-      out += n == 'n' ? '\n' : n == 't' ? '\t' : n;
-    } else {
-      out += c;
-    }
+  for (const std::string& part : path) {
+    bool bare = !part.empty() && std::all_of(part.begin(), part.end(), [](unsigned char c) {
+      return std::isalnum(c) || c == '_' || c == '-';
+    });
+    out += (out.empty() ? "" : ".") + (bare ? part : Quote(part));
   }
   return out;
 }
 
-std::optional<bool> TomlBool(const std::string& value) {
-  if (value == "true") return true;
-  if (value == "false") return false;
+// The node at `path` under `t`; nullptr if there is none.
+const toml::node* At(const toml::table& t, const std::vector<std::string>& path) {
+  toml::node_view<const toml::node> v{t};
+  for (const std::string& k : path) v = v[k];
+  return v.node();
+}
+
+toml::table* TableAt(toml::table& t, const std::vector<std::string>& path) {
+  toml::node_view<toml::node> v{t};
+  for (const std::string& k : path) v = v[k];
+  return v.as_table();
+}
+
+std::optional<std::string> StringAt(const toml::table& t, const std::vector<std::string>& path) {
+  const toml::node* n = At(t, path);
+  if (!n || !n->is_string()) return std::nullopt;
+  return n->as_string()->get();
+}
+
+std::optional<bool> BoolAt(const toml::table& t, const std::vector<std::string>& path) {
+  const toml::node* n = At(t, path);
+  if (!n || !n->is_boolean()) return std::nullopt;
+  return n->as_boolean()->get();
+}
+
+// The byte offset of 1-based `column` (toml++ counts code points) in `line`.
+size_t ByteOfColumn(const std::string& line, size_t column) {
+  size_t seen = 0;
+  for (size_t i = 0; i < line.size(); ++i) {
+    if ((static_cast<unsigned char>(line[i]) & 0xC0) != 0x80 && ++seen == column) return i;
+  }
+  return line.size();
+}
+
+const std::vector<std::string> kProxy = {"proxy_plugins", "shoal"};
+const std::vector<std::string> kCri = {"plugins", kCriPlugin, "containerd"};
+
+// Whether two values (not tables) are equal: same type and same value.
+bool SameValue(const toml::node& a, const toml::node& b) {
+  if (a.type() != b.type()) return false;
+  return a.visit([&b](const auto& x) {
+    using T = std::remove_cv_t<std::remove_reference_t<decltype(x)>>;
+    return x == *b.as<T>();
+  });
+}
+
+// The first key path where a and b differ, or nullopt when they are equal.
+std::optional<std::string> FirstDifference(const toml::table& a, const toml::table& b,
+                                           std::vector<std::string>& path) {
+  for (auto&& kv : a) {
+    path.emplace_back(kv.first.str());
+    const toml::node* other = b.get(kv.first.str());
+    if (!other) return KeyPath(path);
+    if (kv.second.is_table() && other->is_table()) {
+      if (auto d = FirstDifference(*kv.second.as_table(), *other->as_table(), path)) return d;
+    } else if (!SameValue(kv.second, *other)) {
+      return KeyPath(path);
+    }
+    path.pop_back();
+  }
+  for (auto&& kv : b) {
+    if (!a.contains(kv.first.str())) {
+      path.emplace_back(kv.first.str());
+      return KeyPath(path);
+    }
+  }
   return std::nullopt;
 }
 
-std::vector<std::string> TomlStrings(const std::vector<TomlLine>& lines, size_t i) {
-  std::string all = lines.at(i).value;
-  for (size_t j = i + 1; j < lines.size() && lines[j].kind == TomlLine::Kind::kContinuation; ++j) {
-    ValueState st;
-    size_t comment = ScanValue(lines[j].text, 0, st);
-    all += " " + lines[j].text.substr(0, comment);
+// `t` without shoal's settings ([proxy_plugins.shoal], the CRI's snapshotter and
+// disable_snapshot_annotations), and without the tables that held only those and that `other`
+// does not have (the tables shoal's block adds).
+toml::table WithoutShoal(toml::table t, const toml::table& other) {
+  if (toml::table* p = TableAt(t, {"proxy_plugins"})) p->erase("shoal");
+  if (toml::table* c = TableAt(t, kCri)) {
+    c->erase("snapshotter");
+    c->erase("disable_snapshot_annotations");
   }
-  std::vector<std::string> out;
-  for (size_t p = 0; p < all.size(); ++p) {
-    char q = all[p];
-    if (q != '"' && q != '\'') continue;
-    size_t end = p + 1;
-    while (end < all.size() && all[end] != q) end += (q == '"' && all[end] == '\\') ? 2 : 1;
-    if (end >= all.size()) break;
-    if (auto s = TomlString(all.substr(p, end - p + 1))) out.push_back(*s);
-    p = end;
+  for (const std::vector<std::string>& path : {kCri, std::vector<std::string>{"proxy_plugins"}}) {
+    for (size_t n = path.size(); n > 0; --n) {
+      std::vector<std::string> here(path.begin(), path.begin() + static_cast<long>(n));
+      const toml::table* tbl = TableAt(t, here);
+      if (!tbl || !tbl->empty() || At(other, here)) break;
+      std::vector<std::string> parent(here.begin(), here.end() - 1);
+      toml::table* up = parent.empty() ? &t : TableAt(t, parent);
+      up->erase(here.back());
+    }
   }
-  return out;
+  return t;
 }
 
-std::string DisableShoalSnapshotter(const std::string& text, bool* changed) {
+// The edit checked with toml++: `edited` parses, holds shoal's settings when `enabled`, and
+// differs from `before` in nothing but shoal's settings.
+Status CheckEdit(const toml::table& before, const std::string& edited, const std::string& file,
+                 const std::string& socket, bool enabled) {
+  const std::string refuse = ": the line-level edit would ";
+  auto after = ParseToml(edited, file + " (as edited)");
+  if (!after) {
+    return MakeError(ErrorCode::kUnsupported,
+                     file + refuse + "not be valid TOML (" + after.error().message + ")");
+  }
+  const toml::table& a = after.value();
+  if (enabled) {
+    std::vector<std::string> wrong;
+    if (StringAt(a, {"proxy_plugins", "shoal", "type"}) != "snapshot") wrong.push_back("type");
+    if (StringAt(a, {"proxy_plugins", "shoal", "address"}) != socket) wrong.push_back("address");
+    std::vector<std::string> snap = kCri, ann = kCri;
+    snap.push_back("snapshotter");
+    ann.push_back("disable_snapshot_annotations");
+    if (StringAt(a, snap) != "shoal") wrong.push_back(KeyPath(snap));
+    if (BoolAt(a, ann) != false) wrong.push_back(KeyPath(ann));
+    if (!wrong.empty()) {
+      std::string list;
+      for (const auto& w : wrong) list += (list.empty() ? "" : ", ") + w;
+      return MakeError(ErrorCode::kUnsupported,
+                       file + refuse + "not set " + list +
+                           " as intended: set [proxy_plugins.shoal] type = \"snapshot\", "
+                           "address = " +
+                           Quote(socket) + " and, under [" + kCriContainerdTable +
+                           "], snapshotter = \"shoal\" and disable_snapshot_annotations = false "
+                           "yourself");
+    }
+  }
+  std::vector<std::string> path;
+  if (auto d = FirstDifference(WithoutShoal(before, a), WithoutShoal(a, before), path)) {
+    return MakeError(ErrorCode::kUnsupported,
+                     file + refuse + "also change " + *d +
+                         " (a line it cannot tell from its own marked ones, e.g. one that ends "
+                         "in or holds \"" +
+                         kTomlMarker + "\")");
+  }
+  return Ok();
+}
+
+// `text` without the lines shoal marked: its block, its added lines, and its changed lines put
+// back as they were (the part after "was: ").
+std::string TakeBackMarkedLines(const std::string& text, bool* changed) {
   bool any = false;
   std::vector<std::string> out;
   std::vector<std::string> lines = SplitLines(text);
@@ -289,24 +247,145 @@ std::string DisableShoalSnapshotter(const std::string& text, bool* changed) {
   return any ? JoinLines(out) : text;
 }
 
-Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const std::string& socket) {
-  const std::string base = DisableShoalSnapshotter(text);
-  const std::vector<TomlLine> lines = ScanToml(base);
-  using Kind = TomlLine::Kind;
-
-  std::optional<std::string> version;
-  for (const TomlLine& l : lines) {
-    if (l.kind == Kind::kTable || l.kind == Kind::kArrayTable) break;
-    if (l.kind == Kind::kKey && l.path == "version") version = l.value;
+// Whether `line` is exactly the header [a.b.c] of the table at `path` (a comment may follow):
+// the line alone, parsed, is that table and nothing else.
+bool IsHeaderOf(const std::string& line, const std::vector<std::string>& path) {
+  std::string t = Trim(line);
+  if (!StartsWith(t, "[") || StartsWith(t, "[[")) return false;
+  auto parsed = ParseToml(line, "");
+  if (!parsed) return false;
+  const toml::table* tbl = &parsed.value();
+  for (const std::string& k : path) {
+    if (tbl->size() != 1 || !tbl->contains(k) || !tbl->get(k)->is_table()) return false;
+    tbl = tbl->get(k)->as_table();
   }
+  return tbl->empty();
+}
+
+}  // namespace
+
+Result<toml::table> ParseToml(const std::string& text, const std::string& file) {
+  try {
+    return toml::parse(std::string_view(text), std::string_view(file));
+  } catch (const toml::parse_error& e) {
+    const toml::source_position& at = e.source().begin;
+    return MakeError(ErrorCode::kInvalidArgument, file + ":" + std::to_string(at.line) + ":" +
+                                                      std::to_string(at.column) + ": " +
+                                                      std::string(e.description()));
+  }
+}
+
+std::string TomlText(const toml::node* value) {
+  if (!value) return "";
+  std::ostringstream os;
+  os << toml::toml_formatter(
+      *value, toml::toml_formatter::default_flags & ~toml::format_flags::allow_literal_strings);
+  return os.str();
+}
+
+ContainerdConfig LoadContainerdConfig(const std::string& root, const std::string& path) {
+  ContainerdConfig config;
+  std::vector<std::string> pending = {path};
+  std::vector<std::string> loaded;
+  for (size_t n = 0; n < pending.size() && n < 64; ++n) {
+    const std::string p = pending[n];
+    if (std::find(loaded.begin(), loaded.end(), p) != loaded.end()) continue;
+    loaded.push_back(p);
+    auto text = ReadIfExists(UnderRoot(root, p));
+    if (!text) {
+      config.errors.push_back(p + ": " + text.error().message);
+      continue;
+    }
+    if (!text.value()) continue;
+    auto table = ParseToml(*text.value(), p);
+    if (!table) {
+      config.errors.push_back(table.error().message);
+      continue;
+    }
+    config.files.push_back({p, std::move(table.value())});
+    const toml::array* imports = config.files.back().table["imports"].as_array();
+    if (!imports) continue;
+    for (const toml::node& i : *imports) {
+      if (!i.is_string()) continue;
+      std::string imp = i.as_string()->get();
+      if (imp.find('*') != std::string::npos) {
+        // containerd globs the pattern as written (relative to its working directory).
+        std::string under = UnderRoot(root, imp);
+        glob_t g{};
+        if (::glob(under.c_str(), 0, nullptr, &g) == 0) {
+          std::string prefix = root;
+          while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
+          for (size_t k = 0; k < g.gl_pathc; ++k) {
+            pending.push_back(std::string(g.gl_pathv[k]).substr(prefix.size()));
+          }
+        }
+        ::globfree(&g);
+      } else {
+        if (imp.empty() || imp[0] != '/') imp = (fs::path(p).parent_path() / imp).string();
+        pending.push_back(fs::path(imp).lexically_normal().string());
+      }
+    }
+  }
+  return config;
+}
+
+ContainerdSetting SectionSetting(const ContainerdConfig& config, std::string_view top,
+                                 std::string_view name,
+                                 std::initializer_list<std::string_view> key) {
+  ContainerdSetting s;
+  for (const ContainerdConfig::File& f : config.files) {
+    toml::node_view<const toml::node> section = f.table[top][name];
+    if (!section) continue;
+    for (std::string_view k : key) section = section[k];
+    s = {section.node(), f.path, true};
+  }
+  return s;
+}
+
+ContainerdSetting PlainSetting(const ContainerdConfig& config,
+                               std::initializer_list<std::string_view> key) {
+  ContainerdSetting s;
+  for (const ContainerdConfig::File& f : config.files) {
+    toml::node_view<const toml::node> v{f.table};
+    for (std::string_view k : key) v = v[k];
+    if (v) s = {v.node(), f.path, true};
+  }
+  return s;
+}
+
+Result<std::string> DisableShoalSnapshotter(const std::string& text, const std::string& file,
+                                            bool* changed) {
+  bool any = false;
+  std::string restored = TakeBackMarkedLines(text, &any);
+  if (changed) *changed = any;
+  if (!any) return text;
+  auto before = ParseToml(text, file);
+  if (!before) return before.error();
+  if (auto ok = CheckEdit(before.value(), restored, file, "", false); !ok) return ok.error();
+  return restored;
+}
+
+Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const std::string& socket,
+                                               const std::string& file) {
+  auto original = ParseToml(text, file);
+  if (!original) return original.error();
+  const std::string base = TakeBackMarkedLines(text, nullptr);
+  auto parsed = ParseToml(base, file + " (without shoal's marked lines)");
+  if (!parsed) return parsed.error();
+  const toml::table& doc = parsed.value();
+  const std::vector<std::string> lines = SplitLines(base);
+
+  const toml::node* version = doc.get("version");
   if (!version) {
     return MakeError(ErrorCode::kInvalidArgument,
-                     "it has no version = 2 (containerd reads it as a version 1 config, whose "
-                     "plugins have other names)");
+                     file +
+                         ": it has no version = 2 (containerd reads it as a version 1 config, "
+                         "whose plugins have other names)");
   }
-  if (*version != "2") {
-    return MakeError(ErrorCode::kInvalidArgument, "it is version " + *version +
-                                                      (*version == "3" ? " (containerd 2)" : "") +
+  if (!version->is_integer() || version->as_integer()->get() != 2) {
+    std::string v = TomlText(version);
+    return MakeError(ErrorCode::kInvalidArgument, file + ": it is version " + v +
+                                                      (v == "3" ? " (containerd 2)" : "") +
                                                       ", not 2 (containerd 1.6)");
   }
 
@@ -317,21 +396,11 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
   std::map<size_t, std::vector<std::string>> after;  // header line -> lines inserted after it
 
   // [proxy_plugins.shoal]: containerd's own or the operator's stays; otherwise ours.
-  const std::string proxy = "proxy_plugins.shoal";
-  bool proxy_seen = false, proxy_inline = false;
-  std::optional<std::string> type, address;
-  for (const TomlLine& l : lines) {
-    if (l.kind != Kind::kTable && l.kind != Kind::kKey) continue;
-    if (Under(l.path, proxy)) proxy_seen = true;
-    if (l.kind == Kind::kKey && (l.path == "proxy_plugins" || l.path == proxy)) proxy_inline = true;
-    if (l.kind == Kind::kKey && l.path == proxy + ".type") type = TomlString(l.value);
-    if (l.kind == Kind::kKey && l.path == proxy + ".address") address = TomlString(l.value);
-  }
   const std::string want_proxy = "type = \"snapshot\", address = " + Quote(socket);
-  if (proxy_inline) {
-    edit.left.push_back("proxy_plugins is an inline table in config.toml: add shoal = { " +
-                        want_proxy + " } to it yourself");
-  } else if (proxy_seen) {
+  const toml::node* proxies = doc.get("proxy_plugins");
+  if (At(doc, kProxy)) {
+    std::optional<std::string> type = StringAt(doc, {"proxy_plugins", "shoal", "type"});
+    std::optional<std::string> address = StringAt(doc, {"proxy_plugins", "shoal", "address"});
     if (type == "snapshot" && address == socket) {
       edit.done.push_back("[proxy_plugins.shoal] already has " + want_proxy);
     } else {
@@ -339,6 +408,10 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
           "config.toml has its own [proxy_plugins.shoal] with type = " + Quote(type.value_or("")) +
           ", address = " + Quote(address.value_or("")) + ": set " + want_proxy + " there yourself");
     }
+  } else if (proxies && (!proxies->is_table() || proxies->as_table()->is_inline())) {
+    // A [proxy_plugins.shoal] header cannot add to an inline table.
+    edit.left.push_back("proxy_plugins is an inline table in config.toml: add shoal = { " +
+                        want_proxy + " } to it yourself");
   } else {
     block = {"[proxy_plugins.shoal]", "  type = \"snapshot\"", "  address = " + Quote(socket)};
     edit.done.push_back("[proxy_plugins.shoal] " + want_proxy + " added");
@@ -347,32 +420,32 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
   // The CRI's snapshotter settings, in its own table (see the header for why not a drop-in).
   const std::string cri = kCriContainerdTable;
   bool cri_inline = false;
-  std::optional<size_t> header, first_key;
-  bool dotted = false;  // keys of the table written as dotted keys of a table above it
-  std::string current;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const TomlLine& l = lines[i];
-    if (l.kind == Kind::kTable || l.kind == Kind::kArrayTable) {
-      current = l.path;
-      if (l.kind == Kind::kTable && l.path == cri) header = i;
-      continue;
-    }
-    if (l.kind != Kind::kKey) continue;
-    if (cri == l.path || StartsWith(cri, l.path + ".")) cri_inline = true;
-    if (current == cri && !first_key) first_key = i;
-    if (Under(l.path, cri) && current != cri && (current.empty() || StartsWith(cri, current + ".")))
+  for (size_t n = 1; n <= kCri.size(); ++n) {
+    const toml::node* t = At(doc, std::vector<std::string>(kCri.begin(), kCri.begin() + n));
+    if (t && (!t->is_table() || t->as_table()->is_inline())) cri_inline = true;
+  }
+  const toml::node* cri_node = cri_inline ? nullptr : At(doc, kCri);
+  const toml::table* table = cri_node ? cri_node->as_table() : nullptr;
+  // Where the table is written: under its own [header], only as the parent of other tables'
+  // headers (then the block defines it), or as dotted keys of a table above it.
+  std::optional<size_t> header;
+  bool dotted = false;
+  if (table) {
+    size_t line = table->source().begin.line;
+    if (line >= 1 && line <= lines.size() && IsHeaderOf(lines[line - 1], kCri)) {
+      header = line - 1;
+    } else if (line < 1 || line > lines.size() || !StartsWith(Trim(lines[line - 1]), "[")) {
       dotted = true;
+    }
   }
   struct Want {
     const char* key;
     const char* value;
-    bool (*right)(const std::string&);
   };
   const Want wants[] = {
-      {"snapshotter", "\"shoal\"", [](const std::string& v) { return TomlString(v) == "shoal"; }},
+      {"snapshotter", "\"shoal\""},
       // containerd 1.6's default is true: the CRI then passes no layer labels to snapshotters.
-      {"disable_snapshot_annotations", "false",
-       [](const std::string& v) { return TomlBool(v) == false; }},
+      {"disable_snapshot_annotations", "false"},
   };
   std::vector<std::string> cri_block;
   if (cri_inline) {
@@ -382,26 +455,35 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
         cri + "] yourself");
   } else {
     for (const Want& w : wants) {
-      const std::string path = cri + "." + w.key;
       const std::string setting = std::string(w.key) + " = " + w.value;
-      auto it = std::find_if(lines.begin(), lines.end(), [&](const TomlLine& l) {
-        return l.kind == Kind::kKey && l.path == path;
-      });
-      if (it != lines.end()) {
-        size_t i = static_cast<size_t>(it - lines.begin());
-        if (w.right(it->value)) {
+      const toml::node* v = table ? table->get(w.key) : nullptr;
+      if (v) {
+        const toml::source_region& src = v->source();
+        if (TomlText(v) == w.value) {
           edit.done.push_back("[" + cri + "] already has " + setting);
-        } else if (it->multiline) {
+        } else if (src.begin.line != src.end.line || src.begin.line < 1 ||
+                   src.begin.line > lines.size()) {
           edit.left.push_back("[" + cri + "] " + w.key + " spans several lines: set " + setting +
                               " yourself");
         } else {
-          size_t eq = FindInKey(it->text, 0, '=');
-          replaced[i] = it->text.substr(0, eq + 1) + " " + w.value + kWas + it->text;
-          edit.done.push_back("[" + cri + "] " + setting + " (was " + it->value + ")");
+          // The value starts on its key's line: keep what is before it (the key, dotted or not).
+          size_t i = src.begin.line - 1;
+          size_t at = ByteOfColumn(lines[i], src.begin.column);
+          replaced[i] = lines[i].substr(0, at) + w.value + kWas + lines[i];
+          edit.done.push_back("[" + cri + "] " + setting + " (was " + TomlText(v) + ")");
         }
       } else if (header) {
-        std::string indent = first_key ? LeadingSpace(lines[*first_key].text)
-                                       : LeadingSpace(lines[*header].text) + "  ";
+        // Indented as the table's first value, or two more than its header.
+        std::optional<size_t> first;
+        for (auto&& kv : *table) {
+          size_t l = kv.second.source().begin.line;
+          if (!kv.second.is_table() && l > *header + 1 && l <= lines.size() &&
+              (!first || l - 1 < *first)) {
+            first = l - 1;
+          }
+        }
+        std::string indent =
+            first ? LeadingSpace(lines[*first]) : LeadingSpace(lines[*header]) + "  ";
         after[*header].push_back(indent + setting + kAdded);
         edit.done.push_back("[" + cri + "] " + setting + " added");
       } else if (dotted) {
@@ -423,7 +505,7 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
   std::vector<std::string> out;
   for (size_t i = 0; i < lines.size(); ++i) {
     auto r = replaced.find(i);
-    out.push_back(r != replaced.end() ? r->second : lines[i].text);
+    out.push_back(r != replaced.end() ? r->second : lines[i]);
     auto a = after.find(i);
     if (a != after.end()) out.insert(out.end(), a->second.begin(), a->second.end());
   }
@@ -434,6 +516,9 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
     for (const std::string& b : block) result += b + "\n";
     result += std::string(kEnd) + "\n";
   }
+  // Checked against the file as it is, not as taken back: taking back must not change anything
+  // but shoal's settings either.
+  if (auto ok = CheckEdit(original.value(), result, file, socket, true); !ok) return ok.error();
   edit.text = result;
   return edit;
 }
