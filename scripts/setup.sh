@@ -11,6 +11,8 @@ PKGS=(
   libboost-dev libboost-system-dev libboost-program-options-dev
   libtorrent-rasterbar-dev libssl-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libarchive-dev libzstd-dev zlib1g-dev libisal-dev libcli11-dev doctest-dev prometheus-cpp-dev
+  # toml++: containerd's config.toml, read by shoalctl
+  libtomlplusplus-dev
   # gRPC and protobuf: the containerd snapshotter (snapshotter/; C++ generated at build time)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # real peers for integration tests, demo and benchmarks

@@ -104,6 +104,7 @@ const valueSets = {
   "no agent metrics port, no dashboard": ["--set", "agent.metrics.enabled=false", "--set", "monitoring.grafanaDashboard.enabled=false"],
   "2500 nodes": ["-f", path.join(here, "values-2500-nodes.yaml")],
   "existing auth secret": ["--set", "auth.existingSecret=shoal-tokens"],
+  "agent snapshotter on": ["--set", "agent.snapshotter.enabled=true", "--set", "agent.snapshotter.hostPath=/mnt/ssd/snapshots"],
   "given tokens, mid-rotation": ["--set-string", `auth.agentToken=${"n".repeat(40)}`,
     "--set-string", `auth.previousAgentTokens={${"o".repeat(40)}}`, "--set-string", `auth.operatorToken=${"p".repeat(16)}`],
 };
@@ -201,6 +202,46 @@ test("node setup: dockerd opt-in adds the daemon.json mount, hostPID and KILL; A
   assert.ok(setup.args.includes("--dockerd-config=/etc/docker/daemon.json"));
   assert.ok(setup.securityContext.capabilities.add.includes("KILL"));
   assert.deepEqual(setup.volumeMounts.filter((m) => !m.readOnly).map((m) => m.mountPath), ["/host/etc/docker"]);
+});
+
+test("agent snapshotter: opt-in passes the socket and root, mounts both at their host paths, adds the extraction capabilities, and leaves containerd's config.toml to the node image", () => {
+  const offPod = find(render(), "DaemonSet", "-agent").spec.template.spec;
+  const offAgent = offPod.containers.find((c) => c.name === "agent");
+  assert.equal(envOf(offAgent).SHOAL_SNAPSHOTTER_SOCKET, undefined);
+  assert.equal(offAgent.securityContext.capabilities.add, undefined);
+  assert.ok(!offPod.volumes.some((v) => v.name.startsWith("snapshotter")));
+
+  const objs = render(["--set", "agent.snapshotter.enabled=true", "--set", "agent.cache.hostPath=/mnt/ssd"]);
+  const pod = find(objs, "DaemonSet", "-agent").spec.template.spec;
+  const agent = pod.containers.find((c) => c.name === "agent");
+  const env = envOf(agent);
+  assert.equal(env.SHOAL_SNAPSHOTTER_SOCKET, "/run/shoal/snapshotter.sock");
+  assert.equal(env.SHOAL_SNAPSHOTTER_ROOT, "/mnt/ssd/snapshotter", "on the cache's SSD by default");
+  // containerd on the host dials the socket and mounts the directories the agent names: the
+  // agent must see both at the host's paths.
+  for (const [name, hostPath] of [["snapshotter-socket", "/run/shoal"], ["snapshotter-root", "/mnt/ssd/snapshotter"]]) {
+    assert.deepEqual(pod.volumes.find((v) => v.name === name).hostPath, { path: hostPath, type: "DirectoryOrCreate" }, name);
+    const mount = agent.volumeMounts.find((m) => m.name === name);
+    assert.equal(mount.mountPath, hostPath, `${name}: the same path as on the host`);
+    assert.equal(mount.readOnly, undefined, `${name}: writable`);
+  }
+  for (const cap of ["CHOWN", "FOWNER", "MKNOD", "SYS_ADMIN"]) assert.ok(agent.securityContext.capabilities.add.includes(cap), cap);
+  assert.equal(agent.securityContext.privileged, undefined);
+  assert.equal(agent.securityContext.allowPrivilegeEscalation, false);
+  // config.toml needs a containerd restart: node setup (the init container) does not touch it.
+  const setup = pod.initContainers.find((c) => c.name === "node-setup");
+  assert.ok(!setup.args.some((a) => a.includes("snapshotter")));
+  assert.deepEqual(setup.volumeMounts.filter((m) => !m.readOnly).map((m) => m.mountPath), ["/host/etc/containerd/certs.d"]);
+  const notes = renderNotes(["--set", "agent.snapshotter.enabled=true"]);
+  assert.match(notes, /containerd snapshotter: the agents serve \/run\/shoal\/snapshotter.sock/);
+  assert.match(notes, /--containerd-config \/etc\/containerd\/config.toml --containerd-snapshotter/);
+  assert.doesNotMatch(renderNotes(), /containerd snapshotter/);
+
+  const custom = find(render(["--set", "agent.snapshotter.enabled=true", "--set", "agent.snapshotter.hostPath=/mnt/nvme/snaps",
+    "--set", "agent.snapshotter.socketDir=/var/run/shoal"]), "DaemonSet", "-agent").spec.template.spec;
+  const customEnv = envOf(custom.containers.find((c) => c.name === "agent"));
+  assert.equal(customEnv.SHOAL_SNAPSHOTTER_SOCKET, "/var/run/shoal/snapshotter.sock");
+  assert.equal(customEnv.SHOAL_SNAPSHOTTER_ROOT, "/mnt/nvme/snaps");
 });
 
 test("tracker: StatefulSet with required anti-affinity, headless Service, PDB, non-root", () => {
@@ -523,6 +564,7 @@ test("the chart uses only flags and variables the built binaries have", () => {
   const doctorHelp = help(bins.ctl, "doctor");
   const all = [
     render(["--set", "nodeSetup.dockerd.enabled=true", "--set", "nodeSetup.crio.enabled=true", "--set", "nodeSetup.arpSysctls.enabled=true",
+      "--set", "agent.snapshotter.enabled=true",
       "--set-file", `credentials.dockerConfigJson=${tempFile("{}")}`, "--set", "agent.nodeLabels.pool=gpu"]),
   ].flat();
   for (const o of all) {
@@ -585,6 +627,8 @@ test("values.schema.json rejects wrong values with a clear message", () => {
     [["--set-string", "auth.previousOperatorTokens={tooshort}"], "auth.previousOperatorTokens.0: Does not match pattern"],
     [["--set", "auth.existingSecret=Not_A_Name"], "auth.existingSecret: Does not match pattern"],
     [["--set", "image.pullPolicy=Sometimes"], "image.pullPolicy must be one of the following"],
+    [["--set", "agent.snapshotter.hostPath=mnt/snaps"], "agent.snapshotter.hostPath"],
+    [["--set", "agent.snapshotter.socket=/run/x.sock"], "Additional property socket is not allowed"],
   ];
   for (const [args, message] of cases) {
     const err = renderFails(args);

@@ -34,6 +34,15 @@ struct Doctor {
     }
     return "";
   }
+  // The fix of the first finding of `check` whose message contains `contains`; "" if none.
+  std::string Fix(const std::string& check, const std::string& contains) const {
+    for (const auto& f : report["findings"]) {
+      if (f["check"] == check &&
+          f["message"].get<std::string>().find(contains) != std::string::npos)
+        return f.value("fix", "");
+    }
+    return "";
+  }
   // Every check that is not ok, as "check: message".
   std::string Problems() const {
     std::string out;
@@ -272,6 +281,149 @@ TEST_CASE("doctor: the configs of the real dockerd and containerd the tests run"
   CHECK(d.Status("dockerd", "data-root") == "ok");
   CHECK(d.Status("containerd", "config_path is not set") == "fail");
   CHECK(d.code == 2);
+}
+
+TEST_CASE(
+    "doctor: the containerd snapshotter set up by node-setup passes against the running agent "
+    "and containerd, and a missing socket, CRI setting, proxy plugin or containerd restart fails "
+    "with its fix") {
+  TempDir dir("shoal-doctor-snap");
+  const std::string socket = dir.Sub("run/snapshotter.sock");
+  AgentOptions opts;
+  opts.cache_dir = dir.Sub("cache");
+  opts.upstreams = {"docker.io=http://127.0.0.1:1"};
+  opts.extra_args = {"--snapshotter-socket", socket};
+  auto agent = Agent::Start(opts);
+  REQUIRE_MESSAGE(agent.has_value(), agent.error().ToString());
+  auto setup = [&](const std::string& config) {
+    auto out = Shoalctl({"node-setup", "--root", "/", "--containerd-config", config,
+                         "--containerd-snapshotter", "--snapshotter-socket", socket});
+    REQUIRE_MESSAGE(out.has_value(), out.error().ToString());
+  };
+  std::string config, original;
+  auto containerd = Containerd::Start("", false, [&](const std::string& path) {
+    config = path;
+    original = ReadFile(path);
+    setup(path);
+  });
+  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  // --root / with the test's own paths; only the snapshotter's findings are looked at (the rest
+  // is this machine's kubelet, dockerd and ARP settings).
+  auto doctor = [&](const std::string& config_path) {
+    return RunDoctor({"--root", "/", "--containerd-config", config_path, "--snapshotter-socket",
+                      socket, "--agent", agent.value()->HostPort(), "--dockerd-config",
+                      dir.Sub("no-daemon.json")});
+  };
+  auto snapshotter_problems = [](const Doctor& d) {
+    std::string out;
+    for (const auto& f : d.report["findings"]) {
+      if (f["check"] == "snapshotter" && f["status"] != "ok")
+        out += f["message"].get<std::string>() + "\n";
+    }
+    return out;
+  };
+
+  Doctor good = doctor(config);
+  CAPTURE(good.text);
+  CHECK(snapshotter_problems(good) == "");
+  CHECK(good.Status("snapshotter", "[proxy_plugins.shoal] type = \"snapshot\", address = \"" +
+                                       socket + "\"") == "ok");
+  CHECK(good.Status("snapshotter", "the CRI's snapshotter is \"shoal\"") == "ok");
+  CHECK(good.Status("snapshotter", "snapshot annotations are on") == "ok");
+  CHECK(good.Status("snapshotter", socket + " answers the snapshots API (0 snapshots)") == "ok");
+  CHECK(good.Status("snapshotter", "containerd loaded it: io.containerd.snapshotter.v1 shoal ok") ==
+        "ok");
+
+  // The CRI setting absent (a copy of the config without it).
+  std::string text = ReadFile(config);
+  const std::string cri_line = "  snapshotter = \"shoal\"\n";
+  size_t line = text.find(cri_line);
+  REQUIRE(line != std::string::npos);
+  WriteFile(dir.Sub("no-cri.toml"), text.substr(0, line) + text.substr(line + cri_line.size()));
+  Doctor no_cri = doctor(dir.Sub("no-cri.toml"));
+  CAPTURE(no_cri.text);
+  CHECK(no_cri.Status("snapshotter", "the CRI's snapshotter is \"overlayfs\" (the default)") ==
+        "fail");
+  CHECK(
+      no_cri.Fix("snapshotter", "the CRI's snapshotter is")
+          .find(
+              "snapshotter = \"shoal\" under [plugins.\"io.containerd.grpc.v1.cri\".containerd]") !=
+      std::string::npos);
+  CHECK(no_cri.code == 2);
+
+  // No proxy plugin (the config before node-setup).
+  WriteFile(dir.Sub("no-proxy.toml"), original);
+  Doctor no_proxy = doctor(dir.Sub("no-proxy.toml"));
+  CAPTURE(no_proxy.text);
+  CHECK(no_proxy.Status("snapshotter", "has no [proxy_plugins.shoal]") == "fail");
+  CHECK(no_proxy.Fix("snapshotter", "has no [proxy_plugins.shoal]")
+            .find("--containerd-snapshotter --snapshotter-socket " + socket) != std::string::npos);
+
+  // A containerd started before its config named the plugin (node-setup without the restart).
+  auto stale = Containerd::Start();
+  REQUIRE_MESSAGE(stale.has_value(), stale.error().ToString());
+  setup(stale.value()->ConfigPath());
+  Doctor not_restarted = doctor(stale.value()->ConfigPath());
+  CAPTURE(not_restarted.text);
+  CHECK(not_restarted.Status("snapshotter", "started before its config named it") == "fail");
+  CHECK(not_restarted.Fix("snapshotter", "started before").find("systemctl restart containerd") !=
+        std::string::npos);
+
+  // The agent stopped: its socket is gone.
+  REQUIRE(agent.value()->Stop() == 0);
+  Doctor down = doctor(config);
+  CAPTURE(down.text);
+  CHECK(down.Status("snapshotter", "no snapshotter socket at " + socket) == "fail");
+  CHECK(down.Fix("snapshotter", "no snapshotter socket").find("--snapshotter-socket " + socket) !=
+        std::string::npos);
+  CHECK(down.code == 2);
+}
+
+TEST_CASE(
+    "doctor: a containerd config.toml or import that is not TOML fails the containerd and "
+    "snapshotter checks with its file, line and column, and is left as it is") {
+  TempDir root("shoal-node");
+  auto put = [&](const std::string& rel, const std::string& content) {
+    fs::create_directories(fs::path(root.Sub(rel)).parent_path());
+    WriteFile(root.Sub(rel), content);
+  };
+  const std::string config =
+      "version = 2\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n"
+      "[plugins.\"io.containerd.grpc.v1.cri\".registry]\n"
+      "  config_path = \"/etc/containerd/certs.d\"\n";
+  const std::string import = "[proxy_plugins.shoal]\n  type = \"snapshot\n";  // unterminated
+  put("etc/containerd/config.toml", config);
+  put("etc/containerd/conf.d/50-shoal.toml", import);
+  std::vector<std::string> args = {"--root",
+                                   root.path(),
+                                   "--agent",
+                                   "127.0.0.1:1",
+                                   "--snapshotter-socket",
+                                   "/run/shoal/snapshotter.sock"};
+  Doctor d = RunDoctor(args);
+  CAPTURE(d.text);
+  const std::string at = "/etc/containerd/conf.d/50-shoal.toml:2:19: ";
+  CHECK(d.Status("containerd", at) == "fail");
+  CHECK(d.Status("snapshotter", at) == "fail");
+  CHECK(d.Fix("snapshotter", at).find("config dump") != std::string::npos);
+  CHECK(d.code == 2);
+  CHECK(ReadFile(root.Sub("etc/containerd/config.toml")) == config);
+  CHECK(ReadFile(root.Sub("etc/containerd/conf.d/50-shoal.toml")) == import);
+
+  // config.toml itself, without --snapshotter-socket: the snapshotter check cannot tell whether
+  // it is enabled, so it fails too rather than being skipped.
+  const std::string broken =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry\n"
+      "  config_path = \"/etc/containerd/certs.d\"\n";
+  put("etc/containerd/config.toml", broken);
+  args.resize(4);
+  Doctor d2 = RunDoctor(args);
+  CAPTURE(d2.text);
+  const std::string at2 = "/etc/containerd/config.toml:2:46: Error while parsing table header";
+  CHECK(d2.Status("containerd", at2) == "fail");
+  CHECK(d2.Status("snapshotter", at2) == "fail");
+  CHECK(d2.Status("snapshotter", "skipped") == "");
+  CHECK(ReadFile(root.Sub("etc/containerd/config.toml")) == broken);
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <string>
 #include <tuple>
 
@@ -15,6 +18,7 @@
 #include "tests/support/agent.h"
 #include "tests/support/counted_upstream.h"
 #include "tests/support/counting_proxy.h"
+#include "tests/support/cri.h"
 #include "tests/support/image.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
@@ -189,14 +193,17 @@ TEST_CASE("node-setup: ARP thresholds are raised, never lowered") {
   CHECK(bad == 2);
 }
 
-// One upstream registry behind a counting proxy and one agent, as in the runtime tests.
+// One upstream registry behind a counting proxy and one agent, as in the runtime tests; with
+// `snapshotter`, the agent also serves containerd's snapshots API on Socket().
 struct World {
   TempDir dir{"shoal-node-setup"};
   std::unique_ptr<Registry> registry;
   std::unique_ptr<CountingProxy> proxy;
   std::unique_ptr<Agent> agent;
 
-  World() {
+  std::string Socket() const { return dir.Sub("snapshotter.sock"); }
+
+  explicit World(bool snapshotter = false) {
     auto up = CountedUpstream::Start();
     REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
     registry = std::move(up.value().registry);
@@ -205,6 +212,9 @@ struct World {
     opts.cache_dir = dir.Sub("cache");
     opts.upstreams = {"docker.io=" + proxy->Url(), "gcr.io=" + proxy->Url()};
     opts.extra_args = {"--unmapped", "error"};
+    if (snapshotter) {
+      opts.extra_args.insert(opts.extra_args.end(), {"--snapshotter-socket", Socket()});
+    }
     auto a = Agent::Start(opts);
     REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
     agent = std::move(a.value());
@@ -306,6 +316,307 @@ TEST_CASE(
   REQUIRE(digest.has_value());
   CHECK(digest.value() == image.manifest_digest.str());
   CHECK(w.proxy->BlobBytes() == image.total_blob_bytes);
+}
+
+// `containerd --config PATH config dump`: the configuration containerd would run with (it
+// fails on TOML containerd cannot read). REQUIREs success.
+std::string ConfigDump(const std::string& path) {
+  auto out =
+      RunCommand({"containerd", "--config", path, "config", "dump"}, std::chrono::seconds(30));
+  REQUIRE_MESSAGE(out.has_value(),
+                  ("containerd config dump " + path + ": " + out.error().ToString()));
+  return out.value();
+}
+
+// The lines of b that a lacks ("+ line") and of a that b lacks ("- line"), blank lines aside,
+// sorted: what changed between two dumps.
+std::vector<std::string> LineChanges(const std::string& a, const std::string& b) {
+  std::map<std::string, int> count;
+  std::istringstream ia(a), ib(b);
+  for (std::string l; std::getline(ia, l);)
+    if (!l.empty()) --count[l];
+  for (std::string l; std::getline(ib, l);)
+    if (!l.empty()) ++count[l];
+  std::vector<std::string> out;
+  for (const auto& kv : count) {
+    for (int i = 0; i < kv.second; ++i) out.push_back("+ " + kv.first);
+    for (int i = 0; i < -kv.second; ++i) out.push_back("- " + kv.first);
+  }
+  return out;
+}
+
+TEST_CASE(
+    "node-setup: the containerd snapshotter opt-in edits config.toml in place so that the real "
+    "containerd loads the shoal proxy plugin and the CRI pull is prepared by the agent, and "
+    "cleanup restores the file byte for byte") {
+  World w(/*snapshotter=*/true);
+  BuiltImage image = w.Push("proj/img", "1", 7201);
+  const std::string hosts_dir = w.dir.Sub("certs.d");
+  auto hosts = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
+                         "gcr.io", "-o", hosts_dir});
+  REQUIRE_MESSAGE(hosts.has_value(), hosts.error().ToString());
+  // The CRI's table as `containerd config default` writes it: containerd's own snapshotter and
+  // snapshot annotations off (1.6's defaults), beside settings node-setup must keep.
+  const std::string cri_settings =
+      "[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n"
+      "  snapshotter = \"overlayfs\"\n"
+      "  disable_snapshot_annotations = true  # the 1.6 default\n"
+      "[plugins.\"io.containerd.grpc.v1.cri\".registry]\n"
+      "  config_path = \"" +
+      hosts_dir + "\"\n";
+  std::string config, original, edited, setup_out;
+  const std::vector<std::string> setup_args = {"node-setup", "--root", "/", "--containerd-config"};
+  auto containerd = Containerd::Start(cri_settings, /*cri=*/true, [&](const std::string& path) {
+    config = path;
+    original = ReadFile(path);
+    std::vector<std::string> args = setup_args;
+    args.insert(args.end(), {path, "--containerd-snapshotter", "--snapshotter-socket", w.Socket()});
+    int code = 0;
+    std::tie(code, setup_out) = Ctl(args);
+    CHECK(code == 0);
+    edited = ReadFile(path);
+  });
+  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  Containerd& c = *containerd.value();
+  CAPTURE(setup_out);
+  CAPTURE(edited);
+  CHECK(setup_out.find("restart it (`systemctl restart containerd`") != std::string::npos);
+  // Changed lines keep the original in their comment; the proxy plugin is a marked block.
+  CHECK(edited.find("  snapshotter = \"shoal\"  # shoal-node-setup: was:   snapshotter = "
+                    "\"overlayfs\"\n") != std::string::npos);
+  CHECK(edited.find("  disable_snapshot_annotations = false  # shoal-node-setup: was:   "
+                    "disable_snapshot_annotations = true  # the 1.6 default\n") !=
+        std::string::npos);
+  CHECK(edited.find("[proxy_plugins.shoal]\n  type = \"snapshot\"\n  address = \"" + w.Socket() +
+                    "\"\n# shoal-node-setup: end\n") != std::string::npos);
+  CHECK(ReadFile(config + ".shoal-backup") == original);
+  CHECK((StatOf(config + ".shoal-backup").st_mode & 0777) == 0600);
+  // Everything else is as it was: containerd's merged view differs in the shoal settings only.
+  std::string dump = ConfigDump(config);
+  CHECK(dump.find("config_path = \"" + hosts_dir + "\"") != std::string::npos);
+
+  // containerd loaded the agent's snapshotter as a proxy plugin.
+  auto plugins = c.Ctr({"plugins", "ls"});
+  REQUIRE_MESSAGE(plugins.has_value(), plugins.error().ToString());
+  std::string shoal_row;
+  std::istringstream rows(plugins.value());
+  for (std::string row; std::getline(rows, row);) {
+    std::istringstream cols(row);
+    std::string type, id;
+    cols >> type >> id;
+    if (type == "io.containerd.snapshotter.v1" && id == "shoal") shoal_row = row;
+  }
+  CAPTURE(plugins.value());
+  CHECK(shoal_row.find(" ok") != std::string::npos);
+
+  // The kubelet's pull uses it, with the layer labels: the agent prepared the layer itself.
+  auto pulled = CriPullImage(c.Socket(), "gcr.io/proj/img:1");
+  REQUIRE_MESSAGE(pulled.has_value(),
+                  (pulled.error().ToString() + "\n" + w.agent->LogTail() + "\n" + c.LogTail()));
+  CHECK(pulled.value() == image.config_digest.str());
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) ==
+        static_cast<double>(image.layer_digests.size()));
+  CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "fallback"}}) == 0);
+
+  // Again (a restarted init container): nothing changes.
+  std::vector<std::string> args = setup_args;
+  args.insert(args.end(), {config, "--containerd-snapshotter", "--snapshotter-socket", w.Socket()});
+  int code = 0;
+  std::string out;
+  std::tie(code, out) = Ctl(args);
+  CAPTURE(out);
+  CHECK(code == 0);
+  CHECK(out.find(config + " unchanged") != std::string::npos);
+  CHECK(ReadFile(config) == edited);
+
+  // Cleanup: the original bytes, no backup, and the restart said.
+  args.insert(args.begin() + 1, "--cleanup");
+  std::tie(code, out) = Ctl(args);
+  CHECK(code == 0);
+  CHECK(ReadFile(config) == original);
+  CHECK_FALSE(fs::exists(config + ".shoal-backup"));
+  CHECK(out.find("restart containerd") != std::string::npos);
+  std::tie(code, out) = Ctl(args);
+  CHECK(code == 0);
+  CHECK(out.find("nothing of shoal's to remove") != std::string::npos);
+}
+
+TEST_CASE(
+    "node-setup: the containerd snapshotter opt-in changes only its settings in containerd's "
+    "default config and a minimal one, and leaves an operator's proxy plugin and other config "
+    "versions alone") {
+  TempDir host("shoal-host");
+  const std::string path = host.Sub("etc/containerd/config.toml");
+  fs::create_directories(host.Sub("etc/containerd"));
+  const std::vector<std::string> args = {"node-setup",
+                                         "--root",
+                                         host.path(),
+                                         "--containerd-config",
+                                         "/etc/containerd/config.toml",
+                                         "--containerd-snapshotter"};
+  std::vector<std::string> cleanup = args;
+  cleanup.insert(cleanup.begin() + 1, "--cleanup");
+  int code = 0;
+  std::string out;
+
+  // What `containerd config default` writes (a node image's usual config.toml).
+  auto defaults = RunCommand({"containerd", "config", "default"}, std::chrono::seconds(30));
+  REQUIRE(defaults.has_value());
+  WriteFile(path, defaults.value());
+  const std::string before = ConfigDump(path);
+  std::tie(code, out) = Ctl(args);
+  CAPTURE(out);
+  CHECK(code == 0);
+  const std::vector<std::string> want = {
+      "+     address = \"/run/shoal/snapshotter.sock\"",
+      "+     type = \"snapshot\"",
+      "+       disable_snapshot_annotations = false",
+      "+       snapshotter = \"shoal\"",
+      "+   [proxy_plugins.shoal]",
+      "-       disable_snapshot_annotations = true",
+      "-       snapshotter = \"overlayfs\"",
+  };
+  std::vector<std::string> changes = LineChanges(before, ConfigDump(path));
+  std::sort(changes.begin(), changes.end());
+  std::vector<std::string> sorted_want = want;
+  std::sort(sorted_want.begin(), sorted_want.end());
+  CHECK(changes == sorted_want);
+  std::tie(code, out) = Ctl(args);
+  CHECK(out.find("unchanged") != std::string::npos);
+  std::tie(code, out) = Ctl(cleanup);
+  CHECK(code == 0);
+  CHECK(ReadFile(path) == defaults.value());
+
+  // A minimal config without the CRI's containerd table: the table is added in shoal's block,
+  // and the CRI's other settings stay.
+  const std::string minimal =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n"
+      "  config_path = \"/etc/containerd/certs.d\"\n";
+  WriteFile(path, minimal);
+  std::tie(code, out) = Ctl(args);
+  CHECK(code == 0);
+  std::string dump = ConfigDump(path);
+  CHECK(dump.find("config_path = \"/etc/containerd/certs.d\"") != std::string::npos);
+  CHECK(dump.find("snapshotter = \"shoal\"") != std::string::npos);
+  CHECK(dump.find("disable_snapshot_annotations = false") != std::string::npos);
+  CHECK(dump.find("[proxy_plugins.shoal]") != std::string::npos);
+  std::tie(code, out) = Ctl(cleanup);
+  CHECK(ReadFile(path) == minimal);
+
+  // The operator's own [proxy_plugins.shoal] elsewhere: nothing is changed, and it says why.
+  const std::string theirs =
+      "version = 2\n[proxy_plugins.shoal]\n  type = \"snapshot\"\n"
+      "  address = \"/var/run/other.sock\"\n";
+  WriteFile(path, theirs);
+  std::tie(code, out) = Ctl(args);
+  CHECK(code == 1);
+  CHECK(out.find("has its own [proxy_plugins.shoal] with type = \"snapshot\", address = "
+                 "\"/var/run/other.sock\"") != std::string::npos);
+  CHECK(ReadFile(path) == theirs);
+  CHECK_FALSE(fs::exists(path + ".shoal-backup"));
+
+  // A version 1 config (plugins named differently): left as it is.
+  const std::string v1 = "[plugins.cri.containerd]\n  snapshotter = \"overlayfs\"\n";
+  WriteFile(path, v1);
+  std::tie(code, out) = Ctl(args);
+  CHECK(code == 1);
+  CHECK(out.find("it has no version = 2") != std::string::npos);
+  CHECK(ReadFile(path) == v1);
+
+  // No config.toml: not created. Without --containerd-config: a usage error.
+  fs::remove(path);
+  std::tie(code, out) = Ctl(args);
+  CHECK(code == 1);
+  CHECK(out.find("does not exist: not created") != std::string::npos);
+  CHECK_FALSE(fs::exists(path));
+  std::tie(code, out) = Ctl({"node-setup", "--root", host.path(), "--containerd-snapshotter"});
+  CHECK(code == 2);
+  CHECK(out.find("--containerd-snapshotter needs --containerd-config") != std::string::npos);
+}
+
+TEST_CASE(
+    "node-setup: the containerd snapshotter opt-in leaves a config.toml that is not TOML, or whose "
+    "line edit would change more than shoal's settings, as it is and says where, and edits "
+    "settings written as dotted keys") {
+  TempDir host("shoal-host");
+  const std::string node_path = "/etc/containerd/config.toml";
+  const std::string path = host.Sub("etc/containerd/config.toml");
+  fs::create_directories(host.Sub("etc/containerd"));
+  const std::vector<std::string> args = {"node-setup", "--root",
+                                         host.path(),  "--containerd-config",
+                                         node_path,    "--containerd-snapshotter"};
+  std::vector<std::string> cleanup = args;
+  cleanup.insert(cleanup.begin() + 1, "--cleanup");
+  int code = 0;
+  std::string out;
+
+  // Not TOML: toml++'s reason at file:line:column, nothing written.
+  const std::string broken =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \n";
+  WriteFile(path, broken);
+  std::tie(code, out) = Ctl(args);
+  CAPTURE(out);
+  CHECK(code == 1);
+  CHECK(out.find(node_path + ":3:17: Error while parsing key-value pair") != std::string::npos);
+  CHECK(out.find("left as it is") != std::string::npos);
+  CHECK(ReadFile(path) == broken);
+  CHECK_FALSE(fs::exists(path + ".shoal-backup"));
+
+  // An edited file that the operator broke afterwards: cleanup takes nothing back.
+  const std::string good = "version = 2\n";
+  WriteFile(path, good);
+  std::tie(code, out) = Ctl(args);
+  REQUIRE(code == 0);
+  const std::string edited_broken = ReadFile(path) + "oops = \n";
+  WriteFile(path, edited_broken);
+  const auto last_line = std::count(edited_broken.begin(), edited_broken.end(), '\n');
+  std::tie(code, out) = Ctl(cleanup);
+  CAPTURE(out);
+  CHECK(code == 1);
+  CHECK(out.find(node_path + ":" + std::to_string(last_line) + ":8: ") != std::string::npos);
+  CHECK(ReadFile(path) == edited_broken);
+  CHECK(fs::exists(path + ".shoal-backup"));
+  fs::remove(path + ".shoal-backup");
+
+  // The operator's own line ending in shoal's "added" marker (say, copied from an edited file):
+  // taking shoal's lines back would drop it too. The line editor cannot tell; the parsed
+  // result, compared with the original, can: refused both ways, nothing written.
+  const std::string marked =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n"
+      "  config_path = \"/etc/containerd/certs.d\"  # shoal-node-setup: added\n";
+  WriteFile(path, marked);
+  for (const auto& a : {args, cleanup}) {
+    std::tie(code, out) = Ctl(a);
+    CAPTURE(out);
+    CHECK(code == 1);
+    CHECK(out.find(node_path + ": the line-level edit would also change plugins.\"io.containerd."
+                               "grpc.v1.cri\".registry.config_path") != std::string::npos);
+    CHECK(ReadFile(path) == marked);
+    CHECK_FALSE(fs::exists(path + ".shoal-backup"));
+  }
+
+  // The CRI's settings as dotted keys of its plugin table: changed on their own lines, and
+  // containerd reads them; cleanup gives the bytes back.
+  const std::string dotted =
+      "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n"
+      "  containerd.snapshotter = \"overlayfs\"\n"
+      "  containerd.disable_snapshot_annotations = true\n"
+      "  registry.config_path = \"/etc/containerd/certs.d\"\n";
+  WriteFile(path, dotted);
+  std::tie(code, out) = Ctl(args);
+  CAPTURE(out);
+  CHECK(code == 0);
+  const std::string edited = ReadFile(path);
+  CAPTURE(edited);
+  CHECK(edited.find("  containerd.snapshotter = \"shoal\"  # shoal-node-setup: was:   "
+                    "containerd.snapshotter = \"overlayfs\"\n") != std::string::npos);
+  std::string dump = ConfigDump(path);
+  CHECK(dump.find("snapshotter = \"shoal\"") != std::string::npos);
+  CHECK(dump.find("disable_snapshot_annotations = false") != std::string::npos);
+  CHECK(dump.find("config_path = \"/etc/containerd/certs.d\"") != std::string::npos);
+  std::tie(code, out) = Ctl(cleanup);
+  CHECK(code == 0);
+  CHECK(ReadFile(path) == dotted);
 }
 
 }  // namespace

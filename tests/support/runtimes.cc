@@ -147,8 +147,9 @@ std::string Containerd::ProxySnapshotterConfig(const std::string& name,
          "    address = \"" + socket_path + "\"\n";
 }
 
-Result<std::unique_ptr<Containerd>> Containerd::Start(const std::string& extra_config,
-                                                      bool cri) {
+Result<std::unique_ptr<Containerd>> Containerd::Start(
+    const std::string& extra_config, bool cri,
+    const std::function<void(const std::string& config_path)>& before_start) {
   std::unique_ptr<Containerd> c(new Containerd());
   const TempDir& dir = *c->dir_;
   std::string cfg;
@@ -174,6 +175,7 @@ Result<std::unique_ptr<Containerd>> Containerd::Start(const std::string& extra_c
   }
   cfg += extra_config;
   WriteFile(dir.Sub("config.toml"), cfg);
+  if (before_start) before_start(dir.Sub("config.toml"));
   auto proc =
       Process::Start({"containerd", "--config", dir.Sub("config.toml")}, dir.Sub("containerd.log"));
   if (!proc) return proc.error();

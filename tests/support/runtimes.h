@@ -4,6 +4,7 @@
 // host's own daemons, stores or credentials (see ../shared/reference/runtimes.md).
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,8 +65,11 @@ class Containerd {
   // needs to start here: CNI directories of its own (empty: image service only, no pod
   // networks), no TCP or TLS streaming, no AppArmor or SELinux. Add CriImageConfig to choose
   // its snapshotter and registry hosts.
-  static Result<std::unique_ptr<Containerd>> Start(const std::string& extra_config = "",
-                                                   bool cri = false);
+  // `before_start`, if given, is called with the path of the config.toml once it is written
+  // and before containerd starts (e.g. to let `shoalctl node-setup` edit it).
+  static Result<std::unique_ptr<Containerd>> Start(
+      const std::string& extra_config = "", bool cri = false,
+      const std::function<void(const std::string& config_path)>& before_start = {});
   // The TOML for the CRI plugin's image pulls: snapshotter `snapshotter` with snapshot
   // annotations on (the labels remote snapshotters read), registry hosts from `hosts_dir`
   // (hosts.toml per registry, as `shoalctl config containerd` writes).

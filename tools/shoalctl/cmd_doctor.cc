@@ -13,10 +13,14 @@
 #include <boost/asio/io_context.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,7 +29,9 @@
 #include "lib/http/client.h"
 #include "lib/http/url.h"
 #include "lib/store/blob_store.h"
+#include "snapshotter/client.h"
 #include "tools/shoalctl/commands.h"
+#include "tools/shoalctl/containerd_toml.h"
 #include "tools/shoalctl/node_files.h"
 #include "tools/shoalctl/runtime_config.h"
 
@@ -46,6 +52,7 @@ struct DoctorOptions {
   std::string containerd_config = "/etc/containerd/config.toml";
   std::string containerd_certs_dir;  // default: config_path from config.toml
   std::string crio_dir = "/etc/containers/registries.conf.d";
+  std::string snapshotter_socket;  // the agent's --snapshotter-socket on the node; "": from config
   bool json = false;
 };
 
@@ -365,9 +372,15 @@ void CheckDockerd(const DoctorOptions& o, const std::string& agent, Report& r) {
 
 void CheckContainerd(const DoctorOptions& o, const std::string& agent,
                      const std::vector<std::string>& registries, Report& r) {
-  auto text = ReadIfExists(UnderRoot(o.root, o.containerd_config));
+  ContainerdConfig config = LoadContainerdConfig(o.root, o.containerd_config);
   std::string certs = o.containerd_certs_dir;
-  if (!text || !text.value()) {
+  if (!config.errors.empty()) {
+    for (const std::string& e : config.errors) {
+      r.Fail("containerd", e + ": containerd does not start with it",
+             "correct it there (`containerd --config " + o.containerd_config +
+                 " config dump` reads it as containerd does), then restart containerd");
+    }
+  } else if (config.files.empty()) {
     std::error_code ec;
     bool running = fs::exists(UnderRoot(o.root, "/run/containerd/containerd.sock"), ec);
     if (!running && certs.empty()) {
@@ -380,19 +393,19 @@ void CheckContainerd(const DoctorOptions& o, const std::string& agent,
            "config_path = \"/etc/containerd/certs.d\" under "
            "[plugins.\"io.containerd.grpc.v1.cri\".registry], then restart containerd");
   } else {
-    static const std::regex kConfigPath(R"re((^|\n)\s*config_path\s*=\s*["']([^"']*)["'])re");
-    std::smatch m;
-    std::string body = Uncommented(*text.value());
-    if (std::regex_search(body, m, kConfigPath)) {
-      r.Ok("containerd", "config_path = \"" + m[2].str() + "\"");
-      if (certs.empty()) certs = m[2];
+    ContainerdSetting set =
+        SectionSetting(config, "plugins", kCriPlugin, {"registry", "config_path"});
+    if (set.value && set.value->is_string()) {
+      const std::string& path = set.value->as_string()->get();
+      r.Ok("containerd", "config_path = \"" + path + "\"");
+      if (certs.empty()) certs = path;
     } else {
       r.Fail("containerd",
              "config_path is not set in " + o.containerd_config +
                  ": containerd (and the kubelet's CRI) ignores every hosts.toml",
              "config_path = \"/etc/containerd/certs.d\" under "
              "[plugins.\"io.containerd.grpc.v1.cri\".registry], then restart containerd when "
-             "convenient (shoal never edits config.toml)");
+             "convenient (node setup does not set config_path)");
     }
   }
   if (certs.empty()) return;
@@ -410,6 +423,225 @@ void CheckContainerd(const DoctorOptions& o, const std::string& agent,
     } else {
       r.Ok("containerd", path + " points at " + agent);
     }
+  }
+}
+
+// --- containerd's snapshotter (the agent's, opted in) ---
+
+// The output of a command line run through sh with a 10 s limit; nullopt if it could not run.
+std::optional<std::string> Capture(const std::string& command, int* status) {
+  FILE* p = ::popen(("timeout 10 " + command + " 2>&1").c_str(), "r");
+  if (!p) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  *status = ::pclose(p);
+  return out;
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// `ctr` on this machine: PATH, then the node's own binaries under --root.
+std::string FindCtr(const std::string& root) {
+  std::error_code ec;
+  if (const char* path = std::getenv("PATH")) {
+    std::string dirs = path;
+    size_t pos = 0;
+    while (pos <= dirs.size()) {
+      size_t end = dirs.find(':', pos);
+      std::string d = dirs.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+      if (!d.empty() && ::access((d + "/ctr").c_str(), X_OK) == 0) return d + "/ctr";
+      if (end == std::string::npos) break;
+      pos = end + 1;
+    }
+  }
+  for (const char* c : {"/usr/bin/ctr", "/usr/local/bin/ctr"}) {
+    std::string p = UnderRoot(root, c);
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// A string setting's value; nullopt when it is not set or not a string.
+std::optional<std::string> StringOf(const ContainerdSetting& s) {
+  if (!s.value || !s.value->is_string()) return std::nullopt;
+  return s.value->as_string()->get();
+}
+
+void CheckSnapshotter(const DoctorOptions& o, Report& r) {
+  const std::string check = "snapshotter";
+  const std::string cri = kCriContainerdTable;
+  const ContainerdConfig config = LoadContainerdConfig(o.root, o.containerd_config);
+  ContainerdSetting type = SectionSetting(config, "proxy_plugins", "shoal", {"type"});
+  ContainerdSetting address = SectionSetting(config, "proxy_plugins", "shoal", {"address"});
+  ContainerdSetting snap =
+      SectionSetting(config, "plugins", kCriPlugin, {"containerd", "snapshotter"});
+  ContainerdSetting annotations =
+      SectionSetting(config, "plugins", kCriPlugin, {"containerd", "disable_snapshot_annotations"});
+  std::optional<std::string> cri_snapshotter = StringOf(snap);
+  if (o.snapshotter_socket.empty() && config.errors.empty() && !address.section_found &&
+      cri_snapshotter != "shoal") {
+    r.Ok(check,
+         "the agent's containerd snapshotter is not enabled (no --snapshotter-socket, and "
+         "containerd's config names no shoal snapshotter): skipped");
+    return;
+  }
+  std::optional<std::string> named = StringOf(address);
+  const std::string socket =
+      !o.snapshotter_socket.empty() ? o.snapshotter_socket : named.value_or("");
+  const std::string restart =
+      ", then restart containerd (`systemctl restart containerd`, best "
+      "on a drained node)";
+  const std::string setup = "`shoalctl node-setup --containerd-config " + o.containerd_config +
+                            " --containerd-snapshotter --snapshotter-socket " +
+                            (socket.empty() ? "SOCKET" : socket) +
+                            "` (in the node image, or on the node)" + restart;
+
+  // What containerd's configuration says.
+  if (!config.errors.empty()) {
+    // Which settings containerd would run with is unknown: it does not start.
+    for (const std::string& e : config.errors) {
+      r.Fail(check, e + ": containerd does not start with it, so neither does its snapshotter",
+             "correct it there (`containerd --config " + o.containerd_config +
+                 " config dump` reads it as containerd does)" + restart);
+    }
+    if (socket.empty()) return;
+  } else if (config.files.empty()) {
+    r.Fail(check, "no " + o.containerd_config + ": containerd knows no shoal snapshotter", setup);
+  } else {
+    const toml::node* version = config.files.front().table.get("version");
+    if (!version || !version->is_integer() || version->as_integer()->get() != 2) {
+      r.Fail(check,
+             o.containerd_config + " is " +
+                 (version ? "version " + TomlText(version)
+                          : std::string("version 1 (no version = 2)")) +
+                 ": doctor checks containerd 1.6's version 2 settings only",
+             "version = 2 with the settings of docs/runtimes.md (containerd snapshotter)");
+    }
+    std::optional<std::string> kind = StringOf(type);
+    if (!address.section_found) {
+      r.Fail(check,
+             "containerd's config has no [proxy_plugins.shoal]: containerd cannot reach the "
+             "agent's snapshotter",
+             setup);
+    } else if (kind != "snapshot") {
+      r.Fail(check,
+             "[proxy_plugins.shoal] in " + address.file + " has type = " +
+                 (type.value ? TomlText(type.value) : std::string("(none)")) + ", not \"snapshot\"",
+             "type = \"snapshot\" in [proxy_plugins.shoal]" + restart);
+    } else if (named != socket) {
+      r.Fail(check,
+             "[proxy_plugins.shoal] in " + address.file + " has address = " +
+                 (address.value ? TomlText(address.value) : std::string("(none)")) +
+                 ", but the agent serves " + socket,
+             "address = \"" + socket + "\" in [proxy_plugins.shoal]" + restart);
+    } else {
+      r.Ok(check, "[proxy_plugins.shoal] type = \"snapshot\", address = \"" + socket + "\" (" +
+                      address.file + ")");
+    }
+    const std::string where = snap.section_found ? snap.file : o.containerd_config;
+    if (cri_snapshotter != "shoal") {
+      r.Fail(check,
+             "the CRI's snapshotter is " +
+                 (snap.value ? TomlText(snap.value) : std::string("\"overlayfs\" (the default)")) +
+                 " in " + where +
+                 ", not \"shoal\": the kubelet's pulls do not use the agent's snapshotter",
+             "snapshotter = \"shoal\" under [" + cri + "] in " + o.containerd_config +
+                 " itself (containerd 1.6 replaces the whole CRI section with an imported "
+                 "file's)" +
+                 restart);
+    } else {
+      r.Ok(check, "the CRI's snapshotter is \"shoal\" (" + where + ")");
+    }
+    bool disabled = !annotations.value || !annotations.value->is_boolean() ||
+                    annotations.value->as_boolean()->get();
+    if (disabled) {
+      r.Warn(check,
+             "disable_snapshot_annotations is " +
+                 (annotations.value ? TomlText(annotations.value)
+                                    : std::string("true (containerd 1.6's default)")) +
+                 " in " + where +
+                 ": the CRI passes no layer labels, so the agent prepares no layer and "
+                 "containerd fetches and unpacks every one itself",
+             "disable_snapshot_annotations = false under [" + cri + "]" + restart);
+    } else {
+      r.Ok(check,
+           "snapshot annotations are on (disable_snapshot_annotations = false): the agent "
+           "prepares the layers of the kubelet's pulls");
+    }
+  }
+
+  // The agent's socket, asked what containerd would ask.
+  if (socket.empty()) {
+    r.Fail(check, "no snapshotter socket named (no --snapshotter-socket, no address)", setup);
+  } else {
+    const std::string fix = "run the agent with --snapshotter-socket " + socket +
+                            " (helm value agent.snapshotter.enabled=true); kubectl -n "
+                            "<namespace> logs ds/<release>-agent -c agent (on this node)";
+    std::string on_disk = UnderRoot(o.root, socket);
+    std::error_code ec;
+    if (!fs::exists(on_disk, ec)) {
+      r.Fail(check,
+             "no snapshotter socket at " + socket +
+                 ": the agent does not serve it, and containerd's pulls and container starts "
+                 "with snapshotter shoal fail meanwhile",
+             fix);
+    } else if (auto n = snapshotter::CountSnapshots(on_disk, std::chrono::seconds(3)); !n) {
+      r.Fail(check, socket + " does not answer containerd's snapshots API: " + n.error().message,
+             fix);
+    } else {
+      r.Ok(check,
+           socket + " answers the snapshots API (" + std::to_string(n.value()) + " snapshots)");
+    }
+  }
+
+  // What the running containerd loaded (it reads config.toml only when it starts).
+  std::string containerd_socket = StringOf(PlainSetting(config, {"grpc", "address"})).value_or("");
+  if (containerd_socket.empty()) containerd_socket = "/run/containerd/containerd.sock";
+  std::error_code ec;
+  if (!fs::exists(UnderRoot(o.root, containerd_socket), ec)) {
+    r.Ok(check, "containerd is not running (no " + containerd_socket +
+                    "): the plugins it loads are not checked");
+    return;
+  }
+  std::string ctr = FindCtr(o.root);
+  if (ctr.empty()) {
+    r.Ok(check, "no ctr here: the plugins containerd loaded are not checked");
+    return;
+  }
+  int status = 0;
+  auto out = Capture(ShellQuote(ctr) + " --address " +
+                         ShellQuote(UnderRoot(o.root, containerd_socket)) + " plugins ls",
+                     &status);
+  if (!out || status != 0) {
+    r.Warn(check, "`ctr plugins ls` failed: " + out.value_or("could not run " + ctr),
+           "run it on the node: ctr --address " + containerd_socket + " plugins ls");
+    return;
+  }
+  std::string row_status;
+  std::istringstream rows(*out);
+  for (std::string row; std::getline(rows, row);) {
+    std::istringstream cols(row);
+    std::string t, id, platforms, st;
+    cols >> t >> id >> platforms >> st;
+    if (t == "io.containerd.snapshotter.v1" && id == "shoal") row_status = st;
+  }
+  if (row_status == "ok") {
+    r.Ok(check, "containerd loaded it: io.containerd.snapshotter.v1 shoal ok (ctr plugins ls)");
+  } else if (row_status.empty()) {
+    r.Fail(check,
+           "the running containerd has no shoal snapshotter (not in `ctr plugins ls`): it "
+           "started before its config named it",
+           "systemctl restart containerd (best on a drained node)");
+  } else {
+    r.Fail(check,
+           "containerd's shoal snapshotter plugin is \"" + row_status + "\" (ctr plugins ls)",
+           "check the socket above, then restart containerd (`ctr plugins ls -d` shows why)");
   }
 }
 
@@ -605,6 +837,7 @@ int Run(const DoctorOptions& o) {
   CheckKubelet(o, r);
   CheckDockerd(o, agent.value(), r);
   CheckContainerd(o, agent.value(), registries.value(), r);
+  CheckSnapshotter(o, r);
   CheckCrio(o, agent.value(), registries.value(), r);
   CheckArp(o, r);
   CheckCache(o, r);
@@ -637,7 +870,8 @@ void AddDoctorCommand(CLI::App& app) {
   auto o = std::make_shared<DoctorOptions>();
   CLI::App* cmd = app.add_subcommand(
       "doctor",
-      "Check this node: kubelet pull settings, dockerd/containerd/CRI-O mirrors, ARP thresholds, "
+      "Check this node: kubelet pull settings, dockerd/containerd/CRI-O mirrors, the containerd "
+      "snapshotter, ARP thresholds, "
       "the cache disk, the agent and the trackers (ok/warn/fail with the fix; exit 0 ok, 1 "
       "warnings, 2 failures)");
   cmd->add_option("--root", o->root, "The node's / as this process sees it (/host in the pod)")
@@ -674,6 +908,10 @@ void AddDoctorCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--containerd-certs-dir", o->containerd_certs_dir,
                   "containerd's hosts.toml directory (under --root); default: config_path");
+  cmd->add_option("--snapshotter-socket", o->snapshotter_socket,
+                  "The agent's containerd snapshotter socket (under --root; default: the "
+                  "address of [proxy_plugins.shoal]); checked when given or configured")
+      ->envname("SHOAL_SNAPSHOTTER_SOCKET");
   cmd->add_option("--crio-dir", o->crio_dir, "registries.conf.d directory (under --root)")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print the findings as JSON");

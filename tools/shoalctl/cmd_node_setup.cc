@@ -2,7 +2,9 @@
 // DaemonSet's init container), and `--cleanup` takes it back (the chart's post-delete hook).
 // Only the parts given a path are touched; every write is atomic and skipped when the file
 // already holds the same bytes; files shoal did not write are never changed; no runtime is
-// restarted (dockerd, opted in, gets SIGHUP, which reloads the mirror keys).
+// restarted (dockerd, opted in, gets SIGHUP, which reloads the mirror keys; containerd, opted in
+// to the agent's snapshotter, gets marked lines in config.toml and must be restarted by the
+// operator).
 #include <signal.h>
 
 #include <algorithm>
@@ -13,13 +15,13 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <regex>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "tools/shoalctl/commands.h"
+#include "tools/shoalctl/containerd_toml.h"
 #include "tools/shoalctl/node_files.h"
 #include "tools/shoalctl/runtime_config.h"
 
@@ -31,10 +33,12 @@ struct SetupOptions {
   std::string root = "/";
   std::string agent = "127.0.0.1:5000";
   std::vector<std::string> registries = {"docker.io"};
-  std::string containerd_certs_dir;  // e.g. /etc/containerd/certs.d; empty: containerd untouched
-  std::string containerd_config;     // config.toml, only read
-  std::string crio_drop_in;          // e.g. /etc/containers/registries.conf.d/50-shoal.conf
-  std::string dockerd_config;        // e.g. /etc/docker/daemon.json; empty: dockerd untouched
+  std::string containerd_certs_dir;     // e.g. /etc/containerd/certs.d; empty: containerd untouched
+  std::string containerd_config;        // config.toml: read; edited only for the snapshotter
+  bool containerd_snapshotter = false;  // opt-in: config.toml names the agent's snapshotter
+  std::string snapshotter_socket = "/run/shoal/snapshotter.sock";  // the agent's, on the node
+  std::string crio_drop_in;    // e.g. /etc/containers/registries.conf.d/50-shoal.conf
+  std::string dockerd_config;  // e.g. /etc/docker/daemon.json; empty: dockerd untouched
   std::string dockerd_pid_file = "/var/run/docker.pid";
   std::string proc = "/proc";       // this process's view of /proc (hostPID for dockerd)
   std::vector<long> arp_gc_thresh;  // gc_thresh1,2,3; empty: untouched
@@ -107,30 +111,36 @@ bool RemoveManaged(const std::string& part, const std::string& path, bool remove
   return true;
 }
 
-// Says whether containerd's config.toml sets config_path (without it containerd ignores certs.d).
+// Says whether containerd's config.toml (with its imports, merged as containerd 1.6 does) sets
+// the CRI's config_path (without it containerd ignores certs.d).
 void CheckContainerdConfigPath(const SetupOptions& o) {
   if (o.containerd_config.empty()) return;
-  auto text = ReadIfExists(UnderRoot(o.root, o.containerd_config));
-  if (!text || !text.value()) {
+  ContainerdConfig config = LoadContainerdConfig(o.root, o.containerd_config);
+  for (const std::string& e : config.errors) {
+    Warn("containerd", e + ": containerd does not start with it (config.toml left alone)");
+  }
+  if (!config.errors.empty()) return;
+  if (config.files.empty()) {
     Warn("containerd", o.containerd_config + " not found: containerd's defaults do not set " +
                            "config_path, so it does not read " + o.containerd_certs_dir);
     return;
   }
-  static const std::regex kConfigPath(R"re(^\s*config_path\s*=\s*["']([^"']*)["'])re",
-                                      std::regex::multiline);
-  std::smatch m;
-  if (!std::regex_search(*text.value(), m, kConfigPath)) {
+  ContainerdSetting set =
+      SectionSetting(config, "plugins", kCriPlugin, {"registry", "config_path"});
+  const std::string* path =
+      set.value && set.value->is_string() ? &set.value->as_string()->get() : nullptr;
+  if (!path) {
     Warn("containerd",
          "config_path is not set in " + o.containerd_config +
              ": containerd ignores the hosts.toml files until it is (set config_path = \"" +
              o.containerd_certs_dir +
              "\" under [plugins.\"io.containerd.grpc.v1.cri\".registry] and restart containerd "
-             "when convenient; shoal never edits config.toml nor restarts containerd)");
-  } else if (m[1].str() != o.containerd_certs_dir) {
-    Warn("containerd", "config_path is \"" + m[1].str() + "\", not " + o.containerd_certs_dir +
+             "when convenient; node-setup does not set it and never restarts containerd)");
+  } else if (*path != o.containerd_certs_dir) {
+    Warn("containerd", "config_path is \"" + *path + "\", not " + o.containerd_certs_dir +
                            ": containerd does not read the hosts.toml files written here");
   } else {
-    Say("containerd", "config_path = \"" + m[1].str() + "\" in " + o.containerd_config);
+    Say("containerd", "config_path = \"" + *path + "\" in " + set.file);
   }
 }
 
@@ -145,6 +155,94 @@ bool Containerd(const SetupOptions& o, const std::string& agent,
   }
   if (!o.cleanup) CheckContainerdConfigPath(o);
   return ok;
+}
+
+// The opt-in: config.toml gets the agent's proxy snapshotter and the CRI uses it (marked lines,
+// containerd_toml.h), or, with --cleanup, loses them again. The original is kept once as
+// config.toml.shoal-backup. containerd reads config.toml only at start: it is never restarted
+// here.
+bool ContainerdSnapshotter(const SetupOptions& o) {
+  const std::string part = "containerd-snapshotter";
+  std::string path = UnderRoot(o.root, o.containerd_config);
+  std::string backup_path = path + ".shoal-backup";
+  auto text = ReadIfExists(path);
+  if (!text) {
+    Warn(part, text.error().message);
+    return false;
+  }
+  if (!text.value()) {
+    if (o.cleanup) return true;
+    Warn(part, o.containerd_config + " does not exist: not created (containerd runs on its " +
+                   "defaults there; write them with `containerd config default > " +
+                   o.containerd_config + "` and run node-setup again)");
+    return false;
+  }
+  const std::string& original = *text.value();
+  if (o.cleanup) {
+    bool changed = false;
+    auto restored = DisableShoalSnapshotter(original, o.containerd_config, &changed);
+    if (!restored) {
+      Warn(part, restored.error().message + ": left as it is");
+      return false;
+    }
+    if (!changed) {
+      Say(part, o.containerd_config + ": nothing of shoal's to remove");
+      (void)RemoveIfExists(backup_path);
+      return true;
+    }
+    auto done = WriteAtomic(path, restored.value());
+    if (!done) {
+      Warn(part, done.error().message);
+      return false;
+    }
+    (void)RemoveIfExists(backup_path);
+    Say(part, path + " updated: shoal's proxy plugin and CRI snapshotter lines taken back, " +
+                  "every other line kept");
+    Say(part,
+        "restart containerd (`systemctl restart containerd`, on a drained node) to go back "
+        "to its own snapshotter: until then it keeps asking the agent's socket. Images whose "
+        "layers the agent prepared have none in containerd's content store: remove them "
+        "(`ctr -n k8s.io images rm`) so that the kubelet pulls them again");
+    return true;
+  }
+  auto edit = EnableShoalSnapshotter(original, o.snapshotter_socket, o.containerd_config);
+  if (!edit) {
+    Warn(part, edit.error().message + ": left as it is");
+    return false;
+  }
+  for (const auto& d : edit.value().done) Say(part, d);
+  if (!edit.value().left.empty()) {
+    for (const auto& l : edit.value().left) Warn(part, l);
+    Warn(part, o.containerd_config + " left as it is (nothing changed)");
+    return false;
+  }
+  if (edit.value().text == original) {
+    Say(part, path + " unchanged");
+    return true;
+  }
+  auto backup = ReadIfExists(backup_path);
+  if (backup && !backup.value()) {
+    auto b = WriteAtomic(backup_path, original, 0600);
+    if (!b) {
+      Warn(part, b.error().message);
+      return false;
+    }
+    Say(part, "kept the original as " + backup_path);
+  }
+  auto done = WriteAtomic(path, edit.value().text);
+  if (!done) {
+    Warn(part, done.error().message);
+    return false;
+  }
+  Say(part, path + " " + Verb(done.value()) + " (each line shoal added or changed is marked " +
+                kTomlMarker + ")");
+  Say(part,
+      "containerd reads config.toml only when it starts: restart it (`systemctl restart "
+      "containerd`, best on a drained node) to load the shoal snapshotter; node-setup does "
+      "not. From then on the kubelet's pulls and container starts need the agent's "
+      "snapshotter on " +
+          o.snapshotter_socket);
+  return true;
 }
 
 bool Crio(const SetupOptions& o, const std::string& agent,
@@ -337,14 +435,27 @@ int Run(const SetupOptions& o) {
     std::cerr << "shoalctl: --arp-gc-thresh takes three values: gc_thresh1,gc_thresh2,gc_thresh3\n";
     return 2;
   }
+  if (o.containerd_snapshotter) {
+    if (o.containerd_config.empty()) {
+      std::cerr << "shoalctl: --containerd-snapshotter needs --containerd-config (config.toml)\n";
+      return 2;
+    }
+    const std::string& s = o.snapshotter_socket;
+    if (s.empty() || s[0] != '/' || s.find_first_of("\"\\\n") != std::string::npos) {
+      std::cerr << "shoalctl: --snapshotter-socket \"" << s
+                << "\" must be an absolute path without quotes or backslashes\n";
+      return 2;
+    }
+  }
   bool any = !o.containerd_certs_dir.empty() || !o.crio_drop_in.empty() ||
-             !o.dockerd_config.empty() || !o.arp_gc_thresh.empty();
+             !o.dockerd_config.empty() || !o.arp_gc_thresh.empty() || o.containerd_snapshotter;
   if (!any) {
     Say("all", "nothing enabled: nothing written");
     return 0;
   }
   bool ok = true;
   if (!o.containerd_certs_dir.empty()) ok = Containerd(o, agent.value(), registries.value()) && ok;
+  if (o.containerd_snapshotter) ok = ContainerdSnapshotter(o) && ok;
   if (!o.crio_drop_in.empty()) ok = Crio(o, agent.value(), registries.value()) && ok;
   if (!o.dockerd_config.empty()) ok = Dockerd(o, agent.value()) && ok;
   if (!o.arp_gc_thresh.empty()) ok = Arp(o) && ok;
@@ -379,8 +490,19 @@ void AddNodeSetupCommand(CLI::App& app) {
                   "/etc/containerd/certs.d)")
       ->envname("SHOAL_CONTAINERD_CERTS_DIR");
   cmd->add_option("--containerd-config", o->containerd_config,
-                  "containerd's config.toml, read (never edited) to say whether config_path is set")
+                  "containerd's config.toml, read to say whether config_path is set (edited only "
+                  "with --containerd-snapshotter)")
       ->envname("SHOAL_CONTAINERD_CONFIG");
+  cmd->add_flag("--containerd-snapshotter", o->containerd_snapshotter,
+                "containerd (opt-in, needs a containerd restart): add the agent's snapshotter to "
+                "--containerd-config ([proxy_plugins.shoal] and the CRI's snapshotter = \"shoal\", "
+                "disable_snapshot_annotations = false; marked lines, backup kept)")
+      ->envname("SHOAL_CONTAINERD_SNAPSHOTTER");
+  cmd->add_option("--snapshotter-socket", o->snapshotter_socket,
+                  "The agent's --snapshotter-socket as the node sees it (for "
+                  "--containerd-snapshotter)")
+      ->envname("SHOAL_SNAPSHOTTER_SOCKET")
+      ->capture_default_str();
   cmd->add_option("--crio-drop-in", o->crio_drop_in,
                   "CRI-O/podman: write this registries.conf.d drop-in, e.g. "
                   "/etc/containers/registries.conf.d/50-shoal.conf")

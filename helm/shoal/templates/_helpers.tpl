@@ -64,6 +64,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The agent's containerd snapshotter on the host (agent.snapshotter): its socket and its
+     snapshots' directory, both mounted at the same paths in the agent. */}}
+{{- define "shoal.snapshotterSocket" -}}
+{{- printf "%s/snapshotter.sock" .Values.agent.snapshotter.socketDir -}}
+{{- end -}}
+{{- define "shoal.snapshotterRoot" -}}
+{{- default (printf "%s/snapshotter" .Values.agent.cache.hostPath) .Values.agent.snapshotter.hostPath -}}
+{{- end -}}
+
 {{/* Registries that node setup sends through the agent. */}}
 {{- define "shoal.registries" -}}
 {{- if .Values.nodeSetup.registries -}}
