@@ -178,6 +178,7 @@ int RunTracker(const TrackerConfig& config) {
   Server server(ioc, service, blobs, manifests, prefetch, access.value(), server_options);
   server.SetMetricsHandler(
       [&registry] { return prometheus::TextSerializer().Serialize(registry.Collect()); });
+  ImageRates image_rates;  // the cluster view's per-image rates, between requests
   server.SetClusterViewHandler([&] {
     TimePoint now = TrackerClock::now();
     blobs.Sweep(now);
@@ -190,6 +191,8 @@ int RunTracker(const TrackerConfig& config) {
     in.lease_waiters = blobs.waiters();
     in.swarms = &service.table();
     in.prefetch = &prefetch.jobs();
+    in.manifests = &manifests.cache();
+    in.rates = &image_rates;
     return BuildClusterView(in, now).dump();
   });
   auto port = server.Listen(listen.value().first, listen.value().second);

@@ -157,6 +157,60 @@ TEST_CASE("swarm: a cold pull on 5 agents at once crosses from upstream about on
   }
 }
 
+TEST_CASE("swarm: after a pull on 3 agents the cluster view and shoalctl show the image, its size, "
+          "nodes done and upstream bytes") {
+  SwarmWorld w;
+  for (int i = 0; i < 3; ++i) w.AddAgent();
+  w.PullAll("view");
+  const uint64_t upstream = w.proxy->BlobBytes();
+  const double peers = w.Sum("shoal_swarm_peer_bytes_total");
+  MESSAGE("upstream blob bytes " << upstream << ", peer bytes " << peers << ", image "
+                                 << w.image.total_blob_bytes << " blob bytes");
+  // Agents announce a chunk's completion right after it; wait until the tracker counts every node.
+  nlohmann::json img;
+  WaitUntil(
+      [&] {
+        auto got = HttpGet(w.tracker->Url() + "/v1/cluster", OperatorAuth(), seconds(5));
+        if (!got.has_value() || got.value().status != 200) return false;
+        nlohmann::json v = nlohmann::json::parse(got.value().body, nullptr, false);
+        if (!v.is_object() || !v["images"].is_array() || v["images"].size() != 1) return false;
+        img = v["images"][0];
+        return img["nodes_done"] == 3 && img["nodes_in_progress"] == 0;
+      },
+      seconds(10), milliseconds(100));
+  INFO(img.dump());
+  CHECK(img["manifest"] == w.image.manifest_digest.str());
+  CHECK(img["references"][0] == "docker.io/demo/app:1");
+  CHECK(img["size"] == w.image.total_blob_bytes);
+  CHECK(img["blobs_total"] == w.image.layer_digests.size() + 1);
+  CHECK(img["blobs_known"] == img["blobs_total"]);
+  CHECK(img["blobs_ready"] == img["blobs_total"]);
+  CHECK(img["nodes_done"] == 3);
+  CHECK(img["nodes_in_progress"] == 0);
+  CHECK(img["complete"] == true);
+  CHECK(img["eta_ms"] == 0);
+  // Every blob byte crossed from upstream once, under a lease, as the proxy counted.
+  CHECK(img["upstream_bytes"] == upstream);
+  // The seeders hold 3 copies: one from upstream, two from peers (as the agents counted them).
+  CHECK(img["held_bytes"] == 3 * w.image.total_blob_bytes);
+  CHECK(img["peer_bytes"].get<double>() == doctest::Approx(peers).epsilon(0.02));
+  // No image name on /metrics, which answers anyone.
+  auto metrics = HttpGet(w.tracker->Url() + "/metrics", {}, seconds(5));
+  REQUIRE(metrics.has_value());
+  CHECK(metrics.value().body.find("demo/app") == std::string::npos);
+
+  // shoalctl status --cluster --image: complete without any prefetch job, from the image's entry.
+  const std::string cmd = std::string("'") + SHOAL_CTL_BIN +
+                          "' status --cluster --operator-token-file '" + Tokens().operator_file +
+                          "' --tracker " + w.tracker->Url() + " --image demo/app:1";
+  auto run = RunCommand({"sh", "-c", cmd + " 2>&1; echo exit=$?"}, seconds(30));
+  REQUIRE(run.has_value());
+  INFO(run.value());
+  CHECK(run.value().find("exit=0") != std::string::npos);
+  CHECK(run.value().find("3 nodes done, 0 in progress, 0 failed") != std::string::npos);
+  CHECK(run.value().find("docker.io/demo/app:1") != std::string::npos);
+}
+
 TEST_CASE("swarm: peers receive a large layer's bytes before any agent has all of it") {
   SwarmWorld w({"--max-upstream-fetchers", "1"});
   // A slow upstream: 24 MiB take several seconds, so the window is easy to see.

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lib/core/base64.h"
+#include "lib/core/content_hash.h"
 #include "lib/swarm/chunk_torrent.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
@@ -428,6 +429,40 @@ Reply OperatorSend(const std::string& method, const std::string& url, const std:
   return Reply{res.value().status, j.is_discarded() ? json::object() : j};
 }
 
+// An OCI manifest whose only layer is the test blob (kDigest, kSize), with a small config.
+constexpr uint64_t kConfigSize = 321;
+std::string ImageManifest() {
+  return json{{"schemaVersion", 2},
+              {"mediaType", "application/vnd.oci.image.manifest.v1+json"},
+              {"config",
+               {{"mediaType", "application/vnd.oci.image.config.v1+json"},
+                {"digest", "sha256:" + std::string(64, 'c')},
+                {"size", kConfigSize}}},
+              {"layers",
+               {{{"mediaType", "application/vnd.oci.image.layer.v1.tar+gzip"},
+                 {"digest", kDigest},
+                 {"size", kSize}}}}}
+      .dump();
+}
+
+// Resolves r.test/demo/app:1 as an agent would, and publishes ImageManifest() under its fetch
+// lease; returns the manifest's digest.
+std::string PublishImage(const Tracker& t) {
+  const json ref = {{"agent", "a1"}, {"registry", "r.test"}, {"repository", "demo/app"},
+                    {"reference", "1"}};
+  Reply resolved = Send("POST", t.base + "/v1/manifests/resolve?wait_ms=0", ref.dump());
+  REQUIRE(resolved.body["state"] == "fetch");
+  const std::string body = ImageManifest();
+  const std::string digest = ContentHash::Of(DigestAlgorithm::kSha256, body).str();
+  json put = ref;
+  put["lease_id"] = resolved.body["lease_id"];
+  put["media_type"] = "application/vnd.oci.image.manifest.v1+json";
+  put["manifest"] = Base64Encode(body);
+  Reply published = Send("PUT", t.base + "/v1/manifests/" + digest, put.dump());
+  REQUIRE_MESSAGE(published.status == 200, published.body.dump());
+  return digest;
+}
+
 json ClusterView(const Tracker& t) {
   Reply view = OperatorSend("GET", t.base + "/v1/cluster", "");
   REQUIRE(view.status == 200);
@@ -496,6 +531,7 @@ TEST_CASE("tracker cluster view: operators get leases, blobs, jobs and agents as
   Reply job = OperatorSend("POST", t.base + "/v1/prefetch/jobs",
                            json{{"images", {"r.test/demo/app:1"}}, {"nodes", {"n1"}}}.dump());
   REQUIRE_MESSAGE(job.status == 201, job.body.dump());
+  const std::string manifest = PublishImage(t);
   Reply granted = Send("POST", t.Chunk(2, "lease"), Source("a1"));
   REQUIRE(granted.body["state"] == "granted");
   REQUIRE(Send("POST", t.Chunk(2, "renew"),
@@ -527,6 +563,19 @@ TEST_CASE("tracker cluster view: operators get leases, blobs, jobs and agents as
   CHECK(v["prefetch_jobs"][0]["slowest_nodes"][0]["node"] == "n1");
   CHECK(v["agents"]["live"] == 1);
   CHECK(v["agents"]["stale"] == 0);
+  // The image: its manifest from the manifest cache, its layer's table, the job naming it.
+  REQUIRE(v["images"].size() == 1);
+  const json& img = v["images"][0];
+  CHECK(img["manifest"] == manifest);
+  CHECK(img["references"][0] == "r.test/demo/app:1");
+  CHECK(img["size"] == kSize + kConfigSize);
+  CHECK(img["blobs_total"] == 2);
+  CHECK(img["blobs_known"] == 1);  // the config has no table here
+  CHECK(img["nodes_done"] == 0);
+  CHECK(img["prefetch_job"] == job.body["id"]);
+  CHECK(img["slowest_nodes"][0]["node"] == "n1");
+  CHECK(img["blobs"][1]["digest"] == kDigest);
+  CHECK(img["blobs"][1]["chunks"] == 3);
   // /metrics answers anyone: the job's progress is there by job id, and no image name is.
   auto metrics = HttpGet(t.base + "/metrics", {}, seconds(2));
   REQUIRE(metrics.has_value());
@@ -543,6 +592,10 @@ TEST_CASE("tracker cluster view: operators get leases, blobs, jobs and agents as
   CHECK(v["upstream"]["bytes_total"] == 1000);
   CHECK(v["blobs"]["recent"][0]["chunks_ready"] == 1);
   CHECK(v["blobs"]["recent"][0]["upstream_bytes"] == 1000);
+  CHECK(v["images"][0]["upstream_bytes"] == 1000);
+  CHECK(v["images"][0]["blobs"][1]["chunks_ready"] == 1);
+  CHECK(HttpGet(t.base + "/metrics", {}, seconds(2)).value().body.find("demo/app") ==
+        std::string::npos);
   // Re-publishing without a lease (after a tracker restart) is not upstream traffic.
   REQUIRE(Send("PUT", t.Chunk(0), PublishBody("a2", "", Metainfo(kChunk))).status == 200);
   CHECK(ClusterView(t)["upstream"]["bytes_total"] == 1000);
@@ -562,6 +615,7 @@ TEST_CASE("tracker cluster page: chromium shows the JSON's numbers, follows the 
   CHECK(page.value().body.find("http://") == std::string::npos);
   CHECK(page.value().body.find("https://") == std::string::npos);
 
+  PublishImage(t);
   Reply granted = Send("POST", t.Chunk(2, "lease"), Source("a1"));
   REQUIRE(granted.body["state"] == "granted");
   REQUIRE(Send("POST", t.Chunk(1, "lease"), Source("a2")).body["state"] == "granted");
@@ -582,6 +636,11 @@ TEST_CASE("tracker cluster page: chromium shows the JSON's numbers, follows the 
   CHECK(PageValue(dom, "chunks-total") == to_string(v["blobs"]["chunks"]));
   CHECK(PageValue(dom, "agents-live") == "1");
   CHECK(dom.find("demo/app") != std::string::npos);
+  // The image's card: its size from the manifest, nothing from upstream yet.
+  CHECK(PageValue(dom, "img0-size") == to_string(v["images"][0]["size"]));
+  CHECK(PageValue(dom, "img0-size") == std::to_string(kSize + kConfigSize));
+  CHECK(PageValue(dom, "img0-upstream") == "0");
+  CHECK(PageValue(dom, "img0-done") == "0");
 
   // The pull moves on: both chunks published, so the page's numbers change with the JSON's.
   REQUIRE(Send("PUT", t.Chunk(2), PublishBody("a1", granted.body["lease_id"], Metainfo(1000)))
@@ -592,6 +651,7 @@ TEST_CASE("tracker cluster page: chromium shows the JSON's numbers, follows the 
   CHECK(PageValue(dom, "chunks-ready") == "1");
   CHECK(PageValue(dom, "upstream-bytes") == to_string(v["upstream"]["bytes_total"]));
   CHECK(PageValue(dom, "upstream-bytes") == "1000");
+  CHECK(PageValue(dom, "img0-upstream") == "1000");
   CHECK(std::filesystem::file_size(shots + "/cluster-page-desktop.png") > 10'000);
   CHECK(std::filesystem::file_size(shots + "/cluster-page-phone.png") > 10'000);
 
@@ -643,6 +703,8 @@ TEST_CASE("shoalctl status --cluster: merges the replicas, names the dead one, a
   REQUIRE_MESSAGE(job.status == 201, job.body.dump());
   const std::string id = job.body["id"];
   REQUIRE(Send("POST", t1.Chunk(0, "lease"), Source("a1")).body["state"] == "granted");
+  // The image's manifest is on t2, its layer's table on t1.
+  const std::string manifest = PublishImage(t2);
 
   CtlRun run = ClusterStatus({"--tracker", trackers, "--json", "--image", image});
   INFO(run.out);
@@ -661,6 +723,13 @@ TEST_CASE("shoalctl status --cluster: merges the replicas, names the dead one, a
   REQUIRE(merged["prefetch_jobs"].size() == 1);
   CHECK(merged["prefetch_jobs"][0]["replica"] == t2.base);
   CHECK(merged["image"]["state"] == "in_progress");
+  // One image, its layer filled in from t1's answer; the config has no table anywhere.
+  REQUIRE(merged["images"].size() == 1);
+  CHECK(merged["images"][0]["manifest"] == manifest);
+  CHECK(merged["images"][0]["blobs_known"] == 1);
+  CHECK(merged["images"][0]["blobs"][1]["known"] == true);
+  CHECK(merged["images"][0]["blobs"][1]["chunks"] == 3);
+  CHECK(merged["image"]["detail"].get<std::string>().find("0 nodes done") != std::string::npos);
 
   // The table names the dead replica and the job.
   run = ClusterStatus({"--tracker", trackers, "--image", image});

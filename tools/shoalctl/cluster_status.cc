@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "lib/oci/reference.h"
 #include "tools/shoalctl/human.h"
 
 namespace shoal::ctl {
@@ -44,12 +45,80 @@ std::string PadLeft(const std::string& s, size_t width) {
   return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
 }
 
+// Fills the blobs of image that its replica has no table of from the other replicas' entries
+// (`known`: by digest, the most advanced), and recomputes the image's figures from its blob list
+// when the list covers every blob, as the tracker does (docs/api.md, "images").
+void CompleteImage(json& image, const std::map<std::string, json>& known) {
+  json& blobs = image["blobs"];
+  bool filled = false;
+  for (json& b : blobs) {
+    if (b.value("known", false)) continue;
+    auto it = known.find(S(b, "digest"));
+    if (it == known.end()) continue;
+    for (const char* key : {"chunks", "chunks_ready", "upstream_bytes", "peer_bytes", "held_bytes",
+                            "nodes_done", "nodes_seen", "age_ms", "ready_after_ms"}) {
+      if (it->second.contains(key)) b[key] = it->second[key];
+    }
+    b["known"] = true;
+    filled = true;
+  }
+  if (!filled || blobs.size() != U(image, "blobs_total")) return;
+  uint64_t upstream = 0, peers = 0, held = 0, known_n = 0, ready = 0, seen = 0;
+  uint64_t done = UINT64_MAX;
+  for (const json& b : blobs) {
+    if (!b.value("known", false)) {
+      done = 0;
+      continue;
+    }
+    ++known_n;
+    if (U(b, "chunks") > 0 && U(b, "chunks_ready") == U(b, "chunks")) ++ready;
+    upstream += U(b, "upstream_bytes");
+    peers += U(b, "peer_bytes");
+    held += U(b, "held_bytes");
+    done = std::min(done, U(b, "nodes_done"));
+    seen = std::max(seen, U(b, "nodes_seen"));
+  }
+  const bool all_ready = !blobs.empty() && ready == blobs.size();
+  const uint64_t nodes_done = all_ready ? done : 0;
+  const uint64_t in_progress = seen > nodes_done ? seen - nodes_done : 0;
+  const bool complete = all_ready && nodes_done > 0 && in_progress == 0;
+  image["blobs_known"] = known_n;
+  image["blobs_ready"] = ready;
+  image["upstream_bytes"] = upstream;
+  image["peer_bytes"] = peers;
+  image["held_bytes"] = held;
+  image["nodes_done"] = nodes_done;
+  image["nodes_in_progress"] = in_progress;
+  image["complete"] = complete;
+  // The rate is the one the image's replica measured over its own blobs.
+  const uint64_t target = seen * U(image, "size");
+  const uint64_t remaining = target > held ? target - held : 0;
+  const double rate = static_cast<double>(U(image, "rate_bytes_per_s"));
+  if (complete || (seen > 0 && remaining == 0)) {
+    image["eta_ms"] = 0;
+  } else if (rate > 0 && seen > 0) {
+    image["eta_ms"] = static_cast<uint64_t>(static_cast<double>(remaining) * 1000.0 / rate);
+  } else {
+    image["eta_ms"] = nullptr;
+  }
+}
+
+std::string Refs(const json& image) {
+  std::string s;
+  for (const json& r : Arr(image, "references")) {
+    if (r.is_string()) s += (s.empty() ? "" : ", ") + r.get<std::string>();
+  }
+  return s.empty() ? S(image, "manifest") : s;
+}
+
 }  // namespace
 
 json MergeClusterViews(const std::vector<ReplicaView>& replicas) {
   json out = {{"replicas", json::array()}};
   uint64_t leases = 0, cap_sum = 0, cap_cluster = 0, bytes = 0, waiters = 0, up = 0;
   std::map<std::string, json> blobs;  // by digest: the most advanced entry
+  std::map<std::string, json> image_blobs;  // every replica's known image blobs, by digest
+  std::map<std::string, json> images;       // by manifest digest: the entry knowing most blobs
   json jobs = json::array();
   std::map<std::string, json> stale;  // by node
   for (const ReplicaView& r : replicas) {
@@ -84,6 +153,18 @@ json MergeClusterViews(const std::vector<ReplicaView>& replicas) {
         blobs[d] = b;
       }
     }
+    for (const json& im : Arr(v, "images")) {
+      std::string d = S(im, "manifest");
+      auto it = images.find(d);
+      if (it == images.end() || U(im, "blobs_known") > U(it->second, "blobs_known")) images[d] = im;
+      for (const json& b : Arr(im, "blobs")) {
+        if (!b.value("known", false)) continue;
+        auto known = image_blobs.find(S(b, "digest"));
+        if (known == image_blobs.end() || U(b, "chunks_ready") > U(known->second, "chunks_ready")) {
+          image_blobs[S(b, "digest")] = b;
+        }
+      }
+    }
     for (const json& j : Arr(v, "prefetch_jobs")) {
       json copy = j;
       copy["replica"] = r.url;
@@ -109,17 +190,81 @@ json MergeClusterViews(const std::vector<ReplicaView>& replicas) {
   });
   json stale_list = json::array();
   for (auto& [n, s] : stale) stale_list.push_back(s);
+  // An image's blobs may be owned by other replicas: fill them from the blob lists.
+  for (auto& [d, b] : blobs) {
+    auto it = image_blobs.find(d);
+    if (it == image_blobs.end() || U(b, "chunks_ready") > U(it->second, "chunks_ready")) {
+      image_blobs[d] = b;
+    }
+  }
+  json image_list = json::array();
+  for (auto& [d, im] : images) {
+    CompleteImage(im, image_blobs);
+    image_list.push_back(im);
+  }
+  std::sort(image_list.begin(), image_list.end(), [](const json& a, const json& b) {
+    return U(a, "age_ms") != U(b, "age_ms") ? U(a, "age_ms") < U(b, "age_ms")
+                                            : S(a, "manifest") < S(b, "manifest");
+  });
   out["replicas_up"] = up;
   out["upstream"] = {{"leases_active", leases},
                      {"cap_replicas_up", cap_sum},
                      {"cap_cluster", cap_cluster},
                      {"bytes_total", bytes},
                      {"lease_waiters", waiters}};
+  out["images"] = std::move(image_list);
   out["blobs"] = std::move(blob_list);
   out["prefetch_jobs"] = std::move(jobs);
   out["stale_agents"] = std::move(stale_list);
   return out;
 }
+
+namespace {
+
+// The merged view's entry of image (a reference, normalised as the tracker keys them, or a
+// manifest digest), or nullptr.
+const json* FindImage(const json& merged, const std::string& image) {
+  std::string key = image;
+  if (auto ref = oci::ParseImageRef(image)) key = ref.value().str();
+  for (const json& im : Arr(merged, "images")) {
+    for (const json& r : Arr(im, "references")) {
+      if (r.is_string() && (r.get<std::string>() == key || r.get<std::string>() == image)) {
+        return &im;
+      }
+    }
+    if (S(im, "manifest") == image) return &im;
+  }
+  return nullptr;
+}
+
+// One line of an image's figures.
+std::string ImageFigures(const json& im) {
+  char line[512];
+  const double size = static_cast<double>(U(im, "size"));
+  auto eta = im.find("eta_ms");
+  std::string left = im.value("complete", false) ? "complete"
+                     : eta != im.end() && eta->is_number()
+                         ? "about " + HumanDuration(eta->get<double>() / 1000) + " left"
+                         : "time left unknown";
+  std::snprintf(line, sizeof(line),
+                "%llu nodes done, %llu in progress, %llu failed; %s of %s from upstream (%.2fx), "
+                "%s from peers; %s since the start, %s",
+                static_cast<unsigned long long>(U(im, "nodes_done")),
+                static_cast<unsigned long long>(U(im, "nodes_in_progress")),
+                static_cast<unsigned long long>(U(im, "nodes_failed")),
+                Human(static_cast<double>(U(im, "upstream_bytes"))).c_str(), Human(size).c_str(),
+                size > 0 ? U(im, "upstream_bytes") / size : 0.0,
+                Human(static_cast<double>(U(im, "peer_bytes"))).c_str(),
+                HumanDuration(U(im, "age_ms") / 1000.0).c_str(), left.c_str());
+  std::string out = line;
+  if (U(im, "blobs_known") < U(im, "blobs_total")) {
+    out += " (" + std::to_string(U(im, "blobs_total") - U(im, "blobs_known")) +
+           " blobs on replicas that did not answer)";
+  }
+  return out;
+}
+
+}  // namespace
 
 ImageState ImageCompletion(const json& merged, const std::string& image,
                            const std::vector<std::string>& nodes, std::string* why) {
@@ -129,11 +274,27 @@ ImageState ImageCompletion(const json& merged, const std::string& image,
     if (std::find(images.begin(), images.end(), image) == images.end()) continue;
     if (!newest || U(j, "age_ms") < U(*newest, "age_ms")) newest = &j;
   }
+  // The image's entry (docs/api.md, "images"): how far the pull of it is on every node that
+  // started one, prefetch or not.
+  const json* entry = FindImage(merged, image);
+  std::string figures = entry ? ImageFigures(*entry) : "";
   auto say = [&](std::string text) {
+    if (!figures.empty()) text += (text.empty() ? "" : "; ") + figures;
     if (why) *why = std::move(text);
   };
+  if (!newest && entry) {
+    // No job names it: the swarms tell. Named nodes cannot be told apart there.
+    if (!nodes.empty()) {
+      say("no prefetch job names " + image + ", so its nodes are not known by name");
+      return ImageState::kUnknown;
+    }
+    say("");
+    if (U(*entry, "blobs_known") < U(*entry, "blobs_total")) return ImageState::kInProgress;
+    return entry->value("complete", false) ? ImageState::kComplete : ImageState::kInProgress;
+  }
   if (!newest) {
-    say("no prefetch job names " + image + " (shoalctl prefetch --cluster " + image + ")");
+    say("no prefetch job names " + image + " and no replica has resolved it (shoalctl prefetch "
+        "--cluster " + image + ")");
     return ImageState::kUnknown;
   }
   const json& job = *newest;
@@ -214,6 +375,24 @@ std::string RenderClusterStatus(const json& merged) {
                 Human(static_cast<double>(U(u, "bytes_total"))).c_str(),
                 static_cast<unsigned long long>(U(u, "lease_waiters")));
   out += line;
+
+  const json& images = Arr(merged, "images");
+  out += "\nimages (" + std::to_string(images.size()) + ")\n";
+  for (const json& im : images) {
+    std::string platform = S(im, "platform");
+    out += "  " + Refs(im) + (platform.empty() ? "" : " (" + platform + ")") + "  " +
+           S(im, "manifest").substr(0, 19) + "\n      " + ImageFigures(im) + "\n";
+    int shown = 0;
+    for (const json& n : Arr(im, "slowest_nodes")) {
+      if (shown++ == 5) break;
+      std::snprintf(line, sizeof(line), "      slow: %-24s %-8s %s of %s %s\n",
+                    S(n, "node").c_str(), S(n, "state").c_str(),
+                    Human(static_cast<double>(U(n, "bytes_done"))).c_str(),
+                    Human(static_cast<double>(U(n, "bytes_total"))).c_str(),
+                    S(n, "error").c_str());
+      out += line;
+    }
+  }
 
   const json& blobs = Arr(merged, "blobs");
   out += "\nblobs (" + std::to_string(blobs.size()) + ")\n";

@@ -20,15 +20,19 @@ struct ReplicaView {
 
 // The merged view (the "--json" output): "replicas" (per replica: url, tracker_id, up, error,
 // agents live/stale, leases, cap, blobs), "upstream" (leases, caps and bytes summed over the
-// replicas that answered), "blobs" (every replica's recent blobs, one entry per digest: the most
-// advanced), "prefetch_jobs" (concatenated, running first), "stale_agents" (deduplicated by
-// node).
+// replicas that answered), "images" (one entry per manifest digest, most recent first; blobs its
+// replica has no table of are filled from the other replicas' answers and the figures recomputed),
+// "blobs" (every replica's recent blobs, one entry per digest: the most advanced),
+// "prefetch_jobs" (concatenated, running first), "stale_agents" (deduplicated by node).
 nlohmann::json MergeClusterViews(const std::vector<ReplicaView>& replicas);
 
-// Whether `image` is complete on `nodes` (empty: on every node of the newest job naming it), as
-// far as prefetch jobs know: kComplete when the newest job naming the image has every chosen
-// node done; kFailed when one failed or a chosen node is in no such job; kInProgress otherwise;
-// kUnknown when no job names the image. `why` says which nodes are missing or failed.
+// Whether `image` is complete on `nodes` (empty: on every node of the newest job naming it). When
+// a prefetch job names the image, the newest one decides: kComplete when it has every chosen node
+// done; kFailed when one failed or a chosen node is in no such job; kInProgress otherwise.
+// Without a job, the image's entry ("images") decides for `nodes` empty: kComplete when it is
+// complete (every node that started the image holds all its blobs), else kInProgress; with
+// `nodes` (names the swarms do not know) or with no entry either, kUnknown. `why` says which
+// nodes are missing or failed, and the entry's figures.
 enum class ImageState { kComplete, kInProgress, kFailed, kUnknown };
 ImageState ImageCompletion(const nlohmann::json& merged, const std::string& image,
                            const std::vector<std::string>& nodes, std::string* why);

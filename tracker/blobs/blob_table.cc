@@ -417,25 +417,38 @@ std::vector<LeaseSummary> BlobTable::ActiveLeases(size_t limit) const {
 std::vector<BlobSummary> BlobTable::RecentBlobs(size_t limit) const {
   std::vector<BlobSummary> out;
   for (auto it = lru_.begin(); it != lru_.end() && out.size() < limit; ++it) {
-    const Blob& blob = blobs_.at(*it);
-    BlobSummary b{*it,
-                  blob.source,
-                  static_cast<uint32_t>(blob.chunks.size()),
-                  blob.ready,
-                  blob.leases,
-                  blob.upstream_bytes,
-                  blob.created,
-                  blob.completed,
-                  false,
-                  {}};
-    b.ready_info_hashes.reserve(blob.ready);
-    b.chunk0_ready = !blob.chunks.empty() && blob.chunks[0].published != nullptr;
-    for (const Chunk& c : blob.chunks) {
-      if (c.published) b.ready_info_hashes.push_back(c.published->info_hash);
-    }
-    out.push_back(std::move(b));
+    out.push_back(SummaryOf(*it, blobs_.at(*it)));
   }
   return out;
+}
+
+std::optional<BlobSummary> BlobTable::Summary(const Digest& digest) const {
+  auto it = blobs_.find(digest);
+  if (it == blobs_.end()) return std::nullopt;
+  return SummaryOf(digest, it->second);
+}
+
+BlobSummary BlobTable::SummaryOf(const Digest& digest, const Blob& blob) {
+  BlobSummary b{digest,
+                blob.source,
+                static_cast<uint32_t>(blob.chunks.size()),
+                blob.ready,
+                blob.leases,
+                blob.upstream_bytes,
+                blob.created,
+                blob.completed,
+                false,
+                {},
+                {}};
+  b.ready_info_hashes.reserve(blob.ready);
+  b.ready_lengths.reserve(blob.ready);
+  b.chunk0_ready = !blob.chunks.empty() && blob.chunks[0].published != nullptr;
+  for (uint32_t k = 0; k < blob.chunks.size(); ++k) {
+    if (!blob.chunks[k].published) continue;
+    b.ready_info_hashes.push_back(blob.chunks[k].published->info_hash);
+    b.ready_lengths.push_back(blob.layout.chunk_length(k));
+  }
+  return b;
 }
 
 BlobResult<swarm::ChunkLayout> BlobTable::CheckChunk(const Digest& digest, const BlobSource& source,

@@ -165,6 +165,7 @@ struct BlobSummary {
   std::optional<TimePoint> completed;  // when its last chunk became ready (first time)
   bool chunk0_ready = false;
   std::vector<swarm::Sha1> ready_info_hashes;  // the ready chunks' torrents, in chunk order
+  std::vector<uint64_t> ready_lengths;         // their chunks' lengths (parallel)
 };
 
 // One active lease, for the status page.
@@ -252,6 +253,9 @@ class BlobTable {
   std::vector<LeaseSummary> ActiveLeases(size_t limit) const;
   // Up to limit tables, the most recently used first (for the cluster view). O(limit x chunks).
   std::vector<BlobSummary> RecentBlobs(size_t limit) const;
+  // The table of digest in brief, without touching its LRU position; nullopt when absent.
+  // O(chunks).
+  std::optional<BlobSummary> Summary(const Digest& digest) const;
   const BlobTableOptions& options() const { return options_; }
 
  private:
@@ -315,6 +319,7 @@ class BlobTable {
   void EndLease(const Digest& digest, Blob& blob, Chunk& chunk, BlobEvent event);
   void SetExpiry(const Digest& digest, uint32_t k, LeaseRecord& lease, TimePoint expires);
   static BlobView ViewOf(const Blob& blob);
+  static BlobSummary SummaryOf(const Digest& digest, const Blob& blob);
   std::string NewLeaseId();
   void Emit(BlobEvent event, const Digest& digest) {
     if (listener_) listener_(event, digest);

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <set>
 #include <vector>
 
+#include "lib/oci/manifest.h"
+#include "lib/oci/reference.h"
 #include "tracker/prefetch/prefetch_api.h"
 
 namespace shoal::tracker {
@@ -21,24 +25,30 @@ int64_t Ms(std::chrono::steady_clock::duration d) {
 struct SwarmSpread {
   uint32_t nodes_done = 0;         // min seeders over the chunks (0 unless every chunk is ready)
   uint32_t nodes_downloading = 0;  // max leechers over the chunks
+  uint32_t nodes_seen = 0;         // max seeders + leechers over the chunks
   uint32_t chunk0_seeders = 0;     // how far the blob's first chunk has spread
+  uint64_t held_bytes = 0;         // sum over the ready chunks of seeders x chunk length
+  // held_bytes beyond the bytes fetched upstream: what peers delivered to the seeders.
+  uint64_t peer_bytes = 0;
 };
 
 SwarmSpread SpreadOf(const BlobSummary& b, const SwarmTable* swarms) {
   SwarmSpread s;
   if (!swarms || b.ready_info_hashes.empty()) return s;
   uint32_t min_seeders = UINT32_MAX;
-  bool first = true;
-  for (const swarm::Sha1& h : b.ready_info_hashes) {
+  for (size_t i = 0; i < b.ready_info_hashes.size(); ++i) {
+    const swarm::Sha1& h = b.ready_info_hashes[i];
     auto id = InfoHash::FromBytes(
         std::string_view(reinterpret_cast<const char*>(h.data()), h.size()));
     SwarmCounts c = id ? swarms->Counts(*id) : SwarmCounts{};
     min_seeders = std::min(min_seeders, c.complete);
     s.nodes_downloading = std::max(s.nodes_downloading, c.incomplete);
-    if (first && b.chunk0_ready) s.chunk0_seeders = c.complete;
-    first = false;
+    s.nodes_seen = std::max(s.nodes_seen, c.complete + c.incomplete);
+    if (i == 0 && b.chunk0_ready) s.chunk0_seeders = c.complete;
+    if (i < b.ready_lengths.size()) s.held_bytes += uint64_t{c.complete} * b.ready_lengths[i];
   }
   s.nodes_done = b.ready == b.chunks ? min_seeders : 0;
+  s.peer_bytes = s.held_bytes > b.upstream_bytes ? s.held_bytes - b.upstream_bytes : 0;
   return s;
 }
 
@@ -55,6 +65,9 @@ json BlobJson(const BlobSummary& b, const SwarmTable* swarms, TimePoint now) {
             {"age_ms", Ms(now - b.created)},
             {"nodes_done", s.nodes_done},
             {"nodes_downloading", s.nodes_downloading},
+            {"nodes_seen", s.nodes_seen},
+            {"peer_bytes", s.peer_bytes},
+            {"held_bytes", s.held_bytes},
             {"chunk0_seeders", s.chunk0_seeders}};
   j["ready_after_ms"] = b.completed ? json(Ms(*b.completed - b.created)) : json(nullptr);
   return j;
@@ -131,6 +144,207 @@ json AgentsJson(const PrefetchJobs& jobs, TimePoint now, const ClusterViewLimits
           {"stale_agents", std::move(list)}};
 }
 
+// One platform manifest to show, with how it was reached.
+struct ImageCandidate {
+  Digest manifest;
+  std::optional<Digest> index;   // the index it was reached from
+  std::string platform;          // "os/architecture[/variant]" of that index entry
+  std::vector<std::string> references;
+  TimePoint stored;
+  oci::Manifest parsed;
+};
+
+void AddReferences(std::vector<std::string>& to, const std::vector<std::string>& from) {
+  for (const std::string& r : from) {
+    if (std::find(to.begin(), to.end(), r) == to.end()) to.push_back(r);
+  }
+}
+
+std::string PlatformName(const std::optional<oci::Platform>& p) {
+  if (!p) return "";
+  std::string s = p->os + "/" + p->architecture;
+  if (!p->variant.empty()) s += "/" + p->variant;
+  return s;
+}
+
+// The image manifests among the most recently used ones, an index standing for the platform
+// manifests of it that are stored (the ones the cluster's nodes asked for). At most
+// limits.images, most recent first; a manifest reached twice is shown once.
+std::vector<ImageCandidate> RecentImages(const ManifestCache& cache,
+                                         const ClusterViewLimits& limits) {
+  std::vector<ImageCandidate> out;
+  auto add = [&](ImageCandidate c) {
+    for (ImageCandidate& seen : out) {
+      if (seen.manifest == c.manifest) {
+        AddReferences(seen.references, c.references);
+        if (!seen.index && c.index) {
+          seen.index = c.index;
+          seen.platform = std::move(c.platform);
+        }
+        return;
+      }
+    }
+    if (out.size() < limits.images) out.push_back(std::move(c));
+  };
+  for (const RecentManifest& r : cache.Recent(limits.manifests_scanned)) {
+    if (out.size() >= limits.images) break;
+    auto parsed = oci::ParseManifest(r.manifest->body, r.manifest->media_type);
+    if (!parsed) continue;  // stored because it hashed right; not ours to judge further
+    if (!parsed.value().is_index) {
+      add({r.manifest->digest, std::nullopt, "", r.keys, r.stored, std::move(parsed.value())});
+      continue;
+    }
+    for (const oci::Descriptor& d : parsed.value().manifests) {
+      auto child = cache.Peek(d.digest);
+      if (!child) continue;
+      auto image = oci::ParseManifest(child->body, child->media_type);
+      if (!image || image.value().is_index) continue;
+      add({d.digest, r.manifest->digest, PlatformName(d.platform), r.keys, r.stored,
+           std::move(image.value())});
+    }
+  }
+  return out;
+}
+
+// The newest prefetch job naming each image reference (normalised: "registry/repository:tag").
+std::map<std::string, const PrefetchJobRecord*> JobsByImage(const PrefetchJobs* jobs) {
+  std::map<std::string, const PrefetchJobRecord*> by_image;
+  if (!jobs) return by_image;
+  for (const PrefetchJobRecord* job : jobs->List()) {
+    for (const std::string& image : job->spec.images) {
+      auto ref = oci::ParseImageRef(image);
+      if (!ref) continue;
+      auto [it, fresh] = by_image.try_emplace(ref.value().str(), job);
+      if (!fresh && job->created > it->second->created) it->second = job;
+    }
+  }
+  return by_image;
+}
+
+// A job's nodes that are not done, failed first, then the least advanced; at most limit.
+json SlowestNodes(const PrefetchJobRecord& job, TimePoint now, size_t limit) {
+  std::vector<const PrefetchNode*> nodes;
+  for (const auto& n : job.nodes) {
+    if (n.state != PrefetchNodeState::kDone) nodes.push_back(&n);
+  }
+  auto rank = [](const PrefetchNode* n) {
+    if (n->state == PrefetchNodeState::kFailed) return -1.0;
+    return n->bytes_total ? static_cast<double>(n->bytes_done) / n->bytes_total : 0.0;
+  };
+  size_t shown = std::min(limit, nodes.size());
+  std::partial_sort(nodes.begin(), nodes.begin() + shown, nodes.end(),
+                    [&](const PrefetchNode* a, const PrefetchNode* b) {
+                      double ra = rank(a), rb = rank(b);
+                      return ra != rb ? ra < rb : a->node < b->node;
+                    });
+  json list = json::array();
+  for (size_t i = 0; i < shown; ++i) list.push_back(PrefetchNodeJson(*nodes[i], now));
+  return list;
+}
+
+json ImageJson(const ImageCandidate& c, const ClusterViewInput& in, TimePoint now,
+               const ClusterViewLimits& limits,
+               const std::map<std::string, const PrefetchJobRecord*>& jobs) {
+  std::vector<std::pair<const oci::Descriptor*, const char*>> descriptors;
+  if (c.parsed.config) descriptors.emplace_back(&*c.parsed.config, "config");
+  for (const oci::Descriptor& l : c.parsed.layers) descriptors.emplace_back(&l, "layer");
+  std::set<Digest> counted;  // a layer listed twice is one blob on a node
+  uint64_t size = 0, upstream = 0, peers = 0, held = 0;
+  size_t total = 0, known = 0, ready = 0;
+  uint32_t done = UINT32_MAX, seen = 0;
+  TimePoint first = c.stored;
+  json blobs = json::array();
+  for (const auto& [d, kind] : descriptors) {
+    if (!counted.insert(d->digest).second) continue;
+    ++total;
+    size += static_cast<uint64_t>(d->size);
+    std::optional<BlobSummary> b = in.blobs ? in.blobs->Summary(d->digest) : std::nullopt;
+    json entry = {{"digest", d->digest.str()}, {"kind", kind}, {"size", d->size},
+                  {"known", b.has_value()}};
+    if (!b) {
+      done = 0;
+      if (blobs.size() < limits.blobs_per_image) blobs.push_back(std::move(entry));
+      continue;
+    }
+    SwarmSpread s = SpreadOf(*b, in.swarms);
+    ++known;
+    if (b->chunks > 0 && b->ready == b->chunks) ++ready;
+    upstream += b->upstream_bytes;
+    peers += s.peer_bytes;
+    held += s.held_bytes;
+    done = std::min(done, s.nodes_done);
+    seen = std::max(seen, s.nodes_seen);
+    first = std::min(first, b->created);
+    if (blobs.size() < limits.blobs_per_image) {
+      entry["chunks"] = b->chunks;
+      entry["chunks_ready"] = b->ready;
+      entry["upstream_bytes"] = b->upstream_bytes;
+      entry["peer_bytes"] = s.peer_bytes;
+      entry["held_bytes"] = s.held_bytes;
+      entry["nodes_done"] = s.nodes_done;
+      entry["nodes_seen"] = s.nodes_seen;
+      entry["age_ms"] = Ms(now - b->created);
+      entry["ready_after_ms"] = b->completed ? json(Ms(*b->completed - b->created)) : json(nullptr);
+      blobs.push_back(std::move(entry));
+    }
+  }
+  const bool all_ready = total > 0 && ready == total;
+  const uint32_t nodes_done = all_ready ? done : 0;
+  const uint32_t in_progress = seen > nodes_done ? seen - nodes_done : 0;
+  const bool complete = all_ready && nodes_done > 0 && in_progress == 0;
+
+  const PrefetchJobRecord* job = nullptr;
+  for (const std::string& r : c.references) {
+    auto it = jobs.find(r);
+    if (it != jobs.end() && (!job || it->second->created > job->created)) job = it->second;
+  }
+  size_t failed = 0;
+  if (job) {
+    failed = std::count_if(job->nodes.begin(), job->nodes.end(), [](const PrefetchNode& n) {
+      return n.state == PrefetchNodeState::kFailed;
+    });
+  }
+
+  // The estimate: every node seen so far holding the whole image, at the rate of the last minute
+  // (the average since the first activity until there are samples a second apart).
+  const uint64_t target = uint64_t{seen} * size;
+  const uint64_t remaining = target > held ? target - held : 0;
+  const int64_t age = Ms(now - first);
+  // A plain double (-1: none): GCC 12 warns about an optional<double> here (a false positive).
+  double rate = -1;
+  if (in.rates) rate = in.rates->Sample(c.manifest, held, now).value_or(-1);
+  if (rate < 0 && age >= 1000) rate = static_cast<double>(held) * 1000.0 / static_cast<double>(age);
+  json eta = nullptr;
+  if (complete || (seen > 0 && remaining == 0)) {
+    eta = 0;
+  } else if (rate > 0 && seen > 0) {
+    eta = static_cast<int64_t>(static_cast<double>(remaining) * 1000.0 / rate);
+  }
+  json j = {{"references", c.references},
+            {"manifest", c.manifest.str()},
+            {"index", c.index ? json(c.index->str()) : json(nullptr)},
+            {"platform", c.platform.empty() ? json(nullptr) : json(c.platform)},
+            {"size", size},
+            {"blobs_total", total},
+            {"blobs_known", known},
+            {"blobs_ready", ready},
+            {"upstream_bytes", upstream},
+            {"peer_bytes", peers},
+            {"held_bytes", held},
+            {"nodes_done", nodes_done},
+            {"nodes_in_progress", in_progress},
+            {"nodes_failed", failed},
+            {"complete", complete},
+            {"age_ms", age},
+            {"rate_bytes_per_s", rate >= 0 ? json(static_cast<uint64_t>(rate)) : json(nullptr)},
+            {"eta_ms", std::move(eta)},
+            {"prefetch_job", job ? json(job->id) : json(nullptr)},
+            {"slowest_nodes", job ? SlowestNodes(*job, now, limits.nodes_per_image)
+                                  : json::array()},
+            {"blobs", std::move(blobs)}};
+  return j;
+}
+
 }  // namespace
 
 json BuildClusterView(const ClusterViewInput& in, TimePoint now,
@@ -160,11 +374,43 @@ json BuildClusterView(const ClusterViewInput& in, TimePoint now,
     SwarmTotals s = in.swarms->totals();
     view["swarms"] = {{"count", s.swarms}, {"peers", s.peers}};
   }
+  if (in.manifests) {
+    json images = json::array();
+    auto jobs = JobsByImage(in.prefetch);
+    for (const ImageCandidate& c : RecentImages(*in.manifests, limits)) {
+      images.push_back(ImageJson(c, in, now, limits, jobs));
+    }
+    view["images"] = std::move(images);
+  }
   if (in.prefetch) {
     view["prefetch_jobs"] = JobsJson(*in.prefetch, now, limits);
     view["agents"] = AgentsJson(*in.prefetch, now, limits);
   }
   return view;
+}
+
+std::optional<double> ImageRates::Sample(const Digest& image, uint64_t held, TimePoint now) {
+  auto it = samples_.find(image);
+  if (it == samples_.end()) {
+    if (samples_.size() >= max_images_) {
+      auto oldest = std::min_element(samples_.begin(), samples_.end(), [](const auto& a,
+                                                                          const auto& b) {
+        return a.second.back().first < b.second.back().first;
+      });
+      samples_.erase(oldest);
+    }
+    it = samples_.emplace(image, std::deque<std::pair<TimePoint, uint64_t>>{}).first;
+  }
+  auto& q = it->second;
+  // One sample a second is enough (several pages may poll); the oldest kept is the newest one at
+  // least a window old, so that rare polls still get a rate over the window.
+  if (q.empty() || now - q.back().first >= std::chrono::seconds(1)) q.emplace_back(now, held);
+  while (q.size() > 1 && now - q[1].first >= window_) q.pop_front();
+  const auto span = now - q.front().first;
+  if (span < std::chrono::seconds(1)) return std::nullopt;
+  const double dt = std::chrono::duration<double>(span).count();
+  const double moved = static_cast<double>(held) - static_cast<double>(q.front().second);
+  return std::max(0.0, moved / dt);
 }
 
 }  // namespace shoal::tracker

@@ -18,6 +18,7 @@ body { margin:0; font:14px/1.4 system-ui, sans-serif; background:var(--bg); colo
 header { display:flex; flex-wrap:wrap; gap:.5rem 1rem; align-items:baseline; padding:.75rem 1rem;
          background:#1b1f24; color:#fff; }
 header h1 { font-size:1.1rem; margin:0; }
+.dim { color:var(--dim); }
 header .dim { color:#aab2bd; }
 main { padding:1rem; max-width:1400px; margin:0 auto; }
 .cards { display:grid; grid-template-columns:repeat(auto-fit, minmax(150px, 1fr)); gap:.75rem; }
@@ -41,6 +42,15 @@ td.n { text-align:right; font-variant-numeric:tabular-nums; }
 #login input { width:100%; padding:.45rem; margin:.5rem 0; font:inherit; }
 #login button { padding:.45rem 1rem; font:inherit; }
 #error { margin-top:.5rem; }
+.image { margin-bottom:.75rem; }
+.image .head { display:flex; flex-wrap:wrap; gap:.25rem .75rem; align-items:baseline; }
+.image .ref { font-weight:600; overflow-wrap:anywhere; }
+.image .bar { margin:.4rem 0; height:1.1rem; }
+.image .facts { display:flex; flex-wrap:wrap; gap:.15rem 1.25rem; color:var(--dim); font-size:.85rem; }
+.image .facts b { color:var(--ink); font-weight:600; }
+.image details { margin-top:.4rem; }
+.image summary { cursor:pointer; color:var(--dim); font-size:.85rem; }
+.image .scroll { margin-top:.4rem; }
 </style>
 </head>
 <body>
@@ -78,7 +88,8 @@ td.n { text-align:right; font-variant-numeric:tabular-nums; }
         <div class="v" id="swarms" data-value="">-</div>
         <div class="k"><span id="peers" data-value="">-</span> peers</div></div>
     </div>
-    <section><h2>Blobs, by repository</h2><div class="scroll"><table id="blobs">
+    <section><h2>Images</h2><div id="images"></div></section>
+    <section><h2>Other blobs, by repository</h2><div class="scroll"><table id="blobs">
       <thead><tr><th>repository</th><th>blob</th><th>size</th><th>chunks ready</th><th></th>
         <th>nodes done</th><th>downloading</th><th>from upstream</th><th>age</th><th>ready in</th></tr></thead>
       <tbody></tbody></table></div></section>
@@ -157,6 +168,124 @@ function estimate(key, done, total, now) {
   return rate > 0 ? (total - done) / rate : null;
 }
 
+// Images, most recently resolved first: one card each, its blobs behind a <details>.
+// Whether each image's blob list is open, as the operator left it (by manifest digest); a lone
+// image's list starts open.
+const openImages = new Map();
+function fact(parent, label, value, text, id) {
+  const s = document.createElement("span");
+  s.append(label + " ");
+  const b = document.createElement("b");
+  if (id) b.id = id;
+  b.textContent = text === undefined ? String(value) : text;
+  b.dataset.value = String(value);
+  s.appendChild(b);
+  parent.appendChild(s);
+}
+function renderImages(images, now) {
+  const box = $("images");
+  box.replaceChildren();
+  if (!images.length) {
+    const d = document.createElement("div");
+    d.className = "empty";
+    d.textContent = "no image resolved through this replica yet";
+    box.appendChild(d);
+  }
+  images.forEach((im, i) => {
+    const card = document.createElement("div");
+    card.className = "card image";
+    card.dataset.manifest = im.manifest;
+    const head = document.createElement("div");
+    head.className = "head";
+    const ref = document.createElement("span");
+    ref.className = "ref";
+    ref.textContent = (im.references[0] || im.manifest) + (im.platform ? " (" + im.platform + ")" : "");
+    const dg = document.createElement("span");
+    dg.className = "mono dim";
+    dg.textContent = im.manifest.slice(7, 19);
+    const st = document.createElement("span");
+    st.className = im.complete ? "ok" : im.nodes_failed ? "bad" : "warn";
+    st.textContent = im.complete ? "complete" : im.blobs_known < im.blobs_total ?
+      (im.blobs_total - im.blobs_known) + " of " + im.blobs_total + " blobs unknown here" : "in progress";
+    head.append(ref, dg, st);
+    card.appendChild(head);
+    const target = (im.nodes_done + im.nodes_in_progress) * im.size;
+    const frac = target ? im.held_bytes / target : (im.blobs_total ? im.blobs_ready / im.blobs_total : 0);
+    const bb = document.createElement("div");
+    bb.className = "bar";
+    const fillbar = document.createElement("i");
+    fillbar.style.width = (Math.max(0, Math.min(1, frac)) * 100).toFixed(1) + "%";
+    bb.appendChild(fillbar);
+    card.appendChild(bb);
+    const facts = document.createElement("div");
+    facts.className = "facts";
+    fact(facts, "nodes done", im.nodes_done, undefined, "img" + i + "-done");
+    fact(facts, "in progress", im.nodes_in_progress, undefined, "img" + i + "-progress");
+    fact(facts, "failed", im.nodes_failed, undefined, "img" + i + "-failed");
+    fact(facts, "size", im.size, bytes(im.size), "img" + i + "-size");
+    const over = im.size ? im.upstream_bytes / im.size : 0;
+    fact(facts, "from upstream", im.upstream_bytes, bytes(im.upstream_bytes) + " (" + over.toFixed(2) + "x)",
+         "img" + i + "-upstream");
+    fact(facts, "from peers", im.peer_bytes, bytes(im.peer_bytes), "img" + i + "-peers");
+    fact(facts, "since start", im.age_ms, dur(im.age_ms));
+    fact(facts, "left", im.eta_ms === null ? "" : im.eta_ms,
+         im.complete ? "done" : im.eta_ms === null ? "?" : "~" + dur(im.eta_ms), "img" + i + "-eta");
+    card.appendChild(facts);
+    if (im.slowest_nodes.length) {
+      const wrap = document.createElement("div");
+      wrap.className = "scroll";
+      const tbl = document.createElement("table");
+      tbl.innerHTML = "<thead><tr><th></th><th>state</th><th></th><th>bytes</th><th>time</th><th>error</th></tr></thead><tbody></tbody>";
+      tbl.tHead.rows[0].cells[0].textContent = "slowest nodes (job " + im.prefetch_job + ")";
+      fill(tbl.tBodies[0], im.slowest_nodes.map((n) => {
+        const tr = document.createElement("tr");
+        cell(tr, n.node);
+        cell(tr, n.state, n.state === "failed" ? "bad" : "");
+        bar(tr, n.bytes_total ? n.bytes_done / n.bytes_total : 0);
+        cell(tr, bytes(n.bytes_done) + " / " + bytes(n.bytes_total), "n", n.bytes_done);
+        cell(tr, dur(n.elapsed_ms), "n");
+        cell(tr, n.error || "", "bad");
+        return tr;
+      }), "", 6);
+      wrap.appendChild(tbl);
+      card.appendChild(wrap);
+    }
+    const det = document.createElement("details");
+    det.open = openImages.has(im.manifest) ? openImages.get(im.manifest) : images.length === 1;
+    det.addEventListener("toggle", () => openImages.set(im.manifest, det.open));
+    const sum = document.createElement("summary");
+    sum.textContent = im.blobs_ready + " of " + im.blobs_total + " blobs ready" +
+      (im.blobs.length < im.blobs_total ? " (first " + im.blobs.length + " listed)" : "");
+    det.appendChild(sum);
+    const wrap = document.createElement("div");
+    wrap.className = "scroll";
+    const tbl = document.createElement("table");
+    tbl.innerHTML = "<thead><tr><th>blob</th><th>kind</th><th>size</th><th>chunks ready</th><th></th><th>nodes done</th><th>from upstream</th><th>from peers</th></tr></thead><tbody></tbody>";
+    fill(tbl.tBodies[0], im.blobs.map((x) => {
+      const tr = document.createElement("tr");
+      tr.dataset.digest = x.digest;
+      cell(tr, x.digest.slice(7, 19), "mono");
+      cell(tr, x.kind);
+      cell(tr, bytes(x.size), "n", x.size);
+      if (!x.known) {
+        const td = cell(tr, "no table here (another replica, or not fetched yet)", "empty");
+        td.colSpan = 5;
+        return tr;
+      }
+      cell(tr, x.chunks_ready + " / " + x.chunks, "n", x.chunks_ready);
+      bar(tr, x.chunks ? x.chunks_ready / x.chunks : 0);
+      cell(tr, String(x.nodes_done), "n", x.nodes_done);
+      cell(tr, bytes(x.upstream_bytes), "n", x.upstream_bytes);
+      cell(tr, bytes(x.peer_bytes), "n", x.peer_bytes);
+      return tr;
+    }), "no blobs", 8);
+    wrap.appendChild(tbl);
+    det.appendChild(wrap);
+    card.appendChild(det);
+    box.appendChild(card);
+  });
+}
+
 function render(v, now) {
   $("view").hidden = false;
   $("login").hidden = true;
@@ -181,7 +310,12 @@ function render(v, now) {
   put("swarms", v.swarms ? v.swarms.count : 0);
   put("peers", v.swarms ? v.swarms.peers : 0);
 
-  const blobs = [...b.recent].sort((x, y) =>
+  const images = v.images || [];
+  const inImage = new Set();
+  for (const im of images) for (const x of im.blobs) inImage.add(x.digest);
+  renderImages(images, now);
+
+  const blobs = b.recent.filter((x) => !inImage.has(x.digest)).sort((x, y) =>
     (x.registry + "/" + x.repository).localeCompare(y.registry + "/" + y.repository) || y.age_ms - x.age_ms);
   fill($("blobs").tBodies[0], blobs.map((x) => {
     const tr = document.createElement("tr");
@@ -200,7 +334,7 @@ function render(v, now) {
     const eta = x.ready_after_ms !== null ? null : estimate(x.digest, x.chunks_ready, x.chunks, now);
     cell(tr, x.ready_after_ms !== null ? "ready after " + dur(x.ready_after_ms) : (eta === null ? "-" : "~" + dur(eta)), "n");
     return tr;
-  }), "no blobs yet", 10);
+  }), images.length ? "every blob is in an image above" : "no blobs yet", 10);
 
   const jobs = $("jobs");
   jobs.replaceChildren();

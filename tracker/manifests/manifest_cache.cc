@@ -36,6 +36,7 @@ ManifestAnswer ManifestCache::Resolve(const std::string& key, const Digest* dige
   ManifestAnswer answer;
   if (digest != nullptr) {
     if (auto found = Find(*digest)) {
+      NoteUse(manifests_.at(*digest), key, now);
       answer.kind = ManifestAnswer::Kind::kFound;
       answer.manifest = std::move(found);
       return answer;
@@ -43,6 +44,7 @@ ManifestAnswer ManifestCache::Resolve(const std::string& key, const Digest* dige
   } else if (auto tag = tags_.find(key); tag != tags_.end()) {
     if (now - tag->second.fetched < options_.tag_ttl) {
       if (auto found = Find(tag->second.digest)) {
+        NoteUse(manifests_.at(tag->second.digest), key, now);
         answer.kind = ManifestAnswer::Kind::kFound;
         answer.manifest = std::move(found);
         answer.age =
@@ -110,7 +112,7 @@ PublishErrc ManifestCache::Publish(const Digest& digest, std::string media_type,
   manifest->digest = digest;
   manifest->media_type = std::move(media_type);
   manifest->body = std::move(body);
-  Store(std::move(manifest));
+  Store(std::move(manifest), lease_key, now);
   if (is_tag && !lease_key.empty()) {
     MakeRoom(tags_, lease_key, options_.max_tags, now, options_.tag_ttl);
     tags_.insert_or_assign(lease_key, Tag{digest, now});
@@ -155,6 +157,33 @@ std::shared_ptr<const CachedManifest> ManifestCache::Find(const Digest& digest) 
   return it->second.manifest;
 }
 
+std::shared_ptr<const CachedManifest> ManifestCache::Peek(const Digest& digest) const {
+  auto it = manifests_.find(digest);
+  return it == manifests_.end() ? nullptr : it->second.manifest;
+}
+
+std::vector<RecentManifest> ManifestCache::Recent(size_t limit) const {
+  std::vector<RecentManifest> out;
+  for (auto it = lru_.begin(); it != lru_.end() && out.size() < limit; ++it) {
+    const Entry& e = manifests_.at(*it);
+    out.push_back(RecentManifest{e.manifest, e.keys, e.stored, e.last_used});
+  }
+  return out;
+}
+
+void ManifestCache::NoteUse(Entry& entry, const std::string& key, TimePoint now) {
+  entry.last_used = now;
+  if (key.empty()) return;
+  auto& keys = entry.keys;
+  auto it = std::find(keys.begin(), keys.end(), key);
+  if (it != keys.end()) {
+    std::rotate(keys.begin(), it, it + 1);
+    return;
+  }
+  if (keys.size() == kKeysPerManifest) keys.pop_back();
+  keys.insert(keys.begin(), key);
+}
+
 size_t ManifestCache::Sweep(TimePoint now) {
   size_t expired = std::erase_if(leases_, [&](const auto& l) { return now >= l.second.expires; });
   std::erase_if(tags_, [&](const auto& t) { return now - t.second.fetched >= options_.tag_ttl; });
@@ -167,15 +196,18 @@ ManifestTotals ManifestCache::totals() const {
   return ManifestTotals{manifests_.size(), bytes_, tags_.size(), leases_.size(), missing_.size()};
 }
 
-void ManifestCache::Store(std::shared_ptr<const CachedManifest> manifest) {
+void ManifestCache::Store(std::shared_ptr<const CachedManifest> manifest, const std::string& key,
+                          TimePoint now) {
   const Digest digest = manifest->digest;
   if (auto it = manifests_.find(digest); it != manifests_.end()) {
     lru_.splice(lru_.begin(), lru_, it->second.lru);  // same digest, same bytes
+    NoteUse(it->second, key, now);
     return;
   }
   bytes_ += manifest->body.size();
   lru_.push_front(digest);
-  manifests_.emplace(digest, Entry{std::move(manifest), lru_.begin()});
+  auto stored = manifests_.emplace(digest, Entry{std::move(manifest), lru_.begin(), {}, now, now});
+  NoteUse(stored.first->second, key, now);
   EvictOverBounds();
 }
 

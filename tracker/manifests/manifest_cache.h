@@ -17,6 +17,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "lib/core/digest.h"
 #include "tracker/swarms/swarm_table.h"
@@ -40,6 +41,17 @@ struct CachedManifest {
   Digest digest = Digest::FromSha256Hex(std::string(64, '0'));
   std::string media_type;
   std::string body;
+};
+
+// A stored manifest and how agents asked for it, for the cluster view (operators only: the keys
+// name images, which may be private).
+struct RecentManifest {
+  std::shared_ptr<const CachedManifest> manifest;
+  // The keys it was published or found under ("registry/repository:tag" or "...@digest"), most
+  // recent first, at most kKeysPerManifest.
+  std::vector<std::string> keys;
+  TimePoint stored;     // when it was stored
+  TimePoint last_used;  // its last publish or found resolve
 };
 
 // The answer to Resolve.
@@ -110,6 +122,13 @@ class ManifestCache {
   std::optional<std::pair<std::string, std::string>> LeaseOf(const std::string& key) const;
   // The stored manifest for digest, or nullptr.
   std::shared_ptr<const CachedManifest> Find(const Digest& digest);
+  // The stored manifest for digest without touching its LRU position, or nullptr.
+  std::shared_ptr<const CachedManifest> Peek(const Digest& digest) const;
+  // Up to limit stored manifests, the most recently used first (the LRU order: resolves, publishes
+  // and Find). O(limit).
+  std::vector<RecentManifest> Recent(size_t limit) const;
+  // Most keys remembered per manifest (RecentManifest::keys).
+  static constexpr size_t kKeysPerManifest = 4;
   // Drops expired leases and expired tags; returns the number of leases that expired.
   size_t Sweep(TimePoint now);
 
@@ -133,10 +152,16 @@ class ManifestCache {
   struct Entry {
     std::shared_ptr<const CachedManifest> manifest;
     std::list<Digest>::iterator lru;  // position in lru_ (front: most recent)
+    std::vector<std::string> keys;    // most recent first, at most kKeysPerManifest
+    TimePoint stored;
+    TimePoint last_used;
   };
   std::string NewLeaseId();
   bool Holds(const std::string& key, const std::string& agent, const std::string& lease_id) const;
-  void Store(std::shared_ptr<const CachedManifest> manifest);
+  // Stores manifest (or touches it when present) and notes key as used now.
+  void Store(std::shared_ptr<const CachedManifest> manifest, const std::string& key, TimePoint now);
+  // Records that entry was asked for under key at now.
+  static void NoteUse(Entry& entry, const std::string& key, TimePoint now);
   void EvictOverBounds();
 
   ManifestCacheOptions options_;
