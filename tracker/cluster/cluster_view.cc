@@ -79,13 +79,14 @@ json LeaseJson(const LeaseSummary& l, TimePoint now) {
           {"expires_in_ms", Ms(l.expires - now)}};
 }
 
-// A job with its least advanced nodes (failed first, then by the share done), at most `limit`.
-json JobJson(const PrefetchJobRecord& job, TimePoint now, size_t limit) {
-  json j = PrefetchJobJson(job, now, false);
-  j["age_ms"] = Ms(now - job.created);
+// The job's least advanced nodes, failed first, then by the share done (done ones last, or left
+// out without `with_done`), at most `limit`.
+json LeastAdvanced(const PrefetchJobRecord& job, TimePoint now, size_t limit, bool with_done) {
   std::vector<const PrefetchNode*> nodes;
   nodes.reserve(job.nodes.size());
-  for (const auto& n : job.nodes) nodes.push_back(&n);
+  for (const auto& n : job.nodes) {
+    if (with_done || n.state != PrefetchNodeState::kDone) nodes.push_back(&n);
+  }
   auto rank = [](const PrefetchNode* n) {
     if (n->state == PrefetchNodeState::kFailed) return -1.0;
     if (n->state == PrefetchNodeState::kDone) return 2.0;
@@ -99,7 +100,14 @@ json JobJson(const PrefetchJobRecord& job, TimePoint now, size_t limit) {
                     });
   json list = json::array();
   for (size_t i = 0; i < shown; ++i) list.push_back(PrefetchNodeJson(*nodes[i], now));
-  j["slowest_nodes"] = std::move(list);
+  return list;
+}
+
+// A job with its least advanced nodes, at most `limit`.
+json JobJson(const PrefetchJobRecord& job, TimePoint now, size_t limit) {
+  json j = PrefetchJobJson(job, now, false);
+  j["age_ms"] = Ms(now - job.created);
+  j["slowest_nodes"] = LeastAdvanced(job, now, limit, /*with_done=*/true);
   return j;
 }
 
@@ -223,23 +231,7 @@ std::map<std::string, const PrefetchJobRecord*> JobsByImage(const PrefetchJobs* 
 
 // A job's nodes that are not done, failed first, then the least advanced; at most limit.
 json SlowestNodes(const PrefetchJobRecord& job, TimePoint now, size_t limit) {
-  std::vector<const PrefetchNode*> nodes;
-  for (const auto& n : job.nodes) {
-    if (n.state != PrefetchNodeState::kDone) nodes.push_back(&n);
-  }
-  auto rank = [](const PrefetchNode* n) {
-    if (n->state == PrefetchNodeState::kFailed) return -1.0;
-    return n->bytes_total ? static_cast<double>(n->bytes_done) / n->bytes_total : 0.0;
-  };
-  size_t shown = std::min(limit, nodes.size());
-  std::partial_sort(nodes.begin(), nodes.begin() + shown, nodes.end(),
-                    [&](const PrefetchNode* a, const PrefetchNode* b) {
-                      double ra = rank(a), rb = rank(b);
-                      return ra != rb ? ra < rb : a->node < b->node;
-                    });
-  json list = json::array();
-  for (size_t i = 0; i < shown; ++i) list.push_back(PrefetchNodeJson(*nodes[i], now));
-  return list;
+  return LeastAdvanced(job, now, limit, /*with_done=*/false);
 }
 
 json ImageJson(const ImageCandidate& c, const ClusterViewInput& in, TimePoint now,
