@@ -608,18 +608,8 @@ int main(int argc, char** argv) {
   // every thread (children get a clean mask from posix_spawn) and taken by a thread of their own,
   // which kills the children (so the step in progress fails and main unwinds through the
   // destructors), and after 3 s cleans up itself.
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  std::thread([signals] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  shoal::testkit::HandleInterruptsOnThread([](int sig) {
     std::fprintf(stderr, "\nshoal-bench-snapshotter: interrupted (signal %d), cleaning up\n", sig);
     for (int i = 0; i < 30; ++i) {
       shoal::testkit::KillAllChildren();
@@ -637,7 +627,7 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
     _exit(shoal::testkit::kInterruptedExit);
-  }).detach();
+  });
   int rc = 1;
   try {
     rc = shoal::testkit::Main(argc, argv);

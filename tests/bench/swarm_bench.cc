@@ -1876,18 +1876,8 @@ int main(int argc, char** argv) {
   // thread (children get a clean mask from posix_spawn) and handle them on a thread of their own.
   // A shell starts background jobs with SIGINT ignored, and an ignored signal never reaches
   // sigwait: take the default disposition back (the signals are blocked right below).
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  std::thread([signals] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  shoal::testkit::HandleInterruptsOnThread([](int sig) {
     std::fprintf(stderr, "\nshoal-bench-swarm: interrupted (signal %d), cleaning up\n", sig);
     shoal::testkit::g_interrupted = true;
     // Killing the children makes the step in progress fail; the main thread then unwinds and
@@ -1902,7 +1892,7 @@ int main(int argc, char** argv) {
     shoal::testkit::RestoreAutogroupNice();
     std::fflush(stdout);
     _exit(shoal::testkit::kInterruptedExit);
-  }).detach();
+  });
   int rc = 1;
   try {
     rc = shoal::testkit::Main(argc, argv);

@@ -1798,18 +1798,8 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   // Ctrl-C: the phases stop at once (every loop checks g_stop), the children are stopped by the
   // unwinding Bench; a second signal, or no progress within 20 s, kills them and exits.
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  std::thread([signals] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  shoal::testkit::HandleInterruptsOnThread([](int sig) {
     std::fprintf(stderr, "\nshoal-bench-tracker: interrupted (signal %d), stopping\n", sig);
     shoal::testkit::g_stop = true;
     for (int i = 0; i < 200; ++i) {
@@ -1825,7 +1815,7 @@ int main(int argc, char** argv) {
     shoal::testkit::RunCleanup();
     std::fflush(stdout);
     _exit(130);
-  }).detach();
+  });
   int rc = 1;
   try {
     rc = shoal::testkit::Main(argc, argv);

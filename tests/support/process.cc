@@ -307,6 +307,22 @@ std::string Process::Log() const { return ReadFile(log_path_); }
 
 std::string Process::LogTail(size_t max_bytes) const { return Tail(Log(), max_bytes); }
 
+void HandleInterruptsOnThread(std::function<void(int)> on_signal) {
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::thread([signals, on_signal = std::move(on_signal)] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    on_signal(sig);
+  }).detach();
+}
+
 void KillAllChildren() {
   std::lock_guard<std::mutex> lock(g_children_mu);
   for (pid_t pid : g_children) kill(-pid, SIGKILL);

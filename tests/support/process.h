@@ -87,6 +87,13 @@ class Process {
 // exiting); tests never need it, the watchdog covers crashes. Thread-safe; not async-signal-safe.
 void KillAllChildren();
 
+// For programs (benchmarks): SIGINT, SIGTERM and SIGHUP go to a thread of their own, blocked in
+// every other thread (children get a clean mask from posix_spawn), their default disposition
+// restored first (a shell starts background jobs with SIGINT ignored, and an ignored signal
+// never reaches sigwait). That thread calls on_signal(sig) once, which cleans up and exits.
+// Call first thing in main, before any other thread starts.
+void HandleInterruptsOnThread(std::function<void(int)> on_signal);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close). Another
 // process may grab it before you bind; prefer letting servers bind port 0 where they can.
 uint16_t FreePort();
