@@ -8,7 +8,6 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -28,6 +27,7 @@
 #include "tests/support/proc_stats.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
+#include "tests/support/small_disk.h"
 #include "tests/support/tracker.h"
 
 namespace shoal::testkit {
@@ -127,30 +127,6 @@ size_t FilesIn(const std::string& dir) {
   }
   return n;
 }
-
-// A tmpfs of `mib` MiB mounted on a fresh directory for the test; unmounted at the end.
-class SmallDisk {
- public:
-  SmallDisk(const TempDir& dir, const std::string& name, int mib) : path_(dir.Sub(name)) {
-    std::filesystem::create_directories(path_);
-    std::string opts = "size=" + std::to_string(mib) + "m";
-    mounted_ = ::mount("tmpfs", path_.c_str(), "tmpfs", 0, opts.c_str()) == 0;
-  }
-  ~SmallDisk() {
-    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return mounted_; }
-  const std::string& path() const { return path_; }
-  // Changes the size of the mounted file system (a disk that grew).
-  bool Resize(int mib) {
-    std::string opts = "size=" + std::to_string(mib) + "m";
-    return ::mount("tmpfs", path_.c_str(), "tmpfs", MS_REMOUNT, opts.c_str()) == 0;
-  }
-
- private:
-  std::string path_;
-  bool mounted_ = false;
-};
 
 }  // namespace
 

@@ -1,16 +1,19 @@
 // LayerPrep (snapshotter/layer_prep.h) on a real store and real extraction, with the layers
 // served from an OCI layout on disk instead of the agent's pull path: the cases containerd
 // cannot easily be made to send (a broken label, a refused media type, bad bytes, a stalled
-// fetch) and what each leaves behind. The real containerd drives it in snapshotter_test.cc.
+// fetch, a full disk) and what each leaves behind. The real containerd drives it in
+// snapshotter_test.cc.
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -22,6 +25,7 @@
 #include "tests/support/image.h"
 #include "tests/support/layer_tar.h"
 #include "tests/support/process.h"
+#include "tests/support/small_disk.h"
 
 namespace shoal::testkit {
 namespace {
@@ -454,6 +458,101 @@ TEST_CASE(
   CHECK(p.failed == 1);
   CHECK_MESSAGE(p.error.find(s.image.layer_digests[1].str()) != std::string::npos, p.error);
   CHECK(s.Staged() == 1);
+}
+
+TEST_CASE(
+    "snapshotter layer prep: a Stage on a full disk reports the layer that does not fit with "
+    "the extraction's ENOSPC, leaves nothing of it, prepares the layers that fit, and a later "
+    "Prepare of it falls back") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: mounting a small tmpfs needs root");
+    return;
+  }
+  TempDir dir("shoal-layer-prep-full");
+  // The snapshotter root on a 4 MiB disk. Layer 1 (8 MiB of files) cannot fit; layer 2 (2.5 MiB)
+  // fits only once what layer 1 wrote before the disk filled up is gone again.
+  SmallDisk disk(dir, "snap", 4);
+  REQUIRE(disk.mounted());
+  std::vector<RawLayer> layers;
+  layers.push_back(RawLayer{BuildTar({FileEntry("a", std::string(512u << 10, 'a'))})});
+  layers.push_back(RawLayer{BuildTar({FileEntry("big", std::string(8u << 20, 'b'))})});
+  layers.push_back(RawLayer{BuildTar({FileEntry("c", std::string(2560u << 10, 'c'))})});
+  auto built = WriteOciImage(dir.Sub("layout"), "1", layers);
+  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  const BuiltImage& image = built.value();
+  const std::vector<std::string> chains = Chains(image.diff_ids);
+  auto opened = snapshotter::Store::Open(disk.path());
+  REQUIRE_MESSAGE(opened.has_value(), opened.error().ToString());
+  snapshotter::Store& store = *opened.value();
+  LayoutSource source(dir.Sub("layout"));
+  snapshotter::LayerPrepOptions opts;
+  opts.workers = 1;  // one layer at a time, in order: layer 2 starts after layer 1 failed
+  snapshotter::LayerPrep prep(store, source, opts);
+  const uint64_t staged_before = prep.StagedBytes();
+
+  StageWatch watch;
+  prep.Stage("gcr.io/proj/img:1", image.manifest_digest, std::chrono::hours(1), watch.Callback());
+  snapshotter::StageProgress p = watch.Wait();
+  CHECK(p.layers == 3);
+  CHECK(p.prepared == 2);
+  CHECK(p.failed == 1);
+  CHECK_MESSAGE(
+      p.error.find("extract layer " + image.layer_digests[1].str() + ": ") != std::string::npos,
+      p.error);
+  CHECK_MESSAGE(p.error.find("No space left on device") != std::string::npos, p.error);
+
+  // In staging: the two layers that fit and their records; nothing of layer 1 (no directory,
+  // partial or not, and no record).
+  const std::string staging = disk.path() + "/staging";
+  auto layer_of = [&](const std::string& name) -> int {
+    for (size_t i = 0; i < image.layer_digests.size(); ++i) {
+      if (name.rfind(image.layer_digests[i].hex().substr(0, 16), 0) == 0)
+        return static_cast<int>(i);
+    }
+    return -1;
+  };
+  std::map<int, std::string> dirs;
+  std::set<int> records;
+  std::string others;
+  for (const auto& e : fs::directory_iterator(staging)) {
+    const std::string name = e.path().filename().string();
+    const int layer = layer_of(name);
+    if (e.is_directory() && name.find(".partial") == std::string::npos && layer >= 0) {
+      dirs[layer] = e.path().string();
+    } else if (name.ends_with(".json") && layer >= 0) {
+      records.insert(layer);
+    } else {
+      others += name + "\n";
+    }
+  }
+  CHECK(dirs.size() == 2);
+  CHECK(dirs.count(0) == 1);
+  CHECK(dirs.count(2) == 1);
+  CHECK(records == std::set<int>{0, 2});
+  CHECK_MESSAGE(others.empty(), others);  // e.g. a partial directory of layer 1
+  REQUIRE(dirs.count(2) == 1);
+  CHECK(ReadFile(dirs[2] + "/c") == std::string(2560u << 10, 'c'));
+  // StagedBytes counts what those two use on disk, and nothing for the failed layer.
+  uint64_t kept = 0;
+  for (const auto& entry : dirs) {
+    auto usage = snapshotter::DiskUsage(entry.second);
+    REQUIRE(usage.has_value());
+    kept += static_cast<uint64_t>(usage.value().size);
+  }
+  CHECK(prep.StagedBytes() == staged_before + kept);
+
+  // containerd's Prepares: layer 0 is moved into place; layer 1 falls back with the reason
+  // (containerd then unpacks it itself) and leaves the store as it was.
+  auto out =
+      prep.TryPrepare("default/1/extract-1 " + chains[0], "", UnpackLabels(image, 0, chains));
+  REQUIRE_MESSAGE(out.prepared, out.reason);
+  out = prep.TryPrepare("default/2/extract-2 " + chains[1], chains[0],
+                        UnpackLabels(image, 1, chains));
+  CHECK_FALSE(out.prepared);
+  CHECK_MESSAGE(out.reason.find("No space left on device") != std::string::npos, out.reason);
+  CHECK_FALSE(store.Stat(chains[1]).has_value());
+  CHECK(store.List().size() == 1);
+  CHECK(prep.stats().extracted == 2);
 }
 
 }  // namespace shoal::testkit

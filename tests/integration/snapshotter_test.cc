@@ -466,8 +466,10 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
   CHECK(MountsUnder(w.dir.path()).empty());
 }
 
-TEST_CASE("snapshotter: a CRI pull gets its layers prepared by shoal (fetched through the "
-          "agent) and containerd fetches and unpacks none of them") {
+TEST_CASE(
+    "snapshotter: a CRI pull gets its layers prepared by shoal (fetched through the "
+    "agent) and containerd fetches and unpacks none of them, so its content store lacks "
+    "them until ctr content fetch") {
   World w(true, /*cri=*/true);
   // Three layers, one per compression: files, links, a whiteout and an opaque directory.
   ImageSpec spec;
@@ -517,6 +519,44 @@ TEST_CASE("snapshotter: a CRI pull gets its layers prepared by shoal (fetched th
   CHECK(listed[chains[0]] == std::vector<std::string>{chains[0], "Committed"});
   CHECK(listed[chains[1]] == std::vector<std::string>{chains[1], chains[0], "Committed"});
   CHECK(listed[chains[2]] == std::vector<std::string>{chains[2], chains[1], "Committed"});
+
+  // containerd skipped the layers' fetch, so its content store has only the manifest and the
+  // config: `ctr images check` calls the image incomplete (unpacked in shoal) and `ctr images
+  // export` fails on the first layer. `ctr content fetch` through the agent fills it in (from
+  // the agent's cache: no upstream request), and then both work.
+  const std::string ref = "gcr.io/proj/cri:1";
+  std::string checked;
+  auto check_row = [&] {
+    checked = w.Ctr({"-n", "k8s.io", "images", "check", "--snapshotter", "shoal"});
+    for (auto& row : Rows(checked)) {
+      if (row[0] == ref) return row;
+    }
+    return std::vector<std::string>{};
+  };
+  std::vector<std::string> row = check_row();  // REF TYPE DIGEST STATUS... SIZE UNPACKED
+  CAPTURE(checked);
+  REQUIRE(row.size() > 5);
+  CHECK(row[3] == "incomplete");
+  CHECK(row[4] == "(1/4)");
+  CHECK(row.back() == "true");
+  auto exported = w.containerd->Ctr(
+      {"-n", "k8s.io", "images", "export", w.dir.Sub("image.tar"), ref}, std::chrono::seconds(60));
+  REQUIRE_FALSE(exported.has_value());
+  CHECK_MESSAGE(
+      exported.error().message.find("content digest " + built.value().layer_digests[0].str() +
+                                    ": not found") != std::string::npos,
+      exported.error().message);
+  w.Ctr({"-n", "k8s.io", "content", "fetch", "--hosts-dir", w.hosts_dir, ref});
+  for (const Digest& d : built.value().layer_digests) CHECK(w.proxy->BlobGets(d) == 1);
+  row = check_row();
+  REQUIRE(row.size() > 5);
+  CHECK(row[3] == "complete");
+  CHECK(row[4] == "(4/4)");
+  w.Ctr({"-n", "k8s.io", "images", "export", w.dir.Sub("image.tar"), ref});
+  const std::string listing = w.Ctr({"-n", "k8s.io", "content", "ls"});
+  for (const Digest& d : built.value().layer_digests) {
+    CHECK(listing.find(d.str()) != std::string::npos);
+  }
 
   // The same image unpacked by containerd's native snapshotter mounts to the same tree.
   auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/cri:1", "native");

@@ -1,6 +1,7 @@
 // `shoalctl config dockerd|containerd|crio`: the runtime configuration that sends a node's pulls
 // through its shoal agent, in the form each runtime expects (see docs/runtimes.md); `dockerd
-// --proxy` for the agent's HTTPS proxy mode.
+// --proxy` for the agent's HTTPS proxy mode, `containerd --snapshotter` for the agent's
+// containerd snapshotter.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "lib/core/error.h"
 #include "lib/oci/reference.h"
 #include "tools/shoalctl/commands.h"
+#include "tools/shoalctl/containerd_toml.h"
 #include "tools/shoalctl/runtime_config.h"
 
 namespace shoal::ctl {
@@ -25,6 +27,10 @@ struct ConfigOptions {
   std::string output_dir;  // empty: print everything to stdout
   std::string data_root;   // dockerd only
   bool proxy = false;      // dockerd only: the agent's HTTPS proxy mode
+  // containerd only: the agent's snapshotter settings for config.toml, and their config version.
+  bool snapshotter = false;
+  std::string snapshotter_socket = "/run/shoal/snapshotter.sock";
+  int config_version = 2;
 };
 
 // A generated file: where it belongs on a node, and its content.
@@ -32,6 +38,8 @@ struct File {
   std::string node_path;  // e.g. /etc/docker/daemon.json
   std::string name;       // relative path under --output-dir
   std::string content;
+  // Settings to merge into the file at node_path, not a file to install: always printed.
+  bool merge = false;
 };
 
 // Writes the files under output_dir (creating directories) or prints them with their node path
@@ -39,7 +47,7 @@ struct File {
 int Emit(const ConfigOptions& o, const std::vector<File>& files,
          const std::vector<std::string>& notes) {
   for (const auto& f : files) {
-    if (o.output_dir.empty()) {
+    if (o.output_dir.empty() || f.merge) {
       std::cout << "# ---- " << f.node_path << "\n" << f.content;
       if (!f.content.empty() && f.content.back() != '\n') std::cout << "\n";
       std::cout << "\n";
@@ -127,13 +135,38 @@ int ConfigContainerd(const ConfigOptions& o, const std::string& agent,
     files.push_back({"/etc/containerd/certs.d/" + r + "/hosts.toml", r + "/hosts.toml",
                      ContainerdHostsToml(agent, r)});
   }
+  const std::string version = std::to_string(o.config_version);
+  const std::string containerd = o.config_version == 3 ? "containerd 2" : "containerd 1.6";
   std::vector<std::string> notes = {
-      "In /etc/containerd/config.toml (version 2), then restart containerd:",
-      "  [plugins.\"io.containerd.grpc.v1.cri\".registry]",
+      "In /etc/containerd/config.toml (version " + version + ", " + containerd +
+          "), then restart containerd:",
+      "  [" + CriRegistryTable(o.config_version) + "]",
       "    config_path = \"/etc/containerd/certs.d\"",
       "ctr: `ctr images pull --hosts-dir /etc/containerd/certs.d <image>`.",
-      std::string("kubelet flags: ") + kKubeletFlags,
   };
+  if (o.snapshotter) {
+    // The same settings node-setup --containerd-snapshotter writes (containerd_toml.h).
+    files.push_back({"/etc/containerd/config.toml (merge these settings into it; version " +
+                         version + ", " + containerd + ")",
+                     "", ShoalSnapshotterSnippet(o.snapshotter_socket, o.config_version), true});
+    notes.push_back("The agent serves the snapshotter with --snapshotter-socket " +
+                    o.snapshotter_socket +
+                    " (helm value agent.snapshotter.enabled=true); containerd loads it only "
+                    "when it starts: restart it on a drained node. From then on that node's "
+                    "pulls and container starts need the agent.");
+    if (o.config_version == 2) {
+      notes.push_back(
+          "`shoalctl node-setup --containerd-config /etc/containerd/config.toml "
+          "--containerd-snapshotter --snapshotter-socket " +
+          o.snapshotter_socket + "` makes the same edit in place (marked lines, backup kept).");
+    } else {
+      notes.push_back(
+          "Version 3: containerd 2's names from its docs/cri/config.md; not tested with a "
+          "containerd 2 here, and node-setup and doctor do not handle version 3 files yet. "
+          "Check the result with `containerd config dump`.");
+    }
+  }
+  notes.push_back(std::string("kubelet flags: ") + kKubeletFlags);
   return Emit(o, files, notes);
 }
 
@@ -184,6 +217,24 @@ void AddConfigCommand(CLI::App& app) {
     sub->add_option("-o,--output-dir", o->output_dir,
                     "Write the files under this directory instead of printing them")
         ->envname("SHOAL_CONFIG_OUTPUT_DIR");
+    if (std::string(rt.name) == "containerd") {
+      sub->add_flag("--snapshotter", o->snapshotter,
+                    "Also print the config.toml settings for the agent's containerd snapshotter "
+                    "([proxy_plugins.shoal] and the CRI's snapshotter = \"shoal\", "
+                    "disable_snapshot_annotations = false), as node-setup "
+                    "--containerd-snapshotter writes them")
+          ->envname("SHOAL_CONTAINERD_SNAPSHOTTER");
+      sub->add_option("--snapshotter-socket", o->snapshotter_socket,
+                      "The agent's --snapshotter-socket as the node sees it (for --snapshotter)")
+          ->envname("SHOAL_SNAPSHOTTER_SOCKET")
+          ->capture_default_str();
+      sub->add_option("--config-version", o->config_version,
+                      "config.toml's version: 2 (containerd 1.6) or 3 (containerd 2, from its "
+                      "docs; untested here)")
+          ->envname("SHOAL_CONTAINERD_CONFIG_VERSION")
+          ->check(CLI::IsMember({2, 3}))
+          ->capture_default_str();
+    }
     if (std::string(rt.name) == "dockerd") {
       sub->add_option("--data-root", o->data_root,
                       "dockerd data-root to set (a directory on the local SSD)")
@@ -202,6 +253,12 @@ void AddConfigCommand(CLI::App& app) {
         std::cerr << "shoalctl: " << (!agent ? agent.error().message : registries.error().message)
                   << "\n";
         throw CLI::RuntimeError(2);
+      }
+      if (o->snapshotter) {
+        if (auto st = ValidateSnapshotterSocket(o->snapshotter_socket); !st) {
+          std::cerr << "shoalctl: " << st.error().message << "\n";
+          throw CLI::RuntimeError(2);
+        }
       }
       throw CLI::RuntimeError(run(*o, agent.value(), registries.value()));
     });

@@ -13,6 +13,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -370,6 +371,126 @@ void CheckDockerd(const DoctorOptions& o, const std::string& agent, Report& r) {
 
 // --- containerd ---
 
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// "path:line:column" of a node parsed from the file at path.
+std::string Where(const std::string& path, const toml::node& n) {
+  return path + ":" + std::to_string(n.source().begin.line) + ":" +
+         std::to_string(n.source().begin.column);
+}
+
+// certs.d/<registry>/hosts.toml, read with toml++ as containerd's loader reads it
+// (remotes/docker/config/hosts.go in 1.6: go-toml, then server, the [host."URL"] tables and their
+// capabilities). A file that loader cannot decode is logged ("failed to decode hosts.toml") and
+// skipped: the registry is then pulled from directly, without the agent.
+void CheckHostsToml(const DoctorOptions& o, const std::string& agent, const std::string& certs,
+                    const std::string& reg, Report& r) {
+  const std::string path = certs + "/" + reg + "/hosts.toml";
+  const std::string agent_url = "http://" + agent;
+  const std::string rewrite = "`shoalctl config containerd --agent " + agent + " --registry " +
+                              reg + " -o " + certs + "` writes it again";
+  const std::string want =
+      "[host.\"" + agent_url + "\"] with capabilities = [\"pull\", \"resolve\"]";
+  auto text = ReadIfExists(UnderRoot(o.root, path));
+  if (!text) {
+    r.Fail("containerd", text.error().message, "check the file's permissions");
+    return;
+  }
+  if (!text.value()) {
+    r.Warn("containerd", "no " + path + ": " + reg + " is pulled without the agent",
+           "helm value nodeSetup.containerd.enabled=true, or `shoalctl config containerd -o " +
+               certs + "`");
+    return;
+  }
+  const std::string skipped = ": containerd cannot decode it and pulls " + reg +
+                              " straight from the registry, without the agent (its log says "
+                              "\"failed to decode hosts.toml\")";
+  auto parsed = ParseToml(*text.value(), path);
+  if (!parsed) {
+    r.Fail("containerd", parsed.error().message + skipped, "correct it there, or " + rewrite);
+    return;
+  }
+  const toml::table& t = parsed.value();
+  // What containerd's decoder refuses besides TOML syntax: the wrong types, unknown capabilities.
+  std::string refused;
+  const toml::node* server = t.get("server");
+  if (server && !server->is_string()) refused = Where(path, *server) + ": server is not a string";
+  const toml::node* hosts = t.get("host");
+  if (refused.empty() && hosts && !hosts->is_table()) {
+    refused = Where(path, *hosts) + ": host is not a table of [host.\"URL\"] tables";
+  }
+  const toml::table* agent_host = nullptr;
+  const toml::node* agent_caps = nullptr;
+  if (refused.empty() && hosts) {
+    for (auto&& [url, entry] : *hosts->as_table()) {
+      if (!refused.empty()) break;
+      const std::string name(url.str());
+      if (!entry.is_table()) {
+        refused = Where(path, entry) + ": host.\"" + name + "\" is not a table";
+        break;
+      }
+      const toml::node* caps = entry.as_table()->get("capabilities");
+      if (caps && !caps->is_array()) {
+        refused = Where(path, *caps) + ": capabilities of \"" + name + "\" is not an array";
+      } else if (caps) {
+        for (const toml::node& c : *caps->as_array()) {
+          const std::string v = c.is_string() ? Lower(c.as_string()->get()) : "";
+          if (v != "pull" && v != "resolve" && v != "push") {
+            refused = Where(path, c) + ": capability " + TomlText(&c) + " of \"" + name +
+                      "\" is not \"pull\", \"resolve\" or \"push\"";
+            break;
+          }
+        }
+      }
+      if (name == agent_url) {
+        agent_host = entry.as_table();
+        agent_caps = caps;
+      }
+    }
+  }
+  if (!refused.empty()) {
+    r.Fail("containerd", refused + skipped, "correct it there, or " + rewrite);
+    return;
+  }
+  if (!agent_host) {
+    r.Warn("containerd", path + " does not point at this agent (" + agent + ")",
+           "add " + want + ", or " + rewrite);
+    return;
+  }
+  // No capabilities: containerd gives the host all three.
+  bool pull = !agent_caps, resolve = !agent_caps;
+  if (agent_caps) {
+    for (const toml::node& c : *agent_caps->as_array()) {
+      const std::string v = Lower(c.as_string()->get());
+      pull = pull || v == "pull";
+      resolve = resolve || v == "resolve";
+    }
+  }
+  if (!pull || !resolve) {
+    r.Warn("containerd",
+           Where(path, *agent_caps) + ": [host.\"" + agent_url +
+               "\"] has capabilities = " + TomlText(agent_caps) + ": " +
+               (!pull ? "containerd fetches no blob through the agent"
+                      : "containerd resolves tags at the registry, not through the agent"),
+           "capabilities = [\"pull\", \"resolve\"] there, or " + rewrite);
+    return;
+  }
+  const std::string fallback =
+      server ? server->as_string()->get()
+             : (reg == "docker.io" ? "https://registry-1.docker.io" : "https://" + reg);
+  if (fallback == agent_url || fallback == agent) {
+    r.Warn("containerd",
+           Where(path, *server) + ": server is the agent itself: while the agent is down, " +
+               "containerd has no registry to fall back to",
+           "server = \"" + RegistryServer(reg) + "\" there, or " + rewrite);
+    return;
+  }
+  r.Ok("containerd", path + " points at " + agent + ", then " + fallback);
+}
+
 void CheckContainerd(const DoctorOptions& o, const std::string& agent,
                      const std::vector<std::string>& registries, Report& r) {
   ContainerdConfig config = LoadContainerdConfig(o.root, o.containerd_config);
@@ -392,6 +513,15 @@ void CheckContainerd(const DoctorOptions& o, const std::string& agent,
                ": containerd's defaults leave config_path unset, so it reads no hosts.toml",
            "config_path = \"/etc/containerd/certs.d\" under "
            "[plugins.\"io.containerd.grpc.v1.cri\".registry], then restart containerd");
+  } else if (ConfigVersion(config) == 3) {
+    r.Warn("containerd",
+           o.containerd_config +
+               " is version 3 (containerd 2): doctor reads containerd 1.6's version 2 settings "
+               "only (containerd 2 is not supported yet), so config_path is not checked",
+           "check that `containerd config dump` shows config_path = \"/etc/containerd/certs.d\" "
+           "under [" +
+               CriRegistryTable(3) +
+               "], and give --containerd-certs-dir to check the hosts.toml files");
   } else {
     ContainerdSetting set =
         SectionSetting(config, "plugins", kCriPlugin, {"registry", "config_path"});
@@ -409,21 +539,7 @@ void CheckContainerd(const DoctorOptions& o, const std::string& agent,
     }
   }
   if (certs.empty()) return;
-  for (const auto& reg : registries) {
-    std::string path = certs + "/" + reg + "/hosts.toml";
-    auto h = ReadIfExists(UnderRoot(o.root, path));
-    if (!h || !h.value()) {
-      r.Warn("containerd", "no " + path + ": " + reg + " is pulled without the agent",
-             "helm value nodeSetup.containerd.enabled=true, or `shoalctl config containerd -o " +
-                 certs + "`");
-    } else if (Uncommented(*h.value()).find("[host.\"http://" + agent + "\"]") ==
-               std::string::npos) {
-      r.Warn("containerd", path + " does not point at this agent (" + agent + ")",
-             "add [host.\"http://" + agent + "\"] with capabilities = [\"pull\", \"resolve\"]");
-    } else {
-      r.Ok("containerd", path + " points at " + agent);
-    }
-  }
+  for (const auto& reg : registries) CheckHostsToml(o, agent, certs, reg, r);
 }
 
 // --- containerd's snapshotter (the agent's, opted in) ---
@@ -497,10 +613,16 @@ void CheckSnapshotter(const DoctorOptions& o, Report& r) {
   const std::string restart =
       ", then restart containerd (`systemctl restart containerd`, best "
       "on a drained node)";
-  const std::string setup = "`shoalctl node-setup --containerd-config " + o.containerd_config +
-                            " --containerd-snapshotter --snapshotter-socket " +
-                            (socket.empty() ? "SOCKET" : socket) +
-                            "` (in the node image, or on the node)" + restart;
+  const std::string socket_arg = socket.empty() ? "SOCKET" : socket;
+  const std::string setup =
+      ConfigVersion(config) == 3
+          ? "the settings `shoalctl config containerd --snapshotter --config-version 3 "
+            "--snapshotter-socket " +
+                socket_arg + "` prints, by hand (containerd 2: node-setup does not edit it)" +
+                restart
+          : "`shoalctl node-setup --containerd-config " + o.containerd_config +
+                " --containerd-snapshotter --snapshotter-socket " + socket_arg +
+                "` (in the node image, or on the node)" + restart;
 
   // What containerd's configuration says.
   if (!config.errors.empty()) {
@@ -515,7 +637,12 @@ void CheckSnapshotter(const DoctorOptions& o, Report& r) {
     r.Fail(check, "no " + o.containerd_config + ": containerd knows no shoal snapshotter", setup);
   } else {
     const toml::node* version = config.files.front().table.get("version");
-    if (!version || !version->is_integer() || version->as_integer()->get() != 2) {
+    const bool v2 = version && version->is_integer() && version->as_integer()->get() == 2;
+    if (ConfigVersion(config) == 3) {
+      r.Fail(check, o.containerd_config + ": " + ContainerdV3Unsupported(socket),
+             "`containerd config dump` shows what containerd 2 reads; docs/runtimes.md "
+             "(containerd 2) has the settings");
+    } else if (!v2) {
       r.Fail(check,
              o.containerd_config + " is " +
                  (version ? "version " + TomlText(version)
@@ -544,35 +671,39 @@ void CheckSnapshotter(const DoctorOptions& o, Report& r) {
       r.Ok(check, "[proxy_plugins.shoal] type = \"snapshot\", address = \"" + socket + "\" (" +
                       address.file + ")");
     }
-    const std::string where = snap.section_found ? snap.file : o.containerd_config;
-    if (cri_snapshotter != "shoal") {
-      r.Fail(check,
-             "the CRI's snapshotter is " +
-                 (snap.value ? TomlText(snap.value) : std::string("\"overlayfs\" (the default)")) +
-                 " in " + where +
-                 ", not \"shoal\": the kubelet's pulls do not use the agent's snapshotter",
-             "snapshotter = \"shoal\" under [" + cri + "] in " + o.containerd_config +
-                 " itself (containerd 1.6 replaces the whole CRI section with an imported "
-                 "file's)" +
-                 restart);
-    } else {
-      r.Ok(check, "the CRI's snapshotter is \"shoal\" (" + where + ")");
-    }
-    bool disabled = !annotations.value || !annotations.value->is_boolean() ||
-                    annotations.value->as_boolean()->get();
-    if (disabled) {
-      r.Warn(check,
-             "disable_snapshot_annotations is " +
-                 (annotations.value ? TomlText(annotations.value)
-                                    : std::string("true (containerd 1.6's default)")) +
-                 " in " + where +
-                 ": the CRI passes no layer labels, so the agent prepares no layer and "
-                 "containerd fetches and unpacks every one itself",
-             "disable_snapshot_annotations = false under [" + cri + "]" + restart);
-    } else {
-      r.Ok(check,
-           "snapshot annotations are on (disable_snapshot_annotations = false): the agent "
-           "prepares the layers of the kubelet's pulls");
+    // The CRI's settings are where containerd 1.6 reads them; other versions failed above.
+    if (v2) {
+      const std::string where = snap.section_found ? snap.file : o.containerd_config;
+      if (cri_snapshotter != "shoal") {
+        r.Fail(
+            check,
+            "the CRI's snapshotter is " +
+                (snap.value ? TomlText(snap.value) : std::string("\"overlayfs\" (the default)")) +
+                " in " + where +
+                ", not \"shoal\": the kubelet's pulls do not use the agent's snapshotter",
+            "snapshotter = \"shoal\" under [" + cri + "] in " + o.containerd_config +
+                " itself (containerd 1.6 replaces the whole CRI section with an imported "
+                "file's)" +
+                restart);
+      } else {
+        r.Ok(check, "the CRI's snapshotter is \"shoal\" (" + where + ")");
+      }
+      bool disabled = !annotations.value || !annotations.value->is_boolean() ||
+                      annotations.value->as_boolean()->get();
+      if (disabled) {
+        r.Warn(check,
+               "disable_snapshot_annotations is " +
+                   (annotations.value ? TomlText(annotations.value)
+                                      : std::string("true (containerd 1.6's default)")) +
+                   " in " + where +
+                   ": the CRI passes no layer labels, so the agent prepares no layer and "
+                   "containerd fetches and unpacks every one itself",
+               "disable_snapshot_annotations = false under [" + cri + "]" + restart);
+      } else {
+        r.Ok(check,
+             "snapshot annotations are on (disable_snapshot_annotations = false): the agent "
+             "prepares the layers of the kubelet's pulls");
+      }
     }
   }
 

@@ -95,18 +95,6 @@ toml::table* TableAt(toml::table& t, const std::vector<std::string>& path) {
   return v.as_table();
 }
 
-std::optional<std::string> StringAt(const toml::table& t, const std::vector<std::string>& path) {
-  const toml::node* n = At(t, path);
-  if (!n || !n->is_string()) return std::nullopt;
-  return n->as_string()->get();
-}
-
-std::optional<bool> BoolAt(const toml::table& t, const std::vector<std::string>& path) {
-  const toml::node* n = At(t, path);
-  if (!n || !n->is_boolean()) return std::nullopt;
-  return n->as_boolean()->get();
-}
-
 // The byte offset of 1-based `column` (toml++ counts code points) in `line`.
 size_t ByteOfColumn(const std::string& line, size_t column) {
   size_t seen = 0;
@@ -118,6 +106,21 @@ size_t ByteOfColumn(const std::string& line, size_t column) {
 
 const std::vector<std::string> kProxy = {"proxy_plugins", "shoal"};
 const std::vector<std::string> kCri = {"plugins", kCriPlugin, "containerd"};
+
+// `s` as a TOML string value, written as TomlText writes a parsed one.
+std::string TomlString(const std::string& s) {
+  toml::value<std::string> v(s);
+  return TomlText(&v);
+}
+
+// "key = value, key = value": a table's settings for messages.
+std::string SettingsText(const ShoalTable& table) {
+  std::string out;
+  for (const ShoalTable::Setting& s : table.settings) {
+    out += (out.empty() ? "" : ", ") + s.key + " = " + s.value;
+  }
+  return out;
+}
 
 // Whether two values (not tables) are equal: same type and same value.
 bool SameValue(const toml::node& a, const toml::node& b) {
@@ -157,8 +160,8 @@ std::optional<std::string> FirstDifference(const toml::table& a, const toml::tab
 toml::table WithoutShoal(toml::table t, const toml::table& other) {
   if (toml::table* p = TableAt(t, {"proxy_plugins"})) p->erase("shoal");
   if (toml::table* c = TableAt(t, kCri)) {
-    c->erase("snapshotter");
-    c->erase("disable_snapshot_annotations");
+    const std::vector<ShoalTable> tables = ShoalSnapshotterTables("", 2);
+    for (const ShoalTable::Setting& s : tables.back().settings) c->erase(s.key);
   }
   for (const std::vector<std::string>& path : {kCri, std::vector<std::string>{"proxy_plugins"}}) {
     for (size_t n = path.size(); n > 0; --n) {
@@ -185,24 +188,19 @@ Status CheckEdit(const toml::table& before, const std::string& edited, const std
   }
   const toml::table& a = after.value();
   if (enabled) {
-    std::vector<std::string> wrong;
-    if (StringAt(a, {"proxy_plugins", "shoal", "type"}) != "snapshot") wrong.push_back("type");
-    if (StringAt(a, {"proxy_plugins", "shoal", "address"}) != socket) wrong.push_back("address");
-    std::vector<std::string> snap = kCri, ann = kCri;
-    snap.push_back("snapshotter");
-    ann.push_back("disable_snapshot_annotations");
-    if (StringAt(a, snap) != "shoal") wrong.push_back(KeyPath(snap));
-    if (BoolAt(a, ann) != false) wrong.push_back(KeyPath(ann));
+    const std::vector<ShoalTable> tables = ShoalSnapshotterTables(socket, 2);
+    std::string wrong, wanted;
+    for (const ShoalTable& t : tables) {
+      for (const ShoalTable::Setting& s : t.settings) {
+        std::vector<std::string> path = t.path;
+        path.push_back(s.key);
+        if (TomlText(At(a, path)) != s.value) wrong += (wrong.empty() ? "" : ", ") + KeyPath(path);
+      }
+      wanted += (wanted.empty() ? "" : " and ") + ("[" + KeyPath(t.path) + "] ") + SettingsText(t);
+    }
     if (!wrong.empty()) {
-      std::string list;
-      for (const auto& w : wrong) list += (list.empty() ? "" : ", ") + w;
-      return MakeError(ErrorCode::kUnsupported,
-                       file + refuse + "not set " + list +
-                           " as intended: set [proxy_plugins.shoal] type = \"snapshot\", "
-                           "address = " +
-                           Quote(socket) + " and, under [" + kCriContainerdTable +
-                           "], snapshotter = \"shoal\" and disable_snapshot_annotations = false "
-                           "yourself");
+      return MakeError(ErrorCode::kUnsupported, file + refuse + "not set " + wrong +
+                                                    " as intended: set " + wanted + " yourself");
     }
   }
   std::vector<std::string> path;
@@ -283,6 +281,61 @@ std::string TomlText(const toml::node* value) {
   return os.str();
 }
 
+// containerd 2's names (config version 3) are taken from containerd's own documentation, at
+// github.com/containerd/containerd: docs/cri/config.md (read at commit 00142976c794), whose 2.x
+// "Snapshotter" section and full configuration put `snapshotter`, `disable_snapshot_annotations`
+// and the `registry` table under [plugins.'io.containerd.cri.v1.images']; and
+// docs/man/containerd-config.toml.5.md (at 000708dc3101), whose [proxy_plugins] (type, address)
+// is a top-level section whatever the config version. containerd 2 is not tested here (Debian 12
+// has 1.6).
+std::vector<ShoalTable> ShoalSnapshotterTables(const std::string& socket, int version) {
+  std::vector<std::string> cri =
+      version == 3 ? std::vector<std::string>{"plugins", kCriImagesPluginV3} : kCri;
+  return {
+      {kProxy, {{"type", TomlString("snapshot")}, {"address", TomlString(socket)}}},
+      {cri,
+       {{"snapshotter", TomlString("shoal")},
+        // containerd 1.6's default is true: the CRI then passes no layer labels to snapshotters.
+        {"disable_snapshot_annotations", "false"}}},
+  };
+}
+
+std::string ShoalSnapshotterSnippet(const std::string& socket, int version) {
+  std::string out;
+  for (const ShoalTable& t : ShoalSnapshotterTables(socket, version)) {
+    out += (out.empty() ? "" : "\n") + ("[" + KeyPath(t.path) + "]\n");
+    for (const ShoalTable::Setting& s : t.settings) out += "  " + s.key + " = " + s.value + "\n";
+  }
+  return out;
+}
+
+std::string CriRegistryTable(int version) {
+  return version == 3 ? KeyPath({"plugins", kCriImagesPluginV3, "registry"})
+                      : KeyPath({"plugins", kCriPlugin, "registry"});
+}
+
+std::string ContainerdV3Unsupported(const std::string& socket) {
+  return "it is version 3 (containerd 2), and shoal's node-setup and doctor handle containerd "
+         "1.6's version 2 config.toml only: containerd 2 is not supported by them yet (not "
+         "tested with a containerd 2). Write the settings by hand; `shoalctl config containerd "
+         "--snapshotter --config-version 3 --snapshotter-socket " +
+         (socket.empty() ? std::string("SOCKET") : socket) +
+         "` prints them, with containerd 2's plugin names from its docs/cri/config.md";
+}
+
+Status ValidateSnapshotterSocket(const std::string& socket) {
+  bool plain = std::none_of(socket.begin(), socket.end(), [](unsigned char c) {
+    return c < 0x20 || c == 0x7f || c == '"' || c == '\\';
+  });
+  if (socket.empty() || socket[0] != '/' || !plain) {
+    return MakeError(ErrorCode::kInvalidArgument,
+                     "--snapshotter-socket \"" + socket +
+                         "\" must be an absolute path without quotes, backslashes or control "
+                         "characters");
+  }
+  return Ok();
+}
+
 ContainerdConfig LoadContainerdConfig(const std::string& root, const std::string& path) {
   ContainerdConfig config;
   std::vector<std::string> pending = {path};
@@ -327,6 +380,13 @@ ContainerdConfig LoadContainerdConfig(const std::string& root, const std::string
     }
   }
   return config;
+}
+
+int64_t ConfigVersion(const ContainerdConfig& config) {
+  if (config.files.empty()) return 0;
+  const toml::node* v = config.files.front().table.get("version");
+  if (!v) return 1;
+  return v->is_integer() ? v->as_integer()->get() : 0;
 }
 
 ContainerdSetting SectionSetting(const ContainerdConfig& config, std::string_view top,
@@ -382,13 +442,17 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
                          ": it has no version = 2 (containerd reads it as a version 1 config, "
                          "whose plugins have other names)");
   }
+  if (version->is_integer() && version->as_integer()->get() == 3) {
+    return MakeError(ErrorCode::kUnsupported, file + ": " + ContainerdV3Unsupported(socket));
+  }
   if (!version->is_integer() || version->as_integer()->get() != 2) {
-    std::string v = TomlText(version);
-    return MakeError(ErrorCode::kInvalidArgument, file + ": it is version " + v +
-                                                      (v == "3" ? " (containerd 2)" : "") +
-                                                      ", not 2 (containerd 1.6)");
+    return MakeError(ErrorCode::kInvalidArgument,
+                     file + ": it is version " + TomlText(version) + ", not 2 (containerd 1.6)");
   }
 
+  const std::vector<ShoalTable> tables = ShoalSnapshotterTables(socket, 2);
+  const ShoalTable& proxy = tables.front();
+  const ShoalTable& cri_settings = tables.back();
   SnapshotterEdit edit;
   edit.text = text;
   std::vector<std::string> block;                    // appended at the end of the file
@@ -396,24 +460,32 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
   std::map<size_t, std::vector<std::string>> after;  // header line -> lines inserted after it
 
   // [proxy_plugins.shoal]: containerd's own or the operator's stays; otherwise ours.
-  const std::string want_proxy = "type = \"snapshot\", address = " + Quote(socket);
+  const std::string want_proxy = SettingsText(proxy);
   const toml::node* proxies = doc.get("proxy_plugins");
   if (At(doc, kProxy)) {
-    std::optional<std::string> type = StringAt(doc, {"proxy_plugins", "shoal", "type"});
-    std::optional<std::string> address = StringAt(doc, {"proxy_plugins", "shoal", "address"});
-    if (type == "snapshot" && address == socket) {
+    std::string theirs;
+    bool same = true;
+    for (const ShoalTable::Setting& w : proxy.settings) {
+      std::vector<std::string> path = kProxy;
+      path.push_back(w.key);
+      const std::string value = TomlText(At(doc, path));
+      same = same && value == w.value;
+      theirs += (theirs.empty() ? "" : ", ") + w.key + " = " + (value.empty() ? "\"\"" : value);
+    }
+    if (same) {
       edit.done.push_back("[proxy_plugins.shoal] already has " + want_proxy);
     } else {
-      edit.left.push_back(
-          "config.toml has its own [proxy_plugins.shoal] with type = " + Quote(type.value_or("")) +
-          ", address = " + Quote(address.value_or("")) + ": set " + want_proxy + " there yourself");
+      edit.left.push_back("config.toml has its own [proxy_plugins.shoal] with " + theirs +
+                          ": set " + want_proxy + " there yourself");
     }
   } else if (proxies && (!proxies->is_table() || proxies->as_table()->is_inline())) {
     // A [proxy_plugins.shoal] header cannot add to an inline table.
     edit.left.push_back("proxy_plugins is an inline table in config.toml: add shoal = { " +
                         want_proxy + " } to it yourself");
   } else {
-    block = {"[proxy_plugins.shoal]", "  type = \"snapshot\"", "  address = " + Quote(socket)};
+    block = {"[" + KeyPath(proxy.path) + "]"};
+    for (const ShoalTable::Setting& w : proxy.settings)
+      block.push_back("  " + w.key + " = " + w.value);
     edit.done.push_back("[proxy_plugins.shoal] " + want_proxy + " added");
   }
 
@@ -438,24 +510,13 @@ Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const st
       dotted = true;
     }
   }
-  struct Want {
-    const char* key;
-    const char* value;
-  };
-  const Want wants[] = {
-      {"snapshotter", "\"shoal\""},
-      // containerd 1.6's default is true: the CRI then passes no layer labels to snapshotters.
-      {"disable_snapshot_annotations", "false"},
-  };
   std::vector<std::string> cri_block;
   if (cri_inline) {
-    edit.left.push_back(
-        "the CRI plugin's settings are an inline table in config.toml: set "
-        "snapshotter = \"shoal\" and disable_snapshot_annotations = false in [" +
-        cri + "] yourself");
+    edit.left.push_back("the CRI plugin's settings are an inline table in config.toml: set " +
+                        SettingsText(cri_settings) + " in [" + cri + "] yourself");
   } else {
-    for (const Want& w : wants) {
-      const std::string setting = std::string(w.key) + " = " + w.value;
+    for (const ShoalTable::Setting& w : cri_settings.settings) {
+      const std::string setting = w.key + " = " + w.value;
       const toml::node* v = table ? table->get(w.key) : nullptr;
       if (v) {
         const toml::source_region& src = v->source();

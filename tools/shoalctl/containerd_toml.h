@@ -10,6 +10,7 @@
 // from 2.0), so a drop-in holding [plugins."io.containerd.grpc.v1.cri".containerd] would drop
 // every other CRI setting of config.toml (config_path, sandbox_image, runtimes).
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -30,6 +31,40 @@ inline constexpr char kCriPlugin[] = "io.containerd.grpc.v1.cri";
 // The CRI plugin's table that holds its snapshotter settings in containerd 1.6.
 inline constexpr char kCriContainerdTable[] = "plugins.\"io.containerd.grpc.v1.cri\".containerd";
 
+// The CRI plugin's image service in containerd 2's config version 3, which holds its
+// snapshotter settings there (containerd's docs/cri/config.md, "Snapshotter" and the 2.x full
+// configuration). Not tested against a containerd 2 here: Debian 12 ships 1.6.
+inline constexpr char kCriImagesPluginV3[] = "io.containerd.cri.v1.images";
+
+// One table of config.toml with the settings the agent's snapshotter needs there.
+struct ShoalTable {
+  struct Setting {
+    std::string key;
+    std::string value;  // as TOML writes it: "\"snapshot\"", false
+  };
+  std::vector<std::string> path;  // e.g. {"proxy_plugins", "shoal"}
+  std::vector<Setting> settings;
+};
+
+// The four settings of the agent's snapshotter at `socket`: [proxy_plugins.shoal] type =
+// "snapshot" and address, then the CRI's snapshotter = "shoal" and disable_snapshot_annotations =
+// false, in [plugins."io.containerd.grpc.v1.cri".containerd] for config `version` 2
+// (containerd 1.6) or [plugins."io.containerd.cri.v1.images"] for 3 (containerd 2; from its
+// docs only). What `shoalctl config containerd --snapshotter` prints and node-setup writes.
+// Requires version 2 or 3.
+std::vector<ShoalTable> ShoalSnapshotterTables(const std::string& socket, int version);
+// Those tables as TOML text (a header and its settings per table), to merge into config.toml.
+std::string ShoalSnapshotterSnippet(const std::string& socket, int version);
+// The table that holds the CRI's registry config_path in config `version` 2 or 3, as TOML
+// writes its header's key: plugins."io.containerd.grpc.v1.cri".registry.
+std::string CriRegistryTable(int version);
+// Why node-setup and doctor do not handle a version 3 config.toml (containerd 2), and what to
+// write by hand instead: the command that prints the settings for the agent at `socket`.
+std::string ContainerdV3Unsupported(const std::string& socket);
+// The socket as node-setup and `config containerd` accept it. Errors: kInvalidArgument unless
+// it is an absolute path without quotes, backslashes or newlines.
+Status ValidateSnapshotterSocket(const std::string& socket);
+
 // `text` parsed as TOML. Errors: kInvalidArgument "<file>:<line>:<column>: <toml++'s reason>".
 Result<toml::table> ParseToml(const std::string& text, const std::string& file);
 
@@ -47,6 +82,10 @@ struct ContainerdConfig {
   std::vector<std::string> errors;  // files that cannot be read or parsed (file:line:column)
 };
 ContainerdConfig LoadContainerdConfig(const std::string& root, const std::string& path);
+
+// The `version` of the first file (config.toml itself): 1 when it has none (containerd's
+// default), 0 when it is not an integer or there is no file.
+int64_t ConfigVersion(const ContainerdConfig& config);
 
 // A setting as containerd 1.6 merges config.toml with its imports.
 struct ContainerdSetting {
@@ -79,9 +118,10 @@ struct SnapshotterEdit {
 // empty, `text` is the input unchanged (all or nothing): settings in inline tables, spanning
 // several lines, or missing from a table written as dotted keys. `file` names config.toml in
 // messages. Errors (each message starting with `file`): kInvalidArgument when `text` is not
-// TOML (file:line:column) or not a version 2 config (version 1 names plugins differently;
-// version 3 is containerd 2); kUnsupported when the edited text, parsed, would not hold those
-// settings or would differ in anything else.
+// TOML (file:line:column) or not a version 2 config (version 1 names plugins differently);
+// kUnsupported for version 3 (containerd 2: not supported yet; the message says what to write
+// by hand) and when the edited text, parsed, would not hold those settings or would differ in
+// anything else.
 Result<SnapshotterEdit> EnableShoalSnapshotter(const std::string& text, const std::string& socket,
                                                const std::string& file);
 
