@@ -196,6 +196,9 @@ int RunTracker(const TrackerConfig& config) {
     in.prefetch = &prefetch.jobs();
     in.manifests = &manifests.cache();
     in.rates = &image_rates;
+    in.announce_silence =
+        LongestInterval(service.options().announce_interval, service.options().interval_jitter) +
+        std::chrono::seconds(30);
     return BuildClusterView(in, now).dump();
   });
   auto port = server.Listen(listen.value().first, listen.value().second);
