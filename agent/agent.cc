@@ -269,6 +269,7 @@ int RunAgent(const AgentConfig& config) {
   PrefetchPollerOptions poller_options;
   poller_options.node = config.node_name.empty() ? DefaultNodeName() : config.node_name;
   poller_options.labels = std::move(node_labels.value());
+  if (swarm) poller_options.swarm_port = swarm->listen_port();
   PrefetchPoller poller(ioc, tracker, prefetcher, std::move(poller_options));
   if (tracker.enabled()) poller.Start();
   server.SetAdminHandler(

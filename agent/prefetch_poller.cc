@@ -71,8 +71,8 @@ awaitable<void> PrefetchPoller::PollLoop(size_t replica) {
   std::chrono::milliseconds backoff{500};
   bool failing = false;
   for (;;) {
-    auto jobs =
-        co_await tracker_.PollPrefetch(replica, options_.node, options_.labels, options_.wait);
+    auto jobs = co_await tracker_.PollPrefetch(replica, options_.node, options_.labels,
+                                               options_.wait, options_.swarm_port);
     if (!jobs) {
       if (!failing) {
         spdlog::warn("prefetch: polling tracker {} failed: {}", tracker_.ReplicaUrl(replica),

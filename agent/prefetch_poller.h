@@ -22,6 +22,7 @@ namespace shoal::agent {
 struct PrefetchPollerOptions {
   std::string node;                           // this node's name (--node-name)
   std::map<std::string, std::string> labels;  // --node-labels
+  uint16_t swarm_port = 0;                    // where the swarm listens (0: no swarm)
   std::chrono::milliseconds wait{10'000};     // long-poll per request (the tracker caps it)
   std::chrono::milliseconds report_every{1'000};
 };

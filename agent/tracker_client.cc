@@ -567,12 +567,14 @@ awaitable<Status> TrackerClient::ReleaseManifest(const ManifestRef& ref,
 
 awaitable<Result<std::vector<TrackerPrefetchJob>>> TrackerClient::PollPrefetch(
     size_t replica, const std::string& node, const std::map<std::string, std::string>& labels,
-    std::chrono::milliseconds wait) {
+    std::chrono::milliseconds wait, uint16_t swarm_port) {
   json labels_json = json::object();
   for (const auto& [k, v] : labels) labels_json[k] = v;
   const std::string body =
       json{{"agent", options_.agent_id}, {"node", node}, {"labels", labels_json}}.dump();
-  const std::string target = "/v1/prefetch/poll?wait_ms=" + std::to_string(wait.count());
+  // In the query: replicas that predate swarm_port ignore it there (they refuse unknown fields).
+  std::string target = "/v1/prefetch/poll?wait_ms=" + std::to_string(wait.count());
+  if (swarm_port != 0) target += "&swarm_port=" + std::to_string(swarm_port);
   auto reply = co_await CallReplica(replica, http_::verb::post, target, body);
   if (!reply) co_return reply.error();
   if (reply.value().status != 200)

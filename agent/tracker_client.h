@@ -197,11 +197,12 @@ class TrackerClient {
   size_t replicas() const { return options_.trackers.size(); }
   // A replica's base URL.
   std::string ReplicaUrl(size_t replica) const { return options_.trackers[replica].str(); }
-  // Registers this node (name, labels) with the replica and waits up to `wait` for jobs for it.
-  // Errors: kUnavailable when the replica does not answer, else as Table.
+  // Registers this node (name, labels, and the port its swarm listens on unless 0, so that the
+  // cluster view names the node behind its swarm peers) with the replica and waits up to `wait`
+  // for jobs for it. Errors: kUnavailable when the replica does not answer, else as Table.
   boost::asio::awaitable<Result<std::vector<TrackerPrefetchJob>>> PollPrefetch(
       size_t replica, const std::string& node, const std::map<std::string, std::string>& labels,
-      std::chrono::milliseconds wait);
+      std::chrono::milliseconds wait, uint16_t swarm_port = 0);
   // Reports this node's progress on job `id` to the replica that holds it. Errors: kNotFound
   // (the replica forgot the job), kDenied (the part ended or belongs to another agent), ...
   boost::asio::awaitable<Status> ReportPrefetch(size_t replica, const std::string& id,

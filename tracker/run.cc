@@ -168,6 +168,9 @@ int RunTracker(const TrackerConfig& config) {
   prefetch_options.jobs.max_jobs = config.max_prefetch_jobs;
   prefetch_options.max_waiters = static_cast<size_t>(config.max_connections);
   prefetch_options.jobs.keep_ended = std::chrono::seconds(config.prefetch_keep_s);
+  // A live agent is heard from at least every long-poll, so a poll lasts well within the TTL.
+  prefetch_options.max_wait = std::min<std::chrono::milliseconds>(
+      prefetch_options.max_wait, prefetch_options.jobs.agent_ttl / 3);
   PrefetchApi prefetch(prefetch_options, registry, blobs.tracker_id());
   AccessOptions access_options;
   access_options.agent_tokens_file = config.agent_tokens_file;
@@ -193,6 +196,9 @@ int RunTracker(const TrackerConfig& config) {
     in.prefetch = &prefetch.jobs();
     in.manifests = &manifests.cache();
     in.rates = &image_rates;
+    in.announce_silence =
+        LongestInterval(service.options().announce_interval, service.options().interval_jitter) +
+        std::chrono::seconds(30);
     return BuildClusterView(in, now).dump();
   });
   auto port = server.Listen(listen.value().first, listen.value().second);

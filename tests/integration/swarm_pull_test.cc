@@ -74,6 +74,7 @@ struct SwarmWorld {
     opts.extra_args = {"--tracker",          tracker_url.empty() ? tracker->Url() : tracker_url,
                        "--swarm-listen",     "127.0.0.1:0",
                        "--agent-id",         "agent" + std::to_string(agents.size()),
+                       "--node-name",        "node" + std::to_string(agents.size()),
                        "--lease-wait-ms",    "1000",
                        "--tracker-grace-ms", "3000",
                        "--peer-stall-ms",    "3000"};
@@ -157,9 +158,11 @@ TEST_CASE("swarm: a cold pull on 5 agents at once crosses from upstream about on
   }
 }
 
-TEST_CASE("swarm: after a pull on 3 agents the cluster view and shoalctl show the image, its size, "
-          "nodes done and upstream bytes") {
-  SwarmWorld w;
+TEST_CASE(
+    "swarm: after a pull on 3 agents the cluster view and shoalctl show the image, its size, "
+    "nodes done and upstream bytes, and name a fourth node that stopped half-way") {
+  // Agents that stop polling count as gone after 3 s (the default is 30 s).
+  SwarmWorld w({"--prefetch-agent-ttl-s", "3"});
   for (int i = 0; i < 3; ++i) w.AddAgent();
   w.PullAll("view");
   const uint64_t upstream = w.proxy->BlobBytes();
@@ -209,6 +212,64 @@ TEST_CASE("swarm: after a pull on 3 agents the cluster view and shoalctl show th
   CHECK(run.value().find("exit=0") != std::string::npos);
   CHECK(run.value().find("3 nodes done, 0 in progress, 0 failed") != std::string::npos);
   CHECK(run.value().find("docker.io/demo/app:1") != std::string::npos);
+
+  // A fourth node takes the config blob only (its client stopped there). The tracker names it
+  // among the image's slowest nodes by the node name its agent polls with, since the poll says
+  // which swarm port is its own; the swarms say how much of the image it holds.
+  Agent& partial = w.AddAgent();
+  auto config =
+      HttpGet(partial.Url() + "/v2/demo/app/blobs/" + w.image.config_digest.str(), {}, seconds(30));
+  REQUIRE(config.has_value());
+  CHECK(config.value().status == 200);
+  auto image_entry = [&] {
+    auto got = HttpGet(w.tracker->Url() + "/v1/cluster", OperatorAuth(), seconds(5));
+    if (!got.has_value() || got.value().status != 200) return nlohmann::json();
+    nlohmann::json v = nlohmann::json::parse(got.value().body, nullptr, false);
+    if (!v.is_object() || !v["images"].is_array() || v["images"].size() != 1)
+      return nlohmann::json();
+    return v["images"][0];
+  };
+  WaitUntil(
+      [&] {
+        img = image_entry();
+        return img.is_object() && img["slowest_nodes"].size() == 1 &&
+               img["slowest_nodes"][0]["chunks_held"] == 1;
+      },
+      seconds(10), milliseconds(100));
+  INFO(img.dump());
+  CHECK(img["nodes_exact"] == true);
+  CHECK(img["nodes_done"] == 3);
+  CHECK(img["nodes_in_progress"] == 1);
+  CHECK(img["complete"] == false);
+  REQUIRE(img["slowest_nodes"].size() == 1);
+  nlohmann::json slow = img["slowest_nodes"][0];
+  CHECK(slow["node"] == "node3");
+  CHECK(slow["agent"] == "agent3");
+  CHECK(slow["state"] == "running");
+  CHECK(slow["blobs_done"] == 1);
+  CHECK(slow["blobs_total"] == img["blobs_total"]);
+  CHECK(slow["bytes_done"] == img["blobs"][0]["size"]);  // the config, listed first
+  CHECK(slow["bytes_total"] == w.image.total_blob_bytes);
+
+  // Its agent dies: once it has not polled for the agent TTL the node is stalled, counted failed,
+  // and shoalctl says so for that node by name.
+  partial.Kill();
+  WaitUntil(
+      [&] {
+        img = image_entry();
+        return img.is_object() && img["nodes_failed"] == 1;
+      },
+      seconds(10), milliseconds(100));
+  REQUIRE(img["slowest_nodes"].size() == 1);
+  slow = img["slowest_nodes"][0];
+  CHECK(slow["node"] == "node3");
+  CHECK(slow["state"] == "stalled");
+  CHECK(slow["error"].get<std::string>().find("its agent stopped polling") == 0);
+  run = RunCommand({"sh", "-c", cmd + " --nodes node3 2>&1; echo exit=$?"}, seconds(30));
+  REQUIRE(run.has_value());
+  INFO(run.value());
+  CHECK(run.value().find("exit=1") != std::string::npos);
+  CHECK(run.value().find("stalled on node3") != std::string::npos);
 }
 
 TEST_CASE("swarm: peers receive a large layer's bytes before any agent has all of it") {

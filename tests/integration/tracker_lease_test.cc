@@ -18,6 +18,7 @@
 #include "lib/core/base64.h"
 #include "lib/core/content_hash.h"
 #include "lib/swarm/chunk_torrent.h"
+#include "tests/support/chromium.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
 #include "tests/support/tokens.h"
@@ -469,40 +470,13 @@ json ClusterView(const Tracker& t) {
   return view.body;
 }
 
-// The page as headless chromium renders it after its script ran (--dump-dom), and a screenshot
-// of it at `width` x `height` into `png` (when not empty).
+// The page as headless chromium renders it (tests/support/chromium.h), and a screenshot of it
+// into `png` (when not empty).
 std::string RenderPage(const TempDir& dir, const std::string& url, int width, int height,
                        const std::string& png = "") {
-  std::vector<std::string> argv = {"chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
-                                   "--disable-dev-shm-usage", "--no-first-run",
-                                   "--user-data-dir=" + dir.Sub("chromium-profile"),
-                                   "--window-size=" + std::to_string(width) + "," +
-                                       std::to_string(height),
-                                   "--virtual-time-budget=6000"};
-  if (!png.empty()) {
-    auto shot = argv;
-    shot.push_back("--screenshot=" + png);
-    shot.push_back(url);
-    auto taken = RunCommand(shot, seconds(90));
-    REQUIRE_MESSAGE(taken.has_value(), taken.error().ToString());
-  }
-  argv.push_back("--dump-dom");
-  argv.push_back(url);
-  auto dom = RunCommand(argv, seconds(90));
+  auto dom = testkit::RenderPage(dir.Sub("chromium-profile"), url, width, height, png);
   REQUIRE_MESSAGE(dom.has_value(), dom.error().ToString());
   return dom.value();
-}
-
-// The data-value of the element with this id in a dumped DOM ("" when absent).
-std::string PageValue(const std::string& dom, const std::string& id) {
-  std::string open = "id=\"" + id + "\"";
-  size_t at = dom.find(open);
-  if (at == std::string::npos) return "";
-  size_t end = dom.find('>', at);
-  size_t v = dom.find("data-value=\"", at);
-  if (v == std::string::npos || v > end) return "";
-  v += 12;
-  return dom.substr(v, dom.find('"', v) - v);
 }
 
 // Where tests leave files for people to look at (CI keeps the build dir): <build>/artifacts.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -60,9 +61,11 @@ Digest DigestOf(const std::string& body) {
   return ContentHash::Of(DigestAlgorithm::kSha256, body);
 }
 
-// Real chunk metainfo over `length` bytes derived from seed.
+// Real chunk metainfo over `length` bytes derived from seed (distinct seeds, distinct torrents).
 std::string Metainfo(uint64_t length, uint32_t seed) {
   std::string data(length, static_cast<char>('a' + seed % 26));
+  REQUIRE(length >= sizeof(seed));
+  std::memcpy(data.data(), &seed, sizeof(seed));
   swarm::PieceHasher hasher(length, kPiece);
   REQUIRE(hasher.Update(data.data(), data.size()).has_value());
   auto torrent = swarm::BuildChunkTorrent("chunk", length, kPiece, hasher.Finish().value());
@@ -84,6 +87,7 @@ struct World {
   PrefetchJobs prefetch{PrefetchJobsOptions{}, 1};
   ImageRates rates;
   std::map<Digest, std::vector<InfoHash>> chunks;  // published chunks' torrents, by blob
+  uint32_t next_seed = 0;                          // each chunk published gets a torrent of its own
 
   World() : blobs(Options(), 1) {}
 
@@ -118,7 +122,7 @@ struct World {
       REQUIRE(lease.has_value());
       REQUIRE(lease.value().kind == LeaseAnswer::Kind::kGranted);
       auto published = blobs.Publish(b.digest, k, "agent0", lease.value().lease_id, source,
-                                     Metainfo(layout.value().chunk_length(k), k), now);
+                                     Metainfo(layout.value().chunk_length(k), next_seed++), now);
       REQUIRE_MESSAGE(published.has_value(), published.error().message);
       const swarm::Sha1& h = published.value().published->info_hash;
       chunks[b.digest].push_back(*InfoHash::FromBytes(
@@ -128,9 +132,16 @@ struct World {
 
   // Node n announces every chunk of b: as a seeder, or as a leecher of them all.
   void Announce(int n, const Blob& b, bool seeder, TimePoint now) {
-    for (const InfoHash& ih : chunks.at(b.digest)) {
+    AnnounceChunks(n, b, seeder ? chunks.at(b.digest).size() : 0, now);
+  }
+
+  // Node n seeds b's first `seeded` chunks and leeches the others.
+  void AnnounceChunks(int n, const Blob& b, size_t seeded, TimePoint now) {
+    const std::vector<InfoHash>& hashes = chunks.at(b.digest);
+    for (size_t k = 0; k < hashes.size(); ++k) {
+      const bool seeder = k < seeded;
       AnnounceRequest r;
-      r.info_hash = ih;
+      r.info_hash = hashes[k];
       r.peer_id = *PeerId::FromBytes("-XX0000-000000000000");
       r.port = 6881;
       r.left = seeder ? 0 : 1;
@@ -138,6 +149,12 @@ struct World {
       r.numwant = 0;
       REQUIRE(swarms.Announce(r, Node(n), now).has_value());
     }
+  }
+
+  // Node n's agent polls for prefetch work, saying where its swarm listens.
+  void Poll(int n, TimePoint now) {
+    const std::string node = "node" + std::to_string(n);
+    REQUIRE_FALSE(prefetch.Heartbeat(node, node + "-a", {}, now, nullptr, Node(n)).has_value());
   }
 
   json View(TimePoint now, const ClusterViewLimits& limits = {}) {
@@ -238,6 +255,114 @@ TEST_CASE("cluster view: a node that lacks one blob of the image is not done wit
   json img = w.View(kT0 + seconds(1))["images"][0];
   CHECK(img["nodes_done"] == 1);
   CHECK(img["nodes_in_progress"] == 1);
+  CHECK(img["nodes_exact"] == true);
+
+  // Node 1 now has layer 2 but not layer 1, node 0 has layer 1 but not layer 2: every chunk has
+  // one seeder, yet neither node is done. Swarm counts alone would say one node done; each
+  // node's peer entries say none.
+  w.Announce(1, kLayer2, true, kT0 + seconds(2));
+  AnnounceRequest stop;
+  for (const InfoHash& ih : w.chunks.at(kLayer1.digest)) {
+    stop.info_hash = ih;
+    stop.port = 6881;
+    stop.event = AnnounceEvent::kStopped;
+    REQUIRE(w.swarms.Announce(stop, Node(1), kT0 + seconds(2)).has_value());
+  }
+  for (const InfoHash& ih : w.chunks.at(kLayer2.digest)) {
+    stop.info_hash = ih;
+    REQUIRE(w.swarms.Announce(stop, Node(0), kT0 + seconds(2)).has_value());
+  }
+  img = w.View(kT0 + seconds(3))["images"][0];
+  INFO(img.dump());
+  CHECK(img["nodes_done"] == 0);
+  CHECK(img["nodes_in_progress"] == 2);
+  CHECK(img["complete"] == false);
+  CHECK(img["slowest_nodes"].size() == 2);
+}
+
+TEST_CASE(
+    "cluster view: without a prefetch job, an image's slowest and stalled nodes come from "
+    "their chunks in the swarms, named by their agents' polls") {
+  World w;
+  w.PublishManifest("registry.test/team/app:1", ManifestBody(kConfig, {kLayer1, kLayer2}),
+                    kOciManifest, kT0);
+  for (const Blob& b : {kConfig, kLayer1, kLayer2}) w.FetchUpstream(b, kT0);
+  const uint64_t size = kConfig.size + kLayer1.size + kLayer2.size;
+  // Nodes 0-2 poll with their swarm's endpoint; node 3 does not (an older agent) and is shown by
+  // its peer address. Node 0 holds everything, node 1 the config and 3 of layer 1's 4 chunks,
+  // node 2 the config and 1 chunk, node 3 the config and 2 chunks.
+  for (int n = 0; n < 3; ++n) w.Poll(n, kT0);
+  for (int n = 0; n < 4; ++n) w.Announce(n, kConfig, true, kT0);
+  w.Announce(0, kLayer1, true, kT0);
+  w.Announce(0, kLayer2, true, kT0);
+  w.AnnounceChunks(1, kLayer1, 3, kT0);
+  w.AnnounceChunks(2, kLayer1, 1, kT0);
+  w.AnnounceChunks(3, kLayer1, 2, kT0);
+
+  json img = w.View(kT0 + seconds(1))["images"][0];
+  INFO(img.dump());
+  CHECK(img["prefetch_job"].is_null());
+  CHECK(img["nodes_exact"] == true);
+  CHECK(img["nodes_done"] == 1);
+  CHECK(img["nodes_in_progress"] == 3);
+  CHECK(img["nodes_failed"] == 0);
+  const json& slow = img["slowest_nodes"];
+  REQUIRE(slow.size() == 3);  // the done node is not among them
+  CHECK(slow[0]["node"] == "node2");
+  CHECK(slow[0]["agent"] == "node2-a");
+  CHECK(slow[0]["peer"] == Node(2).ToString());
+  CHECK(slow[0]["state"] == "running");
+  CHECK(slow[0]["chunks_held"] == 2);  // the config's chunk and layer 1's first
+  CHECK(slow[0]["chunks_total"] == 6);
+  CHECK(slow[0]["bytes_done"] == kConfig.size + kChunk);
+  CHECK(slow[0]["bytes_total"] == size);
+  CHECK(slow[0]["blobs_done"] == 1);
+  CHECK(slow[0]["blobs_total"] == 3);
+  CHECK(slow[0]["silent_ms"] == 1000);
+  CHECK(slow[0]["error"] == "");
+  CHECK(slow[1]["node"] == Node(3).ToString());  // no poll named it
+  CHECK(slow[1]["agent"] == "");
+  CHECK(slow[1]["chunks_held"] == 3);
+  CHECK(slow[2]["node"] == "node1");
+  CHECK(slow[2]["chunks_held"] == 4);
+
+  // Nodes 0, 1 and 3 keep polling and announcing; node 2's agent stops polling (it died), so at
+  // the agent TTL (30 s) node 2 is stalled, first, and counted failed.
+  const TimePoint later = kT0 + seconds(31);
+  for (int n : {0, 1}) w.Poll(n, later);
+  for (int n = 0; n < 4; ++n) w.Announce(n, kConfig, true, later);
+  img = w.View(later)["images"][0];
+  CHECK(img["nodes_failed"] == 1);
+  REQUIRE(img["slowest_nodes"].size() == 3);
+  CHECK(img["slowest_nodes"][0]["node"] == "node2");
+  CHECK(img["slowest_nodes"][0]["state"] == "stalled");
+  CHECK(img["slowest_nodes"][0]["error"] == "its agent stopped polling 31 s ago");
+  CHECK(img["slowest_nodes"][1]["state"] == "running");
+
+  // Node 3 has no agent record: it is stalled once none of the image's chunks heard from it for
+  // the announce silence (360 s by default), and node 1, announcing, is not.
+  const TimePoint much_later = kT0 + seconds(400);
+  for (int n : {0, 1}) {
+    w.Poll(n, much_later);
+    w.Announce(n, kConfig, true, much_later);
+  }
+  img = w.View(much_later)["images"][0];
+  INFO(img.dump());
+  CHECK(img["nodes_failed"] == 2);
+  REQUIRE(img["slowest_nodes"].size() == 3);
+  CHECK(img["slowest_nodes"][1]["node"] == Node(3).ToString());
+  CHECK(img["slowest_nodes"][1]["state"] == "stalled");
+  CHECK(img["slowest_nodes"][1]["error"] == "no announce of the image's chunks for 369 s");
+  CHECK(img["slowest_nodes"][2]["node"] == "node1");
+  CHECK(img["slowest_nodes"][2]["state"] == "running");
+
+  // Beyond the view's budget of peer entries an image's nodes come from swarm counts alone.
+  ClusterViewLimits limits;
+  limits.peer_entries = 5;
+  img = w.View(much_later, limits)["images"][0];
+  CHECK(img["nodes_exact"] == false);
+  CHECK(img["slowest_nodes"].empty());
+  CHECK(img["nodes_failed"] == 0);
 }
 
 TEST_CASE("cluster view: an index stands for the platform manifests of it that nodes fetched") {
@@ -347,14 +472,13 @@ TEST_CASE("cluster view: image rates come from the samples of the last window") 
 TEST_CASE("cluster view: built at 2,500 agents, a 2,500-node job and 10 images of 321 chunks") {
   World w;
   const TimePoint now = kT0 + seconds(10);  // the agents stay live (30 s)
-  for (int n = 0; n < 2500; ++n) {
-    const std::string node = "node" + std::to_string(n);
-    REQUIRE_FALSE(w.prefetch.Heartbeat(node, node + "-a", {}, kT0, nullptr).has_value());
-  }
+  for (int n = 0; n < 2500; ++n) w.Poll(n, kT0);
   // 10 images, each a config and 5 layers of 64 chunks (the tracker's default target_chunks).
-  // Swarm counts are O(1) per chunk whatever the swarm's size, so the peers only need to be
-  // there, not everywhere: the first image's first layer has 2,500 (half of them seeders), its
-  // other blobs and the other images 20.
+  // Swarm counts are O(1) per chunk whatever the swarm's size, and complete images are not read
+  // peer by peer, so the peers only need to be there, not everywhere: the first image (a job
+  // names it) has 2,500 on its first layer (half of them seeders), the second (pulled without a
+  // job: each node's peer entries are read) 2,500 on every layer (node n seeds the first n % 65
+  // chunks of each), the others' blobs 20.
   int next = 0;
   for (int i = 0; i < 10; ++i) {
     Blob config{D(++next), 1000};
@@ -370,6 +494,12 @@ TEST_CASE("cluster view: built at 2,500 agents, a 2,500-node job and 10 images o
     }
     if (i == 0) {
       for (int n = 20; n < 2500; ++n) w.Announce(n, layers[0], n % 2 == 0, kT0);
+    }
+    if (i == 1) {
+      for (int n = 20; n < 2500; ++n) {
+        w.Announce(n, config, true, kT0);
+        for (const Blob& b : layers) w.AnnounceChunks(n, b, n % 65, kT0);
+      }
     }
   }
   PrefetchSpec spec;
@@ -392,6 +522,15 @@ TEST_CASE("cluster view: built at 2,500 agents, a 2,500-node job and 10 images o
     CHECK(app0["nodes_done"] == 20);
     CHECK(app0["nodes_in_progress"] == 2500 - 20);
     CHECK(app0["slowest_nodes"].size() == 10);
+    // Nodes 64, 129, ... hold every layer chunk: done with the 20 nodes that fetched it.
+    const json& app1 = v["images"][8];
+    CHECK(app1["prefetch_job"].is_null());
+    CHECK(app1["nodes_exact"] == true);
+    CHECK(app1["nodes_done"] == 20 + 38);
+    CHECK(app1["nodes_in_progress"] == 2500 - 20 - 38);
+    REQUIRE(app1["slowest_nodes"].size() == 10);
+    CHECK(app1["slowest_nodes"][0]["node"] == "node1040");  // holds the config only: 1040 % 65 == 0
+    CHECK(app1["slowest_nodes"][0]["chunks_held"] == 1);
     CHECK(v["agents"]["live"] == 2500);
   }
   std::sort(ms.begin(), ms.end());

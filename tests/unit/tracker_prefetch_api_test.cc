@@ -108,6 +108,20 @@ TEST_CASE("prefetch api: malformed polls, reports and paths") {
       a.Call(post, "/v1/prefetch/poll", "wait_ms=soon", R"({"agent":"a","node":"n"})");
   CHECK(status == 400);
   CHECK(Contains(j.value("error", ""), "wait_ms \"soon\" is not a non-negative integer"));
+  for (const char* bad : {"swarm_port=0", "swarm_port=65536", "swarm_port=x", "swarm_port="}) {
+    auto reply = a.Call(post, "/v1/prefetch/poll", bad, R"({"agent":"a","node":"n"})");
+    CHECK_MESSAGE(reply.first == 400, bad);
+    CHECK_MESSAGE(Contains(reply.second.value("error", ""), "is not a port (1 to 65535)"), bad);
+  }
+  // A poll's swarm endpoint is its TCP source address with the port it reported.
+  BlobRequest poll{post, "/v1/prefetch/poll", "wait_ms=0&swarm_port=6881",
+                   R"({"agent":"a","node":"n"})", boost::asio::ip::make_address("10.1.2.3")};
+  REQUIRE(a.api.HandleNow(poll, kT0).status == 200);
+  REQUIRE(a.api.jobs().Agents().at("n").peer.has_value());
+  CHECK(a.api.jobs().Agents().at("n").peer->ToString() == "10.1.2.3:6881");
+  // Without swarm_port (an older agent) the node has no endpoint.
+  a.Poll("n");
+  CHECK_FALSE(a.api.jobs().Agents().at("n").peer.has_value());
   CHECK(Contains(a.Error(http::verb::get, "/v1/prefetch/poll", "", 405), "use POST"));
   CHECK(Contains(a.Error(http::verb::delete_, "/v1/prefetch/jobs", "", 405), "use GET, POST"));
   CHECK(Contains(a.Error(http::verb::get, "/v1/prefetch/nothing", "", 404),

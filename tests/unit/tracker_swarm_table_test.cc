@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tracker/swarms/swarm_table.h"
 
@@ -318,6 +320,51 @@ TEST_CASE("tracker swarm: a swarm whose seeders all stopped or expired has lost 
   CHECK(table.Sweep(kT0 + table.options().peer_ttl + seconds(1)) == 1);
   CHECK(table.totals().swarms == 0);
   CHECK(table.LostSeeders(other));
+}
+
+TEST_CASE(
+    "tracker swarm: an endpoint has one number in every swarm, reused once it left them "
+    "all") {
+  SwarmTableOptions options;
+  options.peer_ttl = seconds(100);
+  SwarmTable table(options, 1);
+  InfoHash a = Hash('a'), b = Hash('b');
+  Must(table.Announce(Request(a, 5, AnnounceEvent::kStarted), Endpoint(1), kT0));
+  Must(table.Announce(Request(a, 0, AnnounceEvent::kStarted), Endpoint(2), kT0));
+  Must(table.Announce(Request(b, 5, AnnounceEvent::kStarted), Endpoint(1), kT0));
+  auto peers = [&](const InfoHash& ih) {
+    std::vector<std::pair<PeerEndpoint, bool>> out;
+    table.ForEachPeer(ih, [&](SwarmTable::EndpointId id, bool seeder, TimePoint) {
+      REQUIRE(id < table.endpoint_ids());
+      out.emplace_back(table.endpoint(id), seeder);
+    });
+    return out;
+  };
+  // Seeders first; endpoint 1 is the same number in both swarms.
+  CHECK(peers(a) ==
+        std::vector<std::pair<PeerEndpoint, bool>>{{Endpoint(2), true}, {Endpoint(1), false}});
+  CHECK(peers(b) == std::vector<std::pair<PeerEndpoint, bool>>{{Endpoint(1), false}});
+  CHECK(table.endpoint_ids() == 2);
+  CHECK(peers(Hash('z')).empty());
+  auto number = [&](const InfoHash& ih) {
+    std::vector<SwarmTable::EndpointId> ids;
+    table.ForEachPeer(ih, [&](SwarmTable::EndpointId id, bool, TimePoint) { ids.push_back(id); });
+    return ids;
+  };
+  const std::vector<SwarmTable::EndpointId> one = number(b);
+  CHECK(number(a).back() == one.at(0));
+  // Becoming a seeder keeps the number; leaving one swarm keeps it for the other.
+  Must(table.Announce(Request(a, 0, AnnounceEvent::kCompleted), Endpoint(1), kT0));
+  CHECK(number(a).back() == one.at(0));
+  Must(table.Announce(Request(a, 0, AnnounceEvent::kStopped), Endpoint(1), kT0));
+  CHECK(number(b) == one);
+  // Once endpoint 2 expired from every swarm, a new endpoint takes its number.
+  Must(table.Announce(Request(b, 5), Endpoint(1), kT0 + seconds(90)));
+  CHECK(table.Sweep(kT0 + seconds(150)) == 1);
+  Must(table.Announce(Request(b, 5), Endpoint(3), kT0 + seconds(150)));
+  CHECK(table.endpoint_ids() == 2);
+  CHECK(peers(b) ==
+        std::vector<std::pair<PeerEndpoint, bool>>{{Endpoint(1), false}, {Endpoint(3), false}});
 }
 
 }  // namespace shoal::tracker

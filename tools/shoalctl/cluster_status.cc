@@ -103,6 +103,42 @@ void CompleteImage(json& image, const std::map<std::string, json>& known) {
   }
 }
 
+// The share of its bytes a slowest-node entry holds.
+double ShareDone(const json& n) {
+  const uint64_t total = U(n, "bytes_total");
+  return total ? static_cast<double>(U(n, "bytes_done")) / static_cast<double>(total) : 0.0;
+}
+
+// Without a prefetch job, each replica reads the nodes' parts of the blobs it owns: the image's
+// slowest nodes are every replica's, each node once where it is furthest behind (stalled first),
+// and its stalled count the most any replica saw.
+void MergeSlowestNodes(json& image, const std::vector<json>& entries) {
+  if (!image["prefetch_job"].is_null() || entries.size() < 2) return;
+  std::map<std::string, json> worst;  // by node
+  uint64_t failed = 0;
+  for (const json& e : entries) {
+    failed = std::max(failed, U(e, "nodes_failed"));
+    for (const json& n : Arr(e, "slowest_nodes")) {
+      auto it = worst.find(S(n, "node"));
+      const bool stalled = S(n, "state") == "stalled";
+      if (it == worst.end() || (stalled && S(it->second, "state") != "stalled") ||
+          (stalled == (S(it->second, "state") == "stalled") &&
+           ShareDone(n) < ShareDone(it->second))) {
+        worst[S(n, "node")] = n;
+      }
+    }
+  }
+  json list = json::array();
+  for (auto& entry : worst) list.push_back(std::move(entry.second));
+  std::stable_sort(list.begin(), list.end(), [](const json& a, const json& b) {
+    const bool sa = S(a, "state") == "stalled", sb = S(b, "state") == "stalled";
+    return sa != sb ? sa : ShareDone(a) < ShareDone(b);
+  });
+  if (list.size() > 10) list.erase(list.begin() + 10, list.end());
+  image["slowest_nodes"] = std::move(list);
+  image["nodes_failed"] = failed;
+}
+
 std::string Refs(const json& image) {
   std::string s;
   for (const json& r : Arr(image, "references")) {
@@ -119,6 +155,7 @@ json MergeClusterViews(const std::vector<ReplicaView>& replicas) {
   std::map<std::string, json> blobs;  // by digest: the most advanced entry
   std::map<std::string, json> image_blobs;  // every replica's known image blobs, by digest
   std::map<std::string, json> images;       // by manifest digest: the entry knowing most blobs
+  std::map<std::string, std::vector<json>> image_entries;  // by manifest digest: every replica's
   json jobs = json::array();
   std::map<std::string, json> stale;  // by node
   for (const ReplicaView& r : replicas) {
@@ -157,6 +194,7 @@ json MergeClusterViews(const std::vector<ReplicaView>& replicas) {
       std::string d = S(im, "manifest");
       auto it = images.find(d);
       if (it == images.end() || U(im, "blobs_known") > U(it->second, "blobs_known")) images[d] = im;
+      image_entries[d].push_back(im);
       for (const json& b : Arr(im, "blobs")) {
         if (!b.value("known", false)) continue;
         auto known = image_blobs.find(S(b, "digest"));
@@ -200,6 +238,7 @@ json MergeClusterViews(const std::vector<ReplicaView>& replicas) {
   json image_list = json::array();
   for (auto& [d, im] : images) {
     CompleteImage(im, image_blobs);
+    MergeSlowestNodes(im, image_entries[d]);
     image_list.push_back(im);
   }
   std::sort(image_list.begin(), image_list.end(), [](const json& a, const json& b) {
@@ -283,9 +322,37 @@ ImageState ImageCompletion(const json& merged, const std::string& image,
     if (why) *why = std::move(text);
   };
   if (!newest && entry) {
-    // No job names it: the swarms tell. Named nodes cannot be told apart there.
+    // No job names it: the swarms tell, and name the nodes among its slowest that poll with
+    // their swarm's port (docs/api.md, "images").
     if (!nodes.empty()) {
-      say("no prefetch job names " + image + ", so its nodes are not known by name");
+      std::map<std::string, const json*> slow;
+      for (const json& n : Arr(*entry, "slowest_nodes")) slow[S(n, "node")] = &n;
+      std::vector<std::string> stalled, running, untold;
+      for (const std::string& node : nodes) {
+        auto it = slow.find(node);
+        if (it == slow.end()) {
+          untold.push_back(node);
+        } else if (S(*it->second, "state") == "stalled") {
+          stalled.push_back(node + " (" + S(*it->second, "error") + ")");
+        } else {
+          running.push_back(node);
+        }
+      }
+      auto list = [](const std::vector<std::string>& v) {
+        std::string s;
+        for (const auto& n : v) s += (s.empty() ? "" : ", ") + n;
+        return s;
+      };
+      if (!stalled.empty()) {
+        say("stalled on " + list(stalled));
+        return ImageState::kFailed;
+      }
+      if (!running.empty()) {
+        say("not yet done on " + list(running));
+        return ImageState::kInProgress;
+      }
+      say("no prefetch job names " + image + " and " + list(untold) +
+          " are not among its slowest nodes: done, or not started (the swarms cannot tell which)");
       return ImageState::kUnknown;
     }
     say("");

@@ -29,10 +29,12 @@ nlohmann::json MergeClusterViews(const std::vector<ReplicaView>& replicas);
 // Whether `image` is complete on `nodes` (empty: on every node of the newest job naming it). When
 // a prefetch job names the image, the newest one decides: kComplete when it has every chosen node
 // done; kFailed when one failed or a chosen node is in no such job; kInProgress otherwise.
-// Without a job, the image's entry ("images") decides for `nodes` empty: kComplete when it is
+// Without a job, the image's entry ("images") decides: for `nodes` empty, kComplete when it is
 // complete (every node that started the image holds all its blobs), else kInProgress; with
-// `nodes` (names the swarms do not know) or with no entry either, kUnknown. `why` says which
-// nodes are missing or failed, and the entry's figures.
+// `nodes`, kFailed when one is stalled among the entry's slowest nodes, kInProgress when one is
+// listed there otherwise, and kUnknown when none is listed (done, or never started); with no
+// entry either, kUnknown. `why` says which nodes are missing, stalled or failed, and the entry's
+// figures.
 enum class ImageState { kComplete, kInProgress, kFailed, kUnknown };
 ImageState ImageCompletion(const nlohmann::json& merged, const std::string& image,
                            const std::vector<std::string>& nodes, std::string* why);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "lib/oci/manifest.h"
@@ -30,6 +31,7 @@ struct SwarmSpread {
   uint64_t held_bytes = 0;         // sum over the ready chunks of seeders x chunk length
   // held_bytes beyond the bytes fetched upstream: what peers delivered to the seeders.
   uint64_t peer_bytes = 0;
+  uint64_t peer_entries = 0;  // seeders + leechers summed over the chunks (what a scan reads)
 };
 
 SwarmSpread SpreadOf(const BlobSummary& b, const SwarmTable* swarms) {
@@ -44,6 +46,7 @@ SwarmSpread SpreadOf(const BlobSummary& b, const SwarmTable* swarms) {
     min_seeders = std::min(min_seeders, c.complete);
     s.nodes_downloading = std::max(s.nodes_downloading, c.incomplete);
     s.nodes_seen = std::max(s.nodes_seen, c.complete + c.incomplete);
+    s.peer_entries += uint64_t{c.complete} + c.incomplete;
     if (i == 0 && b.chunk0_ready) s.chunk0_seeders = c.complete;
     if (i < b.ready_lengths.size()) s.held_bytes += uint64_t{c.complete} * b.ready_lengths[i];
   }
@@ -234,9 +237,153 @@ json SlowestNodes(const PrefetchJobRecord& job, TimePoint now, size_t limit) {
   return LeastAdvanced(job, now, limit, /*with_done=*/false);
 }
 
+// The agents whose polls said where their swarm listens, by that endpoint (the most recently
+// heard one when two claim it), so that a swarm peer is shown by its node's name.
+using NodeNames = std::unordered_map<PeerEndpoint, const PrefetchAgent*>;
+
+NodeNames NamesOf(const PrefetchJobs* jobs) {
+  NodeNames names;
+  if (!jobs) return names;
+  for (const auto& entry : jobs->Agents()) {
+    const PrefetchAgent& a = entry.second;
+    if (!a.peer) continue;
+    auto [it, fresh] = names.try_emplace(*a.peer, &a);
+    if (!fresh && a.last_seen > it->second->last_seen) it->second = &a;
+  }
+  return names;
+}
+
+// One node's part of an image as its peer entries in the image's chunk swarms say.
+struct NodePart {
+  bool seen = false;
+  uint32_t chunks_held = 0;   // chunks it seeds
+  uint32_t blob_held = 0;     // of the blob being read, the chunks it seeds
+  uint32_t blobs_done = 0;    // blobs it seeds every chunk of
+  uint64_t bytes_held = 0;    // the lengths of the chunks it seeds
+  TimePoint last_announce{};  // its newest announce of any of them
+};
+
+// Every node's part of an image, by swarm endpoint number, and the numbers seen.
+struct NodeParts {
+  std::vector<NodePart> by_id;
+  std::vector<SwarmTable::EndpointId> seen;
+};
+
+// Every node's part of the image over its blobs known here (summaries), read from the swarms:
+// O(peer entries of their ready chunks), an array index each.
+NodeParts ReadNodeParts(const std::vector<const BlobSummary*>& summaries,
+                        const SwarmTable& swarms) {
+  NodeParts parts;
+  parts.by_id.resize(swarms.endpoint_ids());
+  for (const BlobSummary* b : summaries) {
+    for (size_t i = 0; i < b->ready_info_hashes.size(); ++i) {
+      const swarm::Sha1& h = b->ready_info_hashes[i];
+      auto id =
+          InfoHash::FromBytes(std::string_view(reinterpret_cast<const char*>(h.data()), h.size()));
+      if (!id) continue;
+      const uint64_t length = i < b->ready_lengths.size() ? b->ready_lengths[i] : 0;
+      swarms.ForEachPeer(*id, [&](SwarmTable::EndpointId ep, bool seeder, TimePoint heard) {
+        NodePart& p = parts.by_id[ep];
+        if (!p.seen) {
+          p.seen = true;
+          parts.seen.push_back(ep);
+        }
+        if (seeder) {
+          ++p.blob_held;
+          p.bytes_held += length;
+        }
+        p.last_announce = std::max(p.last_announce, heard);
+      });
+    }
+    for (SwarmTable::EndpointId ep : parts.seen) {
+      NodePart& p = parts.by_id[ep];
+      if (b->chunks > 0 && p.blob_held == b->chunks) ++p.blobs_done;
+      p.chunks_held += p.blob_held;
+      p.blob_held = 0;
+    }
+  }
+  return parts;
+}
+
+// What the view says of the nodes of one image from their peer entries.
+struct NodeFigures {
+  uint32_t done = 0, seen = 0, stalled = 0;
+  json slowest = json::array();  // at most limits.nodes_per_image, stalled first
+};
+
+// The image's nodes from their parts: done when they seed every chunk of every blob (all known
+// here and ready), stalled when not done and their agent stopped polling or none of the image's
+// chunks heard from them for in.announce_silence; the slowest are the stalled ones, then the
+// least advanced.
+NodeFigures FigureNodes(const NodeParts& parts, const SwarmTable& swarms, bool all_blobs_ready,
+                        uint32_t chunks_total, uint64_t bytes_total, size_t blobs_total,
+                        const NodeNames& names, const ClusterViewInput& in, TimePoint now,
+                        size_t limit) {
+  struct Row {
+    const PeerEndpoint* ep;
+    const NodePart* part;
+    const PrefetchAgent* agent;
+    std::string name;
+    std::string why;  // empty unless stalled
+  };
+  NodeFigures f;
+  f.seen = static_cast<uint32_t>(parts.seen.size());
+  const auto agent_ttl = in.prefetch ? in.prefetch->options().agent_ttl : std::chrono::seconds(30);
+  std::vector<Row> rows;
+  for (SwarmTable::EndpointId id : parts.seen) {
+    const NodePart& p = parts.by_id[id];
+    if (all_blobs_ready && p.chunks_held == chunks_total) {
+      ++f.done;
+      continue;
+    }
+    const PeerEndpoint& ep = swarms.endpoint(id);
+    Row r{&ep, &p, nullptr, "", ""};
+    if (auto it = names.find(ep); it != names.end()) {
+      r.agent = it->second;
+      r.name = r.agent->node;
+    } else {
+      r.name = ep.ToString();
+    }
+    if (r.agent && now - r.agent->last_seen >= agent_ttl) {
+      r.why = "its agent stopped polling " + std::to_string(Ms(now - r.agent->last_seen) / 1000) +
+              " s ago";
+    } else if (now - p.last_announce > in.announce_silence) {
+      r.why = "no announce of the image's chunks for " +
+              std::to_string(Ms(now - p.last_announce) / 1000) + " s";
+    }
+    if (!r.why.empty()) ++f.stalled;
+    rows.push_back(std::move(r));
+  }
+  const size_t shown = std::min(limit, rows.size());
+  std::partial_sort(rows.begin(), rows.begin() + static_cast<ptrdiff_t>(shown), rows.end(),
+                    [](const Row& a, const Row& b) {
+                      if (a.why.empty() != b.why.empty()) return !a.why.empty();
+                      if (a.part->chunks_held != b.part->chunks_held)
+                        return a.part->chunks_held < b.part->chunks_held;
+                      return a.name < b.name;
+                    });
+  for (size_t i = 0; i < shown; ++i) {
+    const Row& r = rows[i];
+    f.slowest.push_back({{"node", r.name},
+                         {"peer", r.ep->ToString()},
+                         {"agent", r.agent ? r.agent->agent : ""},
+                         {"state", r.why.empty() ? "running" : "stalled"},
+                         {"chunks_held", r.part->chunks_held},
+                         {"chunks_total", chunks_total},
+                         {"bytes_done", r.part->bytes_held},
+                         {"bytes_total", bytes_total},
+                         {"blobs_done", r.part->blobs_done},
+                         {"blobs_total", blobs_total},
+                         {"silent_ms", Ms(now - r.part->last_announce)},
+                         {"error", r.why}});
+  }
+  return f;
+}
+
 json ImageJson(const ImageCandidate& c, const ClusterViewInput& in, TimePoint now,
                const ClusterViewLimits& limits,
-               const std::map<std::string, const PrefetchJobRecord*>& jobs) {
+               const std::map<std::string, const PrefetchJobRecord*>& jobs, const NodeNames& names,
+               uint64_t& peer_budget) {
   std::vector<std::pair<const oci::Descriptor*, const char*>> descriptors;
   if (c.parsed.config) descriptors.emplace_back(&*c.parsed.config, "config");
   for (const oci::Descriptor& l : c.parsed.layers) descriptors.emplace_back(&l, "layer");
@@ -244,6 +391,10 @@ json ImageJson(const ImageCandidate& c, const ClusterViewInput& in, TimePoint no
   uint64_t size = 0, upstream = 0, peers = 0, held = 0;
   size_t total = 0, known = 0, ready = 0;
   uint32_t done = UINT32_MAX, seen = 0;
+  uint32_t chunks_known = 0;
+  uint64_t bytes_known = 0, peer_entries = 0;
+  std::vector<BlobSummary> summaries;  // of the blobs known here
+  summaries.reserve(c.parsed.layers.size() + 1);
   TimePoint first = c.stored;
   json blobs = json::array();
   for (const auto& [d, kind] : descriptors) {
@@ -267,6 +418,9 @@ json ImageJson(const ImageCandidate& c, const ClusterViewInput& in, TimePoint no
     done = std::min(done, s.nodes_done);
     seen = std::max(seen, s.nodes_seen);
     first = std::min(first, b->created);
+    chunks_known += b->chunks;
+    bytes_known += static_cast<uint64_t>(d->size);
+    peer_entries += s.peer_entries;
     if (blobs.size() < limits.blobs_per_image) {
       entry["chunks"] = b->chunks;
       entry["chunks_ready"] = b->ready;
@@ -279,11 +433,27 @@ json ImageJson(const ImageCandidate& c, const ClusterViewInput& in, TimePoint no
       entry["ready_after_ms"] = b->completed ? json(Ms(*b->completed - b->created)) : json(nullptr);
       blobs.push_back(std::move(entry));
     }
+    summaries.push_back(std::move(*b));
   }
   const bool all_ready = total > 0 && ready == total;
-  const uint32_t nodes_done = all_ready ? done : 0;
-  const uint32_t in_progress = seen > nodes_done ? seen - nodes_done : 0;
+  uint32_t nodes_done = all_ready ? done : 0;
+  uint32_t in_progress = seen > nodes_done ? seen - nodes_done : 0;
   const bool complete = all_ready && nodes_done > 0 && in_progress == 0;
+  // While it is not complete, and within the view's budget, each node's peer entries give exact
+  // counts and the slowest nodes. (A complete image is not read: in_progress 0 means that every
+  // chunk has the same seeders count and no leecher, which is every node seen done unless nodes
+  // hold disjoint parts of it.)
+  std::optional<NodeFigures> figures;
+  if (!complete && in.swarms && peer_entries <= peer_budget) {
+    peer_budget -= peer_entries;
+    std::vector<const BlobSummary*> known_blobs;
+    for (const BlobSummary& b : summaries) known_blobs.push_back(&b);
+    figures = FigureNodes(ReadNodeParts(known_blobs, *in.swarms), *in.swarms, all_ready,
+                          chunks_known, bytes_known, known, names, in, now, limits.nodes_per_image);
+    nodes_done = figures->done;
+    in_progress = figures->seen - figures->done;
+    seen = figures->seen;
+  }
 
   const PrefetchJobRecord* job = nullptr;
   for (const std::string& r : c.references) {
@@ -295,6 +465,14 @@ json ImageJson(const ImageCandidate& c, const ClusterViewInput& in, TimePoint no
     failed = std::count_if(job->nodes.begin(), job->nodes.end(), [](const PrefetchNode& n) {
       return n.state == PrefetchNodeState::kFailed;
     });
+  } else if (figures) {
+    failed = figures->stalled;
+  }
+  json slowest = json::array();
+  if (job) {
+    slowest = SlowestNodes(*job, now, limits.nodes_per_image);
+  } else if (figures) {
+    slowest = std::move(figures->slowest);
   }
 
   // The estimate: every node seen so far holding the whole image, at the rate of the last minute
@@ -326,13 +504,13 @@ json ImageJson(const ImageCandidate& c, const ClusterViewInput& in, TimePoint no
             {"nodes_done", nodes_done},
             {"nodes_in_progress", in_progress},
             {"nodes_failed", failed},
+            {"nodes_exact", figures.has_value()},
             {"complete", complete},
             {"age_ms", age},
             {"rate_bytes_per_s", rate >= 0 ? json(static_cast<uint64_t>(rate)) : json(nullptr)},
             {"eta_ms", std::move(eta)},
             {"prefetch_job", job ? json(job->id) : json(nullptr)},
-            {"slowest_nodes", job ? SlowestNodes(*job, now, limits.nodes_per_image)
-                                  : json::array()},
+            {"slowest_nodes", std::move(slowest)},
             {"blobs", std::move(blobs)}};
   return j;
 }
@@ -369,8 +547,10 @@ json BuildClusterView(const ClusterViewInput& in, TimePoint now,
   if (in.manifests) {
     json images = json::array();
     auto jobs = JobsByImage(in.prefetch);
+    const NodeNames names = NamesOf(in.prefetch);
+    uint64_t peer_budget = limits.peer_entries;
     for (const ImageCandidate& c : RecentImages(*in.manifests, limits)) {
-      images.push_back(ImageJson(c, in, now, limits, jobs));
+      images.push_back(ImageJson(c, in, now, limits, jobs, names, peer_budget));
     }
     view["images"] = std::move(images);
   }

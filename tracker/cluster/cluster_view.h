@@ -59,6 +59,9 @@ struct ClusterViewInput {
   const PrefetchJobs* prefetch = nullptr;
   const ManifestCache* manifests = nullptr;  // the images (with blobs: their progress)
   ImageRates* rates = nullptr;  // without it, estimates use the average rate since the start
+  // A node not heard from on any chunk of an image for longer than this missed an announce (the
+  // longest announce interval handed out, plus slack): it is stalled if it lacks some of it.
+  std::chrono::milliseconds announce_silence{std::chrono::seconds(360)};
 };
 
 // Bounds on the document, so that it stays small at 2,500 nodes.
@@ -72,6 +75,10 @@ struct ClusterViewLimits {
   size_t manifests_scanned = 40;  // recent manifests looked at to find them
   size_t blobs_per_image = 64;  // each image's blobs listed, config then layers (figures cover all)
   size_t nodes_per_image = 10;  // each image's slowest nodes
+  // Peer entries read in all to know each node's part of the images being pulled (most recent
+  // image first; about 20 ns each); an image that would go beyond gets its figures from swarm
+  // counts only. 1,000,000 is 2,500 nodes on an image of 400 chunks.
+  uint64_t peer_entries = 1'000'000;
 };
 
 // The document (see docs/api.md, "GET /v1/cluster"). Times are milliseconds ago or durations.

@@ -182,7 +182,7 @@ function fact(parent, label, value, text, id) {
   s.appendChild(b);
   parent.appendChild(s);
 }
-function renderImages(images, now) {
+function renderImages(images, replicas) {
   const box = $("images");
   box.replaceChildren();
   if (!images.length) {
@@ -205,8 +205,11 @@ function renderImages(images, now) {
     dg.textContent = im.manifest.slice(7, 19);
     const st = document.createElement("span");
     st.className = im.complete ? "ok" : im.nodes_failed ? "bad" : "warn";
+    // With one replica a blob without a table is one no node has asked for yet; with more, it
+    // may be another replica's.
     st.textContent = im.complete ? "complete" : im.blobs_known < im.blobs_total ?
-      (im.blobs_total - im.blobs_known) + " of " + im.blobs_total + " blobs unknown here" : "in progress";
+      (im.blobs_total - im.blobs_known) + " of " + im.blobs_total +
+        (replicas > 1 ? " blobs unknown here" : " blobs not started") : "in progress";
     head.append(ref, dg, st);
     card.appendChild(head);
     const target = (im.nodes_done + im.nodes_in_progress) * im.size;
@@ -221,7 +224,9 @@ function renderImages(images, now) {
     facts.className = "facts";
     fact(facts, "nodes done", im.nodes_done, undefined, "img" + i + "-done");
     fact(facts, "in progress", im.nodes_in_progress, undefined, "img" + i + "-progress");
-    fact(facts, "failed", im.nodes_failed, undefined, "img" + i + "-failed");
+    // Without a job, the failed nodes are those that stopped announcing with the image incomplete.
+    fact(facts, im.prefetch_job !== null ? "failed" : "stalled", im.nodes_failed, undefined,
+         "img" + i + "-failed");
     fact(facts, "size", im.size, bytes(im.size), "img" + i + "-size");
     const over = im.size ? im.upstream_bytes / im.size : 0;
     fact(facts, "from upstream", im.upstream_bytes, bytes(im.upstream_bytes) + " (" + over.toFixed(2) + "x)",
@@ -235,15 +240,21 @@ function renderImages(images, now) {
       const wrap = document.createElement("div");
       wrap.className = "scroll";
       const tbl = document.createElement("table");
-      tbl.innerHTML = "<thead><tr><th></th><th>state</th><th></th><th>bytes</th><th>time</th><th>error</th></tr></thead><tbody></tbody>";
-      tbl.tHead.rows[0].cells[0].textContent = "slowest nodes (job " + im.prefetch_job + ")";
+      // A job's nodes report their progress; without a job, the swarms tell each node's chunks.
+      const job = im.prefetch_job !== null;
+      tbl.innerHTML = "<thead><tr><th></th><th>state</th><th></th><th>bytes</th><th></th><th>error</th></tr></thead><tbody></tbody>";
+      tbl.tHead.rows[0].cells[0].textContent = job ? "slowest nodes (job " + im.prefetch_job + ")" :
+        "slowest nodes (their chunks in the swarms)";
+      tbl.tHead.rows[0].cells[4].textContent = job ? "time" : "last announce";
       fill(tbl.tBodies[0], im.slowest_nodes.map((n) => {
         const tr = document.createElement("tr");
+        tr.className = "slow-node";
+        tr.dataset.node = n.node;
         cell(tr, n.node);
-        cell(tr, n.state, n.state === "failed" ? "bad" : "");
+        cell(tr, n.state, n.state === "failed" || n.state === "stalled" ? "bad" : "");
         bar(tr, n.bytes_total ? n.bytes_done / n.bytes_total : 0);
         cell(tr, bytes(n.bytes_done) + " / " + bytes(n.bytes_total), "n", n.bytes_done);
-        cell(tr, dur(n.elapsed_ms), "n");
+        cell(tr, job ? dur(n.elapsed_ms) : dur(n.silent_ms) + " ago", "n");
         cell(tr, n.error || "", "bad");
         return tr;
       }), "", 6);
@@ -313,7 +324,7 @@ function render(v, now) {
   const images = v.images || [];
   const inImage = new Set();
   for (const im of images) for (const x of im.blobs) inImage.add(x.digest);
-  renderImages(images, now);
+  renderImages(images, v.replicas);
 
   const blobs = b.recent.filter((x) => !inImage.has(x.digest)).sort((x, y) =>
     (x.registry + "/" + x.repository).localeCompare(y.registry + "/" + y.repository) || y.age_ms - x.age_ms);

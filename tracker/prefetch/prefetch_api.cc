@@ -231,6 +231,8 @@ struct PrefetchApi::Call {
   std::string node;
   std::string agent;
   std::map<std::string, std::string> labels;
+  // A poll's swarm endpoint: its TCP source address and the swarm_port it reported.
+  std::optional<PeerEndpoint> peer;
   PrefetchSpec spec;
   PrefetchReport report;
 };
@@ -319,6 +321,15 @@ std::optional<Rejection> ParseRequest(const BlobRequest& req, std::chrono::milli
     call.route = Route::kPoll;
     if (auto r = method(http::verb::post, "POST")) return r;
     if (auto r = wait()) return r;
+    // The swarm's port is a query parameter, not a body field: replicas that predate it refuse
+    // unknown body fields but ignore unknown query parameters, so a newer agent still polls them.
+    if (auto it = query.find("swarm_port"); it != query.end()) {
+      auto v = ParseDecimal(it->second, 5);
+      if (!v || *v == 0 || *v > 65535) {
+        return Rejection{400, "swarm_port " + Quoted(it->second) + " is not a port (1 to 65535)"};
+      }
+      call.peer = PeerEndpoint::FromAddress(req.remote, static_cast<uint16_t>(*v));
+    }
     Body body;
     if (auto r = Body::Parse(req.body, body)) return r;
     if (auto r = UnknownFields(req.body, {"agent", "node", "labels"})) return r;
@@ -475,8 +486,8 @@ boost::asio::awaitable<BlobResponse> PrefetchApi::Handle(BlobRequest req) {
   if (call.route == Route::kPoll && call.wait.count() > 0) {
     // Register first, so a job created meanwhile selects this agent.
     std::vector<std::string> changed;
-    if (auto err =
-            jobs_.Heartbeat(call.node, call.agent, call.labels, TrackerClock::now(), &changed)) {
+    if (auto err = jobs_.Heartbeat(call.node, call.agent, call.labels, TrackerClock::now(),
+                                   &changed, call.peer)) {
       BlobResponse response = Error(503, err->message);
       Count(response, RouteName(call.route));
       co_return response;
@@ -551,7 +562,8 @@ BlobResponse PrefetchApi::Execute(const Call& call, TimePoint now) {
     }
     case Route::kPoll: {
       std::vector<std::string> changed;
-      if (auto err = jobs_.Heartbeat(call.node, call.agent, call.labels, now, &changed)) {
+      if (auto err =
+              jobs_.Heartbeat(call.node, call.agent, call.labels, now, &changed, call.peer)) {
         return Error(503, err->message);
       }
       std::vector<PrefetchAssignment> taken = jobs_.Take(call.node, call.agent, now);

@@ -6,8 +6,9 @@
 //                            "selector":{"k":"v"} or "k=v,...","percent","timeout_s"} -> 201 job
 //   GET  /v1/prefetch/jobs                        -> {"jobs":[job without nodes]}
 //   GET  /v1/prefetch/jobs/{id}?wait_ms=N&since=V -> job (long-polls until version > V)
-//   POST /v1/prefetch/poll?wait_ms=N  {"agent","node","labels":{}} -> {"jobs":[assignment]}
-//        (registers the agent; long-polls until a job for the node arrives)
+//   POST /v1/prefetch/poll?wait_ms=N&swarm_port=P  {"agent","node","labels":{}}
+//        -> {"jobs":[assignment]} (registers the agent, and with swarm_port where its swarm
+//        listens; long-polls until a job for the node arrives)
 //   PUT  /v1/prefetch/jobs/{id}/nodes/{node}  {"agent","state","error","bytes_done",
 //                                              "bytes_total","blobs_done","blobs_total"}
 //   GET  /v1/prefetch/agents                      -> {"agents":[...]} (live ones)

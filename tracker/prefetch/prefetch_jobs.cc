@@ -39,18 +39,16 @@ const char* PrefetchNodeStateName(PrefetchNodeState state) {
 PrefetchJobs::PrefetchJobs(PrefetchJobsOptions options, uint64_t seed)
     : options_(options), rng_(seed) {}
 
-std::optional<PrefetchError> PrefetchJobs::Heartbeat(const std::string& node,
-                                                     const std::string& agent,
-                                                     std::map<std::string, std::string> labels,
-                                                     TimePoint now,
-                                                     std::vector<std::string>* changed) {
+std::optional<PrefetchError> PrefetchJobs::Heartbeat(
+    const std::string& node, const std::string& agent, std::map<std::string, std::string> labels,
+    TimePoint now, std::vector<std::string>* changed, std::optional<PeerEndpoint> peer) {
   auto it = agents_.find(node);
   if (it == agents_.end()) {
     if (agents_.size() >= options_.max_agents) {
       return PrefetchError{PrefetchErrc::kFull,
                            fmt::format("{} agents are registered already", agents_.size())};
     }
-    it = agents_.emplace(node, PrefetchAgent{node, agent, {}, now}).first;
+    it = agents_.emplace(node, PrefetchAgent{node, agent, {}, now, std::nullopt}).first;
   } else if (it->second.agent != agent) {
     // The node's agent restarted: what the old one was running is lost.
     for (auto& [id, job] : jobs_) {
@@ -68,6 +66,7 @@ std::optional<PrefetchError> PrefetchJobs::Heartbeat(const std::string& node,
   }
   it->second.labels = std::move(labels);
   it->second.last_seen = now;
+  it->second.peer = peer;
   return std::nullopt;
 }
 

@@ -32,6 +32,10 @@ struct PrefetchAgent {
   std::string agent;  // agent id (changes when the agent restarts)
   std::map<std::string, std::string> labels;
   TimePoint last_seen;
+  // Where its swarm listens as the tracker's swarms see it: the poll's TCP source address and the
+  // swarm port the poll reported (absent when it reported none). It names the node behind those
+  // swarm peers in the cluster view.
+  std::optional<PeerEndpoint> peer;
 };
 
 // What to prefetch and where. An empty selection (no nodes, no selector, no percent) is all
@@ -104,12 +108,14 @@ class PrefetchJobs {
   // seed feeds job ids.
   explicit PrefetchJobs(PrefetchJobsOptions options, uint64_t seed = std::random_device{}());
 
-  // Records a poll from node's agent. A different agent id for a known node means the agent
-  // restarted: its running parts fail (their job ids are added to *changed). Errors: kFull
-  // when max_agents agents are known and node is not one of them.
+  // Records a poll from node's agent, whose swarm listens at `peer` (if it said). A different
+  // agent id for a known node means the agent restarted: its running parts fail (their job ids
+  // are added to *changed). Errors: kFull when max_agents agents are known and node is not one
+  // of them.
   std::optional<PrefetchError> Heartbeat(const std::string& node, const std::string& agent,
                                          std::map<std::string, std::string> labels, TimePoint now,
-                                         std::vector<std::string>* changed);
+                                         std::vector<std::string>* changed,
+                                         std::optional<PeerEndpoint> peer = std::nullopt);
   // Agents heard from within agent_ttl, by node name.
   std::vector<PrefetchAgent> LiveAgents(TimePoint now) const;
   // Every agent still remembered, live or silent (a silent one is forgotten after 10 agent_ttl),

@@ -3,10 +3,10 @@
 #include <utility>
 
 #include <algorithm>
+#include <cstring>
 
 #include <boost/asio/ip/address_v4.hpp>
 #include <boost/asio/ip/address_v6.hpp>
-#include <boost/functional/hash.hpp>
 
 namespace shoal::tracker {
 
@@ -31,6 +31,11 @@ PeerEndpoint PeerEndpoint::FromV6(const std::array<uint8_t, 16>& ip, uint16_t po
   return ep;
 }
 
+PeerEndpoint PeerEndpoint::FromAddress(const boost::asio::ip::address& address, uint16_t port) {
+  if (address.is_v4()) return FromV4(address.to_v4().to_bytes(), port);
+  return FromV6(address.to_v6().to_bytes(), port);
+}
+
 void PeerEndpoint::AppendCompact(std::string& out) const {
   size_t n = v6_ ? 16 : 4;
   out.append(reinterpret_cast<const char*>(ip_.data()), n);
@@ -48,10 +53,14 @@ std::string PeerEndpoint::ToString() const {
 }
 
 size_t PeerEndpoint::Hash() const {
-  size_t seed = boost::hash_range(ip_.begin(), ip_.end());
-  boost::hash_combine(seed, port_);
-  boost::hash_combine(seed, v6_);
-  return seed;
+  // The standard library's byte hash reads the key a word at a time; hashing the 16 address
+  // bytes one by one (boost::hash_range) made it the cluster view's main cost.
+  std::array<char, 19> key;
+  std::memcpy(key.data(), ip_.data(), ip_.size());
+  key[16] = static_cast<char>(port_ >> 8);
+  key[17] = static_cast<char>(port_ & 0xff);
+  key[18] = v6_ ? 1 : 0;
+  return std::hash<std::string_view>()(std::string_view(key.data(), key.size()));
 }
 
 }  // namespace shoal::tracker

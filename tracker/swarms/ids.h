@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include <boost/asio/ip/address.hpp>
+
 namespace shoal::tracker {
 
 // A 20-byte identifier; Tag keeps InfoHash and PeerId apart. Plain value type, all zero by
@@ -66,6 +68,8 @@ class PeerEndpoint {
   // An IPv6 endpoint, or the IPv4 one if ip is IPv4-mapped (::ffff:a.b.c.d), as dual-stack
   // sockets report IPv4 clients.
   static PeerEndpoint FromV6(const std::array<uint8_t, 16>& ip, uint16_t port);
+  // FromV4 or FromV6 of a socket's address.
+  static PeerEndpoint FromAddress(const boost::asio::ip::address& address, uint16_t port);
 
   bool is_v6() const { return v6_; }
   uint16_t port() const { return port_; }

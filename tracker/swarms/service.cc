@@ -14,11 +14,6 @@ namespace {
 
 constexpr size_t kStatusPageSwarms = 100;
 
-PeerEndpoint ToEndpoint(const boost::asio::ip::address& address, uint16_t port) {
-  if (address.is_v4()) return PeerEndpoint::FromV4(address.to_v4().to_bytes(), port);
-  return PeerEndpoint::FromV6(address.to_v6().to_bytes(), port);
-}
-
 }  // namespace
 
 ServiceOptions TrackerService::WithPeerTtl(ServiceOptions options) {
@@ -26,11 +21,15 @@ ServiceOptions TrackerService::WithPeerTtl(ServiceOptions options) {
   return options;
 }
 
-std::chrono::seconds PeerTtl(std::chrono::seconds announce_interval, double interval_jitter) {
-  auto longest =
+std::chrono::seconds LongestInterval(std::chrono::seconds announce_interval,
+                                     double interval_jitter) {
+  return std::chrono::seconds(
       announce_interval.count() +
-      static_cast<int64_t>(std::ceil(announce_interval.count() * std::max(0.0, interval_jitter)));
-  return std::chrono::seconds(2 * longest + 60);
+      static_cast<int64_t>(std::ceil(announce_interval.count() * std::max(0.0, interval_jitter))));
+}
+
+std::chrono::seconds PeerTtl(std::chrono::seconds announce_interval, double interval_jitter) {
+  return 2 * LongestInterval(announce_interval, interval_jitter) + std::chrono::seconds(60);
 }
 
 TrackerService::TrackerService(ServiceOptions options, prometheus::Registry& registry,
@@ -60,7 +59,7 @@ std::string TrackerService::Announce(std::string_view query, const boost::asio::
       return EncodeFailure("ip \"" + req.ip + "\" is not an IP address");
     }
   }
-  PeerEndpoint from = ToEndpoint(address, req.port);
+  PeerEndpoint from = PeerEndpoint::FromAddress(address, req.port);
   auto reply = table_.Announce(req, from, now);
   if (!reply) {
     metrics_.rejected_full.Increment();

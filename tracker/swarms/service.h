@@ -33,6 +33,9 @@ struct ServiceOptions {
   SwarmTableOptions table;
 };
 
+// The longest interval handed out: announce_interval plus its largest jitter, rounded up.
+std::chrono::seconds LongestInterval(std::chrono::seconds announce_interval,
+                                     double interval_jitter);
 // How long a silent peer is kept: two of the longest intervals handed out, plus a minute.
 std::chrono::seconds PeerTtl(std::chrono::seconds announce_interval, double interval_jitter);
 

@@ -31,7 +31,7 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
       // Clients that stop right after finishing (aria2c --seed-time=0) never send `completed`.
       if (!idx->second.seeder && request.left == 0) ++swarm.downloaded;
       bool had_seeders = !swarm.seeders.empty();
-      Remove(swarm, idx->second);
+      Release(Remove(swarm, idx->second));
       NoteSeeders(request.info_hash, swarm, had_seeders, now);
     }
     reply.counts = CountsOf(swarm);
@@ -88,7 +88,7 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
     if (full) {
       reply.registered = false;
     } else {
-      Insert(swarm, Peer{from, request.peer_id, now, upload_only}, seeder);
+      Insert(swarm, Peer{from, request.peer_id, now, upload_only, Intern(from)}, seeder);
     }
   }
   // A download is counted once per leecher-to-seeder change seen here, whether the client says
@@ -198,6 +198,29 @@ SwarmTable::Peer SwarmTable::Remove(Swarm& swarm, Slot slot) {
   return removed;
 }
 
+SwarmTable::EndpointId SwarmTable::Intern(const PeerEndpoint& endpoint) {
+  auto [it, fresh] = interned_.try_emplace(endpoint);
+  if (fresh) {
+    if (free_ids_.empty()) {
+      it->second.id = static_cast<EndpointId>(endpoint_of_.size());
+      endpoint_of_.push_back(endpoint);
+    } else {
+      it->second.id = free_ids_.back();
+      free_ids_.pop_back();
+      endpoint_of_[it->second.id] = endpoint;
+    }
+  }
+  ++it->second.swarms;
+  return it->second.id;
+}
+
+void SwarmTable::Release(const Peer& peer) {
+  auto it = interned_.find(peer.endpoint);
+  if (it == interned_.end() || --it->second.swarms > 0) return;
+  free_ids_.push_back(it->second.id);
+  interned_.erase(it);
+}
+
 size_t SwarmTable::SweepSwarm(Swarm& swarm, TimePoint now) {
   size_t dropped = 0;
   for (bool seeder : {true, false}) {
@@ -205,7 +228,7 @@ size_t SwarmTable::SweepSwarm(Swarm& swarm, TimePoint now) {
     // Backwards, so the peer swapped into a freed slot has already been checked.
     for (size_t i = list.size(); i-- > 0;) {
       if (now - list[i].last_seen > options_.peer_ttl) {
-        Remove(swarm, Slot{seeder, static_cast<uint32_t>(i)});
+        Release(Remove(swarm, Slot{seeder, static_cast<uint32_t>(i)}));
         ++dropped;
       }
     }

@@ -85,6 +85,22 @@ class SwarmTable {
                                  TimePoint now);
   // Counts for scrape; all zero for an unknown info-hash.
   SwarmCounts Counts(const InfoHash& info_hash) const;
+  // A peer endpoint's number: the same in every swarm while some swarm holds the endpoint, and
+  // below endpoint_ids() (the numbers of endpoints that left every swarm are reused), so that
+  // per-node tallies over many swarms index an array instead of hashing endpoints.
+  using EndpointId = uint32_t;
+  size_t endpoint_ids() const { return endpoint_of_.size(); }
+  // The endpoint numbered id (< endpoint_ids(); one no swarm holds is stale).
+  const PeerEndpoint& endpoint(EndpointId id) const { return endpoint_of_[id]; }
+  // Calls fn(EndpointId, bool seeder, TimePoint last_seen) for every peer of the swarm (none for
+  // an unknown info-hash), seeders first. O(peers); fn must not change the table.
+  template <typename Fn>
+  void ForEachPeer(const InfoHash& info_hash, Fn&& fn) const {
+    auto it = swarms_.find(info_hash);
+    if (it == swarms_.end()) return;
+    for (const Peer& p : it->second.seeders) fn(p.id, true, p.last_seen);
+    for (const Peer& p : it->second.leechers) fn(p.id, false, p.last_seen);
+  }
   // Whether info_hash had a seeder here and every seeder has since stopped or expired (none
   // seeds it now). False for an info-hash never seeded since this table started, so a restarted
   // tracker never declares a chunk lost before its seeders re-announce. At most max_swarms
@@ -107,6 +123,12 @@ class SwarmTable {
     PeerId peer_id;
     TimePoint last_seen;
     bool upload_only = false;  // announced `paused`: wants no more data
+    EndpointId id = 0;         // endpoint's number (Intern)
+  };
+  // An endpoint's number and how many swarms hold it.
+  struct Interned {
+    EndpointId id = 0;
+    uint32_t swarms = 0;
   };
   // Where a peer is: seeders_ or leechers_ of its swarm, at index pos.
   struct Slot {
@@ -123,7 +145,11 @@ class SwarmTable {
 
   void Insert(Swarm& swarm, Peer peer, bool seeder);
   // Removes the peer at slot by swapping the last one into its place; returns the removed peer.
+  // Its endpoint stays numbered: Release it unless the peer goes back in (a seeder change).
   Peer Remove(Swarm& swarm, Slot slot);
+  // The endpoint's number, held for one more swarm; Release gives that back.
+  EndpointId Intern(const PeerEndpoint& endpoint);
+  void Release(const Peer& peer);
   size_t SweepSwarm(Swarm& swarm, TimePoint now);
   // Records whether info_hash lost its last seeder, and when (had_seeders: it had one before the
   // change).
@@ -141,6 +167,9 @@ class SwarmTable {
   std::unordered_map<InfoHash, Swarm> swarms_;
   std::unordered_map<InfoHash, TimePoint> seeders_lost_;  // had a seeder, have none since then
   SwarmTotals totals_;
+  std::unordered_map<PeerEndpoint, Interned> interned_;  // every endpoint some swarm holds
+  std::vector<PeerEndpoint> endpoint_of_;                // by EndpointId
+  std::vector<EndpointId> free_ids_;                     // numbers no swarm holds
 };
 
 }  // namespace shoal::tracker
