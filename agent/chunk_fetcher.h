@@ -37,8 +37,8 @@ struct ChunkFetchOptions {
   // Of the window, the streams that take the chunks in order (what the client reads first);
   // with a swarm the others are background streams that take any chunk the blob's ready watcher
   // knows is ready, at random: nodes then hold different chunks to give each other, where in
-  // order they all want the same few (shoal-sim: p99 3.99x the bound at 250 nodes in order,
-  // 1.27x with one head stream and the upstream reserve, docs/benchmarks.md).
+  // order they all want the same few (shoal-sim at 250 nodes and 10 Gbit/s: p99 3.99x the
+  // bound in order, 1.64x with one head stream; docs/benchmarks.md).
   int head_streams = 1;
   std::chrono::milliseconds lease_wait{5000};
   std::chrono::milliseconds tracker_grace{10000};  // tracker errors tolerated before going direct

@@ -35,7 +35,7 @@ struct AgentConfig {
   int range_streams = 4;        // chunks of one blob in flight (upstream Range GETs or torrents)
   int head_streams = 1;         // of those, taken in order; the others take any ready chunk
   int64_t link_mbit = 0;        // this node's link; 0: the default route's interface speed
-  double upstream_reserve = 0.5;  // share of the link kept from peers while fetching upstream
+  double upstream_reserve = 0;  // share of the link kept from peers while fetching upstream
   uint64_t part_size_mib = 16;  // chunk size when no tracker dictates one
   std::vector<std::string> trackers;          // tracker replica base URLs; empty = no swarm
   std::string tracker_token_file;             // the cluster's agent token (re-read when it changes)

@@ -2,8 +2,9 @@
 // While this agent fetches chunks from upstream under a tracker lease, its downloads from peers
 // are held to (1 - reserve) of its link, so that the few upstream flows of the cluster keep
 // their share of the leaseholder's downlink instead of 1/(k+1) of it beside k peer connections
-// (docs/benchmarks.md, "Background streams and the upstream reserve": without it the upstream
-// link ran 1.3-1.5x longer than S/U at B = U in shoal-sim).
+// (docs/benchmarks.md, "Background streams and the upstream reserve"). Off by default: in
+// shoal-sim it took p99 from 1.64x to 1.27x at 250 nodes and 10 Gbit/s, but a real 6-node
+// bench at B = U = 100 Mbit/s was slower with it (1.85x against 1.46x, CPU-bound here).
 
 #include <cstdint>
 #include <functional>
