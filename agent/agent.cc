@@ -229,13 +229,33 @@ int RunAgent(const AgentConfig& config) {
   while (fetch_options.local_layout.chunk_size % fetch_options.local_layout.piece_size != 0)
     fetch_options.local_layout.piece_size /= 2;
   fetch_options.window = config.range_streams;
+  fetch_options.head_streams = config.head_streams;
   fetch_options.lease_wait = std::chrono::milliseconds(config.lease_wait_ms);
   fetch_options.tracker_grace = std::chrono::milliseconds(config.tracker_grace_ms);
   fetch_options.tracker_busy_grace = std::chrono::milliseconds(config.tracker_busy_grace_ms);
   fetch_options.peer_stall = std::chrono::milliseconds(config.peer_stall_ms);
-  FetchServices services{ioc,          client,      tracker.enabled() ? &tracker : nullptr,
-                         swarm.get(),  seeds.get(), fetch_options,
-                         fetch_metrics};
+  std::unique_ptr<UpstreamReserve> reserve;
+  if (swarm && config.upstream_reserve > 0) {
+    Result<int64_t> mbit =
+        config.link_mbit > 0 ? Result<int64_t>(config.link_mbit) : DefaultRouteLinkMbit();
+    if (mbit) {
+      const auto cap = static_cast<int64_t>(static_cast<double>(mbit.value()) * 1e6 / 8 *
+                                            (1 - config.upstream_reserve));
+      reserve = std::make_unique<UpstreamReserve>(
+          cap, [&swarm](int64_t bytes_per_s) { swarm->CapDownloadRate(bytes_per_s); });
+      spdlog::info(
+          "upstream reserve: while fetching from upstream, peer downloads held to {} "
+          "MB/s ({:g} of a {} Mbit/s link{})",
+          cap / 1000000, 1 - config.upstream_reserve, mbit.value(),
+          config.link_mbit > 0 ? "" : ", the default route's interface");
+    } else {
+      spdlog::info("upstream reserve off: link speed unknown ({}); set --link-mbit",
+                   mbit.error().message);
+    }
+  }
+  FetchServices services{ioc,           client,       tracker.enabled() ? &tracker : nullptr,
+                         swarm.get(),   seeds.get(),  fetch_options,
+                         fetch_metrics, reserve.get()};
 
   std::unique_ptr<HttpsProxy> https_proxy;
   if (config.https_proxy) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -94,7 +95,11 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
  private:
   enum class Origin { kNone, kPeers, kUpstream };
 
+  // A head stream: takes the chunks in order, skipping those a background stream took.
   awaitable<void> Worker();
+  // A background stream: takes a random chunk among those the watcher knows are ready and no
+  // stream has taken; ends when none is left to take.
+  awaitable<void> BackgroundWorker();
   awaitable<void> Chunk(uint32_t k);
   // Fetches chunk k straight from upstream (no lease), retrying within the blob's failure budget.
   awaitable<void> Direct(uint32_t k);
@@ -157,6 +162,8 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   bool hash_pieces_ = false;  // build torrents for what we fetch (only with a swarm)
   std::shared_ptr<swarm::BlobFile> file_;
   uint32_t next_ = 0;
+  std::vector<bool> claimed_;  // per chunk: a head or background stream took it
+  std::mt19937 rng_{std::random_device{}()};
   std::vector<Origin> origin_;
   std::vector<bool> in_upstream_;  // our upstream worker is fetching the chunk
   Notifier upstream_done_;         // woken when our upstream worker ends a chunk
@@ -257,7 +264,11 @@ awaitable<void> ChunkFetcher::Run() {
     asio::co_spawn(s_.ioc, ReadyWatcher(), asio::detached);
   }
   int workers = std::max(1, std::min<int>(s_.options.window, static_cast<int>(count)));
-  for (int i = 0; i < workers; ++i) asio::co_spawn(s_.ioc, Worker(), asio::detached);
+  // Background streams need the ready watcher (a swarm and a tracker that hands out work).
+  const int head = upstream_worker_ ? std::clamp(s_.options.head_streams, 1, workers) : workers;
+  claimed_.assign(count, false);
+  for (int i = 0; i < head; ++i) asio::co_spawn(s_.ioc, Worker(), asio::detached);
+  for (int i = head; i < workers; ++i) asio::co_spawn(s_.ioc, BackgroundWorker(), asio::detached);
   // Wait for the end, then seed or clean up.
   while (!fetch_->ended()) co_await fetch_->changes().Wait();
   co_await Finish();
@@ -267,6 +278,34 @@ awaitable<void> ChunkFetcher::Worker() {
   auto self = shared_from_this();
   while (!fetch_->ended() && next_ < layout_.chunk_count()) {
     uint32_t k = next_++;
+    if (claimed_[k]) continue;  // a background stream has it
+    claimed_[k] = true;
+    co_await Chunk(k);
+  }
+}
+
+awaitable<void> ChunkFetcher::BackgroundWorker() {
+  auto self = shared_from_this();
+  while (!fetch_->ended()) {
+    // A chunk the watcher knows is ready that nobody here holds, fetches or has taken, at
+    // random; every other chunk is left to the head streams, which walk them all in order.
+    std::vector<uint32_t> ready;
+    bool open = false;
+    for (uint32_t k = 0; k < layout_.chunk_count(); ++k) {
+      if (claimed_[k] || origin_[k] != Origin::kNone || in_upstream_[k]) continue;
+      open = true;
+      if (!ready_meta_[k].empty()) ready.push_back(k);
+    }
+    // Nothing left to take, or the tracker or the swarm fails us: the head streams go on.
+    if (!open || watch_error_ || swarm_cut_off_) co_return;
+    if (ready.empty()) {
+      watch_wanted_.NotifyAll();
+      co_await ready_changed_.Wait(s_.options.lease_wait);
+      continue;
+    }
+    std::uniform_int_distribution<size_t> pick(0, ready.size() - 1);
+    const uint32_t k = ready[pick(rng_)];
+    claimed_[k] = true;
     co_await Chunk(k);
   }
 }
@@ -578,6 +617,9 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   auto done = std::make_shared<bool>(false);
   if (!lease_id.empty())
     asio::co_spawn(s_.ioc, RenewLoop(k, lease_id, ttl, progress, done), asio::detached);
+  // Peers give way to the upstream GET on this node while it lasts (upstream_reserve.h).
+  UpstreamReserve::Hold reserved;
+  if (s_.reserve != nullptr && !lease_id.empty()) reserved = s_.reserve->Acquire();
   const Clock::time_point started = Clock::now();
   spdlog::debug("chunk {} of {}: upstream GET of {} bytes at {}{}", k, fetch_->digest().str(),
                 length, begin, lease_id.empty() ? " (no lease)" : "");
@@ -597,6 +639,7 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   };
   Status st = co_await s_.client.FetchBlob(endpoint_, source_.repository, fetch_->digest(), begin,
                                            length, std::move(sink));
+  reserved.Release();
   *done = true;
   if (!st) {
     if (!lease_id.empty()) {

@@ -94,6 +94,27 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_RANGE_STREAMS")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  app.add_option("--head-streams", c.head_streams,
+                 "Of the --range-streams of a blob, how many take its chunks in order (what the "
+                 "client streams first); the others take any chunk the tracker says is ready, so "
+                 "that nodes do not all want the same chunks at once")
+      ->envname("SHOAL_HEAD_STREAMS")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--link-mbit", c.link_mbit,
+                 "This node's link speed in Mbit/s, for --upstream-reserve; 0 reads the speed of "
+                 "the default route's interface (/sys/class/net/IF/speed)")
+      ->envname("SHOAL_LINK_MBIT")
+      ->check(CLI::Range(int64_t{0}, int64_t{10000000}))
+      ->capture_default_str();
+  app.add_option("--upstream-reserve", c.upstream_reserve,
+                 "While this agent fetches from upstream under a lease, its peer downloads are "
+                 "held to (1 - this) of the link, so the upstream flows keep up; 0 (the default) "
+                 "turns it off, and so does a link of unknown speed. Experimental: shoal-sim "
+                 "gains from 0.5 at 10 Gbit/s, a 6-node bench at 100 Mbit/s lost (benchmarks.md)")
+      ->envname("SHOAL_UPSTREAM_RESERVE")
+      ->check(CLI::Range(0.0, 0.9))
+      ->capture_default_str();
   app.add_option("--part-size-mib", c.part_size_mib,
                  "Chunk size in MiB when no tracker dictates one (one Range request each)")
       ->envname("SHOAL_PART_SIZE_MIB")

@@ -33,6 +33,9 @@ struct AgentConfig {
   std::string proxy_ca_cert;           // proxy CA certificate (PEM); default <cache>/proxy-ca
   std::string proxy_ca_key;            // its key (PEM, mode 0600); with proxy_ca_cert
   int range_streams = 4;        // chunks of one blob in flight (upstream Range GETs or torrents)
+  int head_streams = 1;         // of those, taken in order; the others take any ready chunk
+  int64_t link_mbit = 0;        // this node's link; 0: the default route's interface speed
+  double upstream_reserve = 0;  // share of the link kept from peers while fetching upstream
   uint64_t part_size_mib = 16;  // chunk size when no tracker dictates one
   std::vector<std::string> trackers;          // tracker replica base URLs; empty = no swarm
   std::string tracker_token_file;             // the cluster's agent token (re-read when it changes)

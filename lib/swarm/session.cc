@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -199,6 +200,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   std::shared_ptr<RangeDiskIoStats> disk_stats = std::make_shared<RangeDiskIoStats>();
   std::unique_ptr<lt::session> session;
   uint16_t port = 0;
+  int configured_download_limit = 0;  // download_rate_limit after the overrides (0: none)
   std::map<Sha1, Chunk> chunks;
   std::map<lt::torrent_handle, Sha1> by_handle;
   // Totals of removed chunks, so Stats() keeps counting them.
@@ -452,6 +454,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     for (const std::string& entry : options.libtorrent_settings) {
       spdlog::info("swarm: libtorrent setting {} (override)", entry);
     }
+    configured_download_limit = settings.get_int(lt::settings_pack::download_rate_limit);
     lt::session_params params(std::move(settings));
     params.disk_io_constructor =
         RangeDiskIoConstructor(RangeDiskIoOptions{registry, options.disk_threads, nullptr,
@@ -714,6 +717,18 @@ void Swarm::ReplaceTrackers(const std::vector<std::string>& urls) {
     chunk.handle.replace_trackers(entries);
     chunk.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
   }
+}
+
+void Swarm::CapDownloadRate(int64_t bytes_per_s) {
+  if (!impl_->session) return;
+  const int configured = impl_->configured_download_limit;
+  int64_t limit = configured;
+  if (bytes_per_s > 0)
+    limit = configured > 0 ? std::min<int64_t>(configured, bytes_per_s) : bytes_per_s;
+  lt::settings_pack p;
+  p.set_int(lt::settings_pack::download_rate_limit,
+            static_cast<int>(std::min<int64_t>(limit, std::numeric_limits<int>::max())));
+  impl_->session->apply_settings(std::move(p));
 }
 
 void Swarm::ReannounceAll() {

@@ -198,6 +198,10 @@ class Swarm {
   void ReplaceTrackers(const std::vector<std::string>& urls);
   // Announces one chunk now, to learn peers that joined since (no-op when absent).
   void Reannounce(const Sha1& info_hash);
+  // Holds the session's downloads from peers to bytes_per_s (> 0), or back to the configured
+  // limit (libtorrent's download_rate_limit, after overrides; 0: none) when 0. No-op before
+  // Start(). libtorrent applies it asynchronously.
+  void CapDownloadRate(int64_t bytes_per_s);
   // The chunk's announce results and connected peers; nullopt when it is not added. A
   // synchronous call into libtorrent (about a millisecond).
   std::optional<ChunkAnnounces> Announces(const Sha1& info_hash) const;

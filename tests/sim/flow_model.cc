@@ -16,6 +16,12 @@ LinkId FlowModel::AddLink(double capacity) {
   return static_cast<LinkId>(links_.size() - 1);
 }
 
+void FlowModel::SetCapacity(LinkId l, double capacity) {
+  if (!(capacity > 0)) throw std::invalid_argument("link capacity must be > 0");
+  links_.at(l).capacity = capacity;
+  dirty_ = true;
+}
+
 FlowId FlowModel::AddFlow(const std::vector<LinkId>& links, double cap) {
   if (links.empty() || links.size() > 3) throw std::invalid_argument("a flow crosses 1-3 links");
   FlowId f;

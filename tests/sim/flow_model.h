@@ -28,6 +28,8 @@ class FlowModel {
   // Sum of the rates of the flows on l now.
   double used(LinkId l) const { return links_[l].used; }
   size_t flows_on(LinkId l) const { return links_[l].flows.size(); }
+  // Changes l's capacity (> 0); the flows on it keep their rates until the next Recompute().
+  void SetCapacity(LinkId l, double capacity);
 
   // A new flow over links (1 to 3 distinct links) with its own cap (kUnlimited: none). Its
   // rate until the next Recompute() is the spare capacity of its tightest link (maybe 0).

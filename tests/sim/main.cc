@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -100,6 +101,27 @@ int Main(int argc, char** argv) {
   app.add_option("--range-streams", c.range_streams, "agent --range-streams")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  app.add_option("--head-streams", c.head_streams,
+                 "Of the --range-streams, how many take the chunks in order; the rest are "
+                 "background streams that ask the tracker for the rarest ready chunk (-1: all in "
+                 "order, the agent today)")
+      ->check(CLI::Range(-1, 64))
+      ->capture_default_str();
+  std::map<std::string, SimConfig::Background> orders{{"rarest", SimConfig::Background::kRarest},
+                                                      {"random", SimConfig::Background::kRandom},
+                                                      {"watcher", SimConfig::Background::kWatcher}};
+  app.add_option("--background", c.background,
+                 "How background streams pick a chunk: rarest (the tracker names the ready chunk "
+                 "with the smallest swarm that the node lacks), random (the same request, any "
+                 "such chunk), watcher (a random one of those the blob's ready watcher knows are "
+                 "ready: today's tracker API)")
+      ->transform(CLI::CheckedTransformer(orders, CLI::ignore_case))
+      ->capture_default_str();
+  app.add_option("--upstream-reserve", c.upstream_reserve,
+                 "While a node fetches from upstream, its peer downloads get at most (1 - this) of "
+                 "its downlink (0: no limit, the agent today)")
+      ->check(CLI::Range(0.0, 0.95))
+      ->capture_default_str();
   app.add_option("--lease-wait-ms", lease_wait_ms, "agent long-poll wait (--lease-wait-ms)")
       ->capture_default_str();
   app.add_option("--rtt-ms", rtt_ms, "Round trip between any two hosts")->capture_default_str();
@@ -179,14 +201,21 @@ int Main(int argc, char** argv) {
       "shoal-sim: B = %g Mbit/s per node, image S = %.0f bytes (%.1f MiB) in %zu blobs; tracker: "
       "chunks up to %llu MiB / pieces up to %llu KiB, first chunk %llu KiB, target %u chunks, "
       "%u fetchers (%u per agent, %u per blob), head start %d ms, lease ttl %d s; agent: "
-      "--range-streams %d; model: RTT %g ms, registry %g ms, connect %g RTT, client start %g ms, "
+      "--range-streams %d, head %d%s, upstream reserve %g; model: RTT %g ms, registry %g ms, "
+      "connect %g RTT, client start %g ms, "
       "%d sources per chunk, %d uploads per node, window %llu KiB, wire %.3f, quantum %g ms\n",
       c.node_mbit, S, S / 1048576, blobs.size(), static_cast<unsigned long long>(chunk_mib),
       static_cast<unsigned long long>(piece_kib), static_cast<unsigned long long>(first_chunk_kib),
       c.table.target_chunks, c.table.max_upstream_fetchers, c.table.max_leases_per_agent,
-      c.table.max_leases_per_blob, head_start_ms, lease_ttl_s, c.range_streams, rtt_ms, registry_ms,
-      c.connect_rtts, client_start_ms, c.max_sources, c.max_uploads,
-      static_cast<unsigned long long>(request_window_kib), c.wire_efficiency, quantum_ms);
+      c.table.max_leases_per_blob, head_start_ms, lease_ttl_s, c.range_streams, c.head_streams,
+      c.head_streams < 0
+          ? " (all in order)"
+          : (c.background == SimConfig::Background::kRarest   ? ", background rarest"
+             : c.background == SimConfig::Background::kRandom ? ", background random"
+                                                              : ", background watcher"),
+      c.upstream_reserve, rtt_ms, registry_ms, c.connect_rtts, client_start_ms, c.max_sources,
+      c.max_uploads, static_cast<unsigned long long>(request_window_kib), c.wire_efficiency,
+      quantum_ms);
 
   json out = json::array();
   struct Row {
@@ -270,6 +299,9 @@ int Main(int argc, char** argv) {
                    {"first_byte_run_p50_s", Percentile(row.fb.first_byte_s, 0.5)},
                    {"first_byte_run_max_s", Percentile(row.fb.first_byte_s, 1.0)},
                    {"first_byte_run_s", row.fb.first_byte_s},
+                   {"prefix50_p50_s", Percentile(r.prefix50_s, 0.5)},
+                   {"prefix50_p99_s", Percentile(r.prefix50_s, 0.99)},
+                   {"prefix75_p99_s", Percentile(r.prefix75_s, 0.99)},
                    {"chunk0_first_s", r.chunk0_first_s},
                    {"chunk0_all_s", r.chunk0_all_s},
                    {"upstream_end_s", r.upstream_busy_end_s},
@@ -304,6 +336,12 @@ int Main(int argc, char** argv) {
     std::printf("; table calls");
     for (const auto& [k, v] : row.r.calls.table_calls)
       std::printf(" %s %llu", k.c_str(), static_cast<unsigned long long>(v));
+    std::printf(
+        "; in-order prefix of the largest blob at 25/50/75%% (p50, p99 over nodes): %.2f/%.2f, "
+        "%.2f/%.2f, %.2f/%.2f s",
+        Percentile(row.r.prefix25_s, 0.5), Percentile(row.r.prefix25_s, 0.99),
+        Percentile(row.r.prefix50_s, 0.5), Percentile(row.r.prefix50_s, 0.99),
+        Percentile(row.r.prefix75_s, 0.5), Percentile(row.r.prefix75_s, 0.99));
     std::printf(
         "; leases %llu (expired %llu); peak table calls/s %llu; %llu events (%llu pieces), "
         "%llu rate solves, peak %zu flows\n",

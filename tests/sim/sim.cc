@@ -69,6 +69,9 @@ struct Blob {
   std::vector<std::string> metainfo;             // per chunk: a valid chunk torrent
   std::vector<std::vector<uint32_t>> holders;    // per piece: nodes that verified it
   std::vector<std::vector<uint32_t>> hungry;     // per chunk: downloads waiting for a source
+  std::vector<uint8_t> published;                // per chunk: ready at the tracker
+  std::vector<uint32_t> swarm;                   // per chunk: nodes announced (fetching or holding)
+  std::vector<uint32_t> bg_waiting;              // fetches with a background stream parked
   std::vector<size_t> hungry_cursor;             // per chunk
 };
 
@@ -79,6 +82,9 @@ struct Fetch {
   bool done = false;
   std::vector<uint8_t> origin;  // per chunk: 0 none, 1 peers, 2 upstream
   std::vector<uint8_t> in_upstream, ready_known, worker_on;
+  std::vector<uint8_t> background;   // per chunk: taken by a background stream
+  int bg_parked = 0;                 // background streams waiting for a publish
+  bool bg_listed = false;            // in its blob's bg_waiting
   std::vector<std::string> lease;    // per chunk while we hold its lease
   std::vector<uint8_t> have;         // per piece
   std::vector<uint8_t> inflight;     // per piece: flows carrying parts of it to us now
@@ -268,6 +274,11 @@ class Sim {
   std::vector<uint32_t> ReadyWanted(const Fetch& f) const;
   void OnReadyAnswer(uint32_t fetch, const std::vector<uint32_t>& ready);
   void WorkerNext(uint32_t fetch);
+  void BackgroundNext(uint32_t fetch);
+  void OnBackgroundAnswer(uint32_t fetch);
+  void WakeBackground(uint32_t blob);
+  void WatcherPick(uint32_t fetch);
+  void RecordPrefix(const Fetch& f);
   void FromPeers(uint32_t fetch, uint32_t chunk);
   void Fill(uint32_t dl);
   bool PickPiece(const Fetch& f, uint32_t chunk, uint32_t src, uint32_t* piece);
@@ -282,6 +293,11 @@ class Sim {
   FlowModel net_;
   LinkId nat_ = 0;
   std::vector<LinkId> up_, down_;
+  // With an upstream reserve: per node, the link its peer downloads also cross (its downlink's
+  // capacity, held lower while the node has upstream flows), and its upstream flows now.
+  std::vector<LinkId> peer_down_;
+  std::vector<uint32_t> upstream_flows_;
+  void UpstreamFlows(uint32_t node, int delta);
   std::vector<int> uploads_;  // per node
   std::vector<Blob> blobs_;
   std::vector<Fetch> fetches_;  // node * blobs + blob
@@ -335,6 +351,18 @@ void Sim::ScheduleFlow(FlowId f) {
   flow_heap_.Set(f, now_ + flows_[f].remaining / rate);
 }
 
+void Sim::UpstreamFlows(uint32_t node, int delta) {
+  if (peer_down_.empty()) return;
+  const uint32_t before = upstream_flows_[node];
+  upstream_flows_[node] = static_cast<uint32_t>(static_cast<int>(before) + delta);
+  const double full = net_.capacity(down_[node]);
+  if (before == 0 && upstream_flows_[node] > 0) {
+    net_.SetCapacity(peer_down_[node], full * (1 - c_.upstream_reserve));
+  } else if (before > 0 && upstream_flows_[node] == 0) {
+    net_.SetCapacity(peer_down_[node], full);
+  }
+}
+
 void Sim::MaybeRecompute() {
   if (!net_.dirty() || recompute_pending_) return;
   recompute_pending_ = true;
@@ -365,9 +393,14 @@ FlowId Sim::StartFlow(uint32_t fetch, uint32_t chunk, uint32_t piece, uint32_t s
   FlowId f;
   if (src == kNone) {
     f = net_.AddFlow({nat_, down_[node]});
+    UpstreamFlows(node, +1);
   } else {
     double cap = static_cast<double>(c_.request_window) / c_.rtt_s;
-    f = net_.AddFlow({up_[src], down_[node]}, cap);
+    if (peer_down_.empty()) {
+      f = net_.AddFlow({up_[src], down_[node]}, cap);
+    } else {
+      f = net_.AddFlow({up_[src], down_[node], peer_down_[node]}, cap);
+    }
   }
   if (flows_.size() <= f) flows_.resize(f + 1);
   SimFlow& fl = flows_[f];
@@ -545,7 +578,9 @@ void Sim::StartBlob(uint32_t fetch) {
       WatcherKick(fetch);
       const Blob& b = blobs_[fetches_[fetch].blob];
       int workers = std::max(1, std::min<int>(c_.range_streams, static_cast<int>(b.chunks)));
-      for (int i = 0; i < workers; ++i) WorkerNext(fetch);
+      int head = c_.head_streams < 0 ? workers : std::clamp(c_.head_streams, 1, workers);
+      for (int i = 0; i < head; ++i) WorkerNext(fetch);
+      for (int i = head; i < workers; ++i) BackgroundNext(fetch);
     });
   });
 }
@@ -647,6 +682,10 @@ void Sim::OnUpstreamDone(uint32_t fetch, uint32_t k) {
     auto published = table_.Publish(b.digest, k, agent_ids_[f.node], lease, b.source, b.metainfo[k],
                                     ::shoal::sim::At(now_));
     if (!published) throw std::runtime_error("tracker Publish: " + published.error().message);
+    Blob& pb = blobs_[f.blob];
+    pb.published[k] = 1;
+    ++pb.swarm[k];  // the leaseholder seeds it
+    WakeBackground(f.blob);
     DrainWakes();
     At(now_ + half_, [this, fetch] {
       WatcherKick(fetch);
@@ -689,6 +728,11 @@ void Sim::OnReadyAnswer(uint32_t fetch, const std::vector<uint32_t>& ready) {
     f.ready_known[k] = 1;
     if (f.worker_on[k] == kWaitReady) FromPeers(fetch, k);
   }
+  if (c_.background == SimConfig::Background::kWatcher && f.bg_parked > 0 && !ready.empty()) {
+    int n = f.bg_parked;
+    f.bg_parked = 0;
+    for (int i = 0; i < n; ++i) WatcherPick(fetch);
+  }
   WatcherKick(fetch);
 }
 
@@ -697,7 +741,7 @@ void Sim::WorkerNext(uint32_t fetch) {
   const Blob& b = blobs_[f.blob];
   while (f.next < b.chunks) {
     uint32_t k = f.next++;
-    if (f.origin[k] != 0) continue;
+    if (f.origin[k] != 0 || f.worker_on[k] == kDownloading) continue;
     if (f.in_upstream[k]) {
       f.worker_on[k] = kWaitUpstream;
       return;
@@ -715,6 +759,7 @@ void Sim::WorkerNext(uint32_t fetch) {
 void Sim::FromPeers(uint32_t fetch, uint32_t k) {
   Fetch& f = fetches_[fetch];
   f.worker_on[k] = kDownloading;
+  ++blobs_[f.blob].swarm[k];
   // The torrent is added and announced; the first request goes out once connections are up.
   Count("announce", true);
   At(now_ + rtt_ * (1 + c_.connect_rtts), [this, fetch, k] {
@@ -728,6 +773,111 @@ void Sim::FromPeers(uint32_t fetch, uint32_t k) {
     Fill(id);
     MaybeRecompute();
   });
+}
+
+// A background stream: asks the tracker for a ready chunk this node lacks and no stream of it
+// fetches (the agent names what it holds or fetches, a bitmap of the blob's chunks), and the
+// tracker answers with the one whose swarm (peers announced, fetching or seeding) is smallest,
+// ties at random; --background-random picks any such chunk at random. With none ready it parks
+// until the blob's next publish; with nothing left to take, the stream ends.
+void Sim::BackgroundNext(uint32_t fetch) {
+  if (fetches_[fetch].done) return;
+  if (c_.background == SimConfig::Background::kWatcher) {
+    WatcherPick(fetch);
+    return;
+  }
+  Count("rarest", true);
+  At(now_ + half_, [this, fetch] { OnBackgroundAnswer(fetch); });
+}
+
+void Sim::OnBackgroundAnswer(uint32_t fetch) {
+  Fetch& f = fetches_[fetch];
+  Blob& b = blobs_[f.blob];
+  Count("rarest", false);
+  uint32_t pick = kNone;
+  uint32_t best = std::numeric_limits<uint32_t>::max(), ties = 0;
+  bool unpublished = false;
+  for (uint32_t k = 0; k < b.chunks; ++k) {
+    if (f.origin[k] != 0 || f.in_upstream[k] || f.worker_on[k] != kIdle) continue;
+    if (!b.published[k]) {
+      unpublished = true;
+      continue;
+    }
+    const uint32_t n = c_.background == SimConfig::Background::kRandom ? 0 : b.swarm[k];
+    if (n < best) {
+      best = n;
+      ties = 1;
+      pick = k;
+    } else if (n == best && rng_.Below(++ties) == 0) {
+      pick = k;
+    }
+  }
+  if (pick == kNone) {
+    if (!unpublished) return;  // nothing left to take: this stream ends
+    ++f.bg_parked;
+    if (!f.bg_listed) {
+      f.bg_listed = true;
+      b.bg_waiting.push_back(fetch);
+    }
+    return;
+  }
+  // The tracker counts the node in the chunk's swarm when it answers (the announce follows).
+  At(now_ + half_, [this, fetch, pick] {
+    Fetch& f = fetches_[fetch];
+    if (f.origin[pick] != 0 || f.worker_on[pick] != kIdle || f.in_upstream[pick]) {
+      BackgroundNext(fetch);  // a head stream or a lease got there first
+      return;
+    }
+    f.background[pick] = 1;
+    f.ready_known[pick] = 1;
+    FromPeers(fetch, pick);
+  });
+}
+
+void Sim::WatcherPick(uint32_t fetch) {
+  Fetch& f = fetches_[fetch];
+  const Blob& b = blobs_[f.blob];
+  uint32_t pick = kNone, ties = 0;
+  bool left = false;
+  for (uint32_t k = 0; k < b.chunks; ++k) {
+    if (f.origin[k] != 0 || f.in_upstream[k] || f.worker_on[k] != kIdle) continue;
+    left = true;
+    if (!f.ready_known[k]) continue;
+    if (rng_.Below(++ties) == 0) pick = k;
+  }
+  if (pick != kNone) {
+    f.background[pick] = 1;
+    FromPeers(fetch, pick);
+    return;
+  }
+  if (left) ++f.bg_parked;  // woken by the watcher's next answer (OnReadyAnswer)
+  WatcherKick(fetch);
+}
+
+void Sim::WakeBackground(uint32_t blob) {
+  std::vector<uint32_t> waiting;
+  waiting.swap(blobs_[blob].bg_waiting);
+  for (uint32_t fetch : waiting) {
+    Fetch& f = fetches_[fetch];
+    f.bg_listed = false;
+    int n = f.bg_parked;
+    f.bg_parked = 0;
+    for (int i = 0; i < n; ++i) {
+      Count("rarest", false);  // the parked poll re-asked
+      At(now_ + half_, [this, fetch] { OnBackgroundAnswer(fetch); });
+    }
+  }
+}
+
+void Sim::RecordPrefix(const Fetch& f) {
+  const Blob& b = blobs_[f.blob];
+  const double frac = static_cast<double>(f.contiguous) / static_cast<double>(b.chunks);
+  auto mark = [&](std::vector<double>& v, double at) {
+    if (frac >= at && v[f.node] < 0) v[f.node] = now_;
+  };
+  mark(r_.prefix25_s, 0.25);
+  mark(r_.prefix50_s, 0.5);
+  mark(r_.prefix75_s, 0.75);
 }
 
 // The piece of chunk to fetch next (from src when src != kNone, else from anyone): the lowest
@@ -906,6 +1056,7 @@ void Sim::OnFlowDone(FlowId fid) {
     r_.upstream_busy_end_s = std::max(r_.upstream_busy_end_s, now_);
     net_.RemoveFlow(fid);
     flow_heap_.Remove(fid);
+    UpstreamFlows(fetches_[fl.fetch].node, -1);
     OnUpstreamDone(fl.fetch, fl.chunk);
     MaybeRecompute();
     return;
@@ -972,10 +1123,15 @@ void Sim::ChunkComplete(uint32_t fetch, uint32_t k) {
     r_.chunk0_all_s = std::max(r_.chunk0_all_s, now_);
   }
   if (f.download[k] != kNone) downloads_[f.download[k]].alive = false;
+  if (f.blob == largest_) RecordPrefix(f);
   if (f.worker_on[k] == kDownloading) {
     f.worker_on[k] = kIdle;
     // The download record dies with its last flow (see OnFlowDone); the worker moves on.
-    At(now_, [this, fetch] { WorkerNext(fetch); });
+    if (f.background[k]) {
+      At(now_, [this, fetch] { BackgroundNext(fetch); });
+    } else {
+      At(now_, [this, fetch] { WorkerNext(fetch); });
+    }
   }
   if (AllHeld(f) && !f.done) {
     f.done = true;
@@ -998,7 +1154,9 @@ SimResult Sim::Run() {
     up_.push_back(net_.AddLink(c_.node_mbit * 1e6 / 8 * eff));
     down_.push_back(net_.AddLink(c_.node_mbit * 1e6 / 8 * eff));
     agent_ids_.push_back("node" + std::to_string(i + 1));
+    if (c_.upstream_reserve > 0) peer_down_.push_back(net_.AddLink(c_.node_mbit * 1e6 / 8 * eff));
   }
+  upstream_flows_.assign(c_.nodes, 0);
   uploads_.assign(c_.nodes, 0);
   table_.SetListener([this](tracker::BlobEvent e, const Digest& d) {
     uint32_t b = kNone;
@@ -1056,6 +1214,8 @@ SimResult Sim::Run() {
     }
     b.holders.resize(b.piece_len.size());
     b.hungry.resize(b.chunks);
+    b.published.assign(b.chunks, 0);
+    b.swarm.assign(b.chunks, 0);
     b.hungry_cursor.assign(b.chunks, 0);
     r_.layouts.push_back(LayoutInfo{c_.blobs[i], b.chunks, b.layout.chunk_size, b.layout.piece_size,
                                     b.layout.first_chunk_size});
@@ -1074,6 +1234,7 @@ SimResult Sim::Run() {
       f.in_upstream.assign(b.chunks, 0);
       f.ready_known.assign(b.chunks, 0);
       f.worker_on.assign(b.chunks, kIdle);
+      f.background.assign(b.chunks, 0);
       f.lease.assign(b.chunks, "");
       f.have.assign(b.piece_len.size(), 0);
       f.inflight.assign(b.piece_len.size(), 0);
@@ -1085,6 +1246,9 @@ SimResult Sim::Run() {
   blobs_left_.assign(c_.nodes, static_cast<uint32_t>(blobs_.size()));
   r_.completion_s.assign(c_.nodes, -1);
   r_.first_byte_s.assign(c_.nodes, -1);
+  r_.prefix25_s.assign(c_.nodes, -1);
+  r_.prefix50_s.assign(c_.nodes, -1);
+  r_.prefix75_s.assign(c_.nodes, -1);
   // Every node's client starts at 0, the pulls' common start.
   for (uint32_t fetch = 0; fetch < fetches_.size(); ++fetch) {
     At(c_.client_start_s, [this, fetch] { StartBlob(fetch); });

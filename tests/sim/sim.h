@@ -45,6 +45,23 @@ struct SimConfig {
   std::vector<uint64_t> blobs;        // the image's blobs (config and layers), bytes
   tracker::BlobTableOptions table;    // the tracker's settings (its defaults: see SimDefaults)
   int range_streams = 4;              // the agent's --range-streams
+  // Of those streams, how many take the chunks in order (the head the client streams); the
+  // others are background streams that ask the tracker for the ready chunk this node lacks with
+  // the fewest peers in its swarm (or a random one). -1: every stream in order (the agent today).
+  int head_streams = -1;
+  // How a background stream picks its chunk:
+  //   kRarest: asks the tracker, which answers with the ready chunk the node lacks (the agent
+  //            names what it holds or fetches) that has the fewest peers in its swarm;
+  //   kRandom: the same request, answered with any such chunk at random;
+  //   kWatcher: no request of its own: a random chunk among those the blob's ready watcher
+  //            (the 16 lowest chunks not held) has learned are ready, else it waits for the
+  //            watcher's next answer (what the agent can do with today's tracker API).
+  enum class Background { kRarest, kRandom, kWatcher };
+  Background background = Background::kRarest;
+  // While a node fetches from upstream, its peer downloads are held to (1 - this) of its
+  // downlink, so that its upstream flows keep up (an agent's libtorrent download rate limit
+  // while it holds a lease). 0: no limit (the agent today).
+  double upstream_reserve = 0;
   size_t ready_window = 16;           // chunks one ready long-poll names (kReadyWindow)
   double lease_wait_s = 5;            // the agent's long-poll wait (--lease-wait-ms)
   double rtt_s = 0.001;               // round trip between any two hosts (tracker, registry, peers)
@@ -89,6 +106,9 @@ struct LayoutInfo {
 struct SimResult {
   std::vector<double> completion_s;  // per node: from the common start to its last blob
   std::vector<double> first_byte_s;  // per node: first byte of the largest blob
+  // Per node: when the in-order prefix of the largest blob (what a client streaming it, or an
+  // extraction reading it, can consume) first reached a quarter, half, three quarters of it.
+  std::vector<double> prefix25_s, prefix50_s, prefix75_s;
   double image_bytes = 0;
   double upstream_bytes = 0;
   double peer_bytes = 0;

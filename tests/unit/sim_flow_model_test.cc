@@ -22,6 +22,27 @@ TEST_CASE("sim flow model: two flows on one link share it equally") {
   CHECK(m.used(l) == doctest::Approx(10));
 }
 
+TEST_CASE("sim flow model: a link's capacity lowered and raised again moves its flows' rates") {
+  // The upstream reserve: a node's peer flows also cross a link held at half its downlink while
+  // the node fetches upstream. Down = 10; peers P1, P2 cross down and the peer link; U only down.
+  FlowModel m;
+  LinkId down = m.AddLink(10), peer = m.AddLink(10);
+  FlowId p1 = m.AddFlow({down, peer});
+  FlowId p2 = m.AddFlow({down, peer});
+  FlowId u = m.AddFlow({down});
+  m.Recompute();
+  CHECK(m.rate(u) == doctest::Approx(10.0 / 3));
+  m.SetCapacity(peer, 5);
+  CHECK(m.dirty());
+  m.Recompute();
+  CHECK(m.rate(p1) == doctest::Approx(2.5));
+  CHECK(m.rate(p2) == doctest::Approx(2.5));
+  CHECK(m.rate(u) == doctest::Approx(5));
+  m.SetCapacity(peer, 10);
+  m.Recompute();
+  CHECK(m.rate(u) == doctest::Approx(10.0 / 3));
+}
+
 TEST_CASE("sim flow model: a flow held back elsewhere leaves the rest to the others") {
   // L1 = 10, L2 = 4. A crosses both, B only L1, C only L2. L2 is the bottleneck: A = C = 2;
   // then B takes what A leaves on L1: 8.
