@@ -57,9 +57,10 @@ class Process {
   pid_t pid() const { return pid_; }
   // True while the child has not exited. Reaps it when it has.
   bool Running();
-  // SIGTERM to the process group, waits up to `grace`, then SIGKILL to the group. Returns the
-  // exit status: the exit code if the child exited, 128 + signal number if a signal killed it.
-  // Idempotent: later calls return the same status.
+  // SIGTERM to the process group, waits up to `grace` (at least 30 s in an ASan build, where
+  // LeakSanitizer's exit scan can be slow; a wait past `grace` is logged), then SIGKILL to the
+  // group. Returns the exit status: the exit code if the child exited, 128 + signal number if a
+  // signal killed it. Idempotent: later calls return the same status.
   int Stop(std::chrono::milliseconds grace = std::chrono::seconds(5));
   // SIGKILL to the whole group now and reap (simulates a crash). Idempotent.
   void Kill();
