@@ -598,7 +598,7 @@ Status ChunkFetcher::SeedChunk(uint32_t k, const swarm::ChunkTorrent& torrent,
   // peers fetching the same chunks hold different pieces and trade them.
   spec.sequential = !spec.seed && fetch_->contiguous() < fetch_->size() &&
                     layout_.chunk_at(fetch_->contiguous()) == k;
-  if (s_.tracker != nullptr) spec.tracker_urls = s_.tracker->AnnounceUrls();
+  if (s_.tracker != nullptr) spec.tracker_urls = s_.tracker->AnnounceUrls(fetch_->digest());
   // A torrent left from an earlier failed attempt on this chunk is replaced.
   if (s_.swarm->HasChunk(torrent.info_hash)) s_.swarm->RemoveChunk(torrent.info_hash);
   auto added = s_.swarm->AddChunk(std::move(spec));

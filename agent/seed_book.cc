@@ -95,7 +95,7 @@ Status SeedBook::Seed(const SeedEntry& entry) {
     spec.torrent = std::move(torrent.value());
     spec.range = swarm::FileRange{file, entry.layout.chunk_begin(k), entry.layout.chunk_length(k)};
     spec.seed = true;
-    if (tracker_ != nullptr) spec.tracker_urls = tracker_->AnnounceUrls();
+    if (tracker_ != nullptr) spec.tracker_urls = tracker_->AnnounceUrls(entry.digest);
     auto added = swarm_.AddChunk(std::move(spec));
     if (!added) return added.error();
   }

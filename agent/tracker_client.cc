@@ -127,6 +127,13 @@ std::vector<std::string> TrackerClient::AnnounceUrls() const {
   return out;
 }
 
+std::vector<std::string> TrackerClient::AnnounceUrls(const Digest& digest) const {
+  std::vector<std::string> all = AnnounceUrls();
+  std::vector<std::string> out;
+  for (size_t i : Order(digest)) out.push_back(std::move(all[i]));
+  return out;
+}
+
 std::vector<size_t> TrackerClient::Order(const Digest& digest) const {
   std::vector<std::pair<uint64_t, size_t>> scored;
   for (size_t i = 0; i < options_.trackers.size(); ++i)

@@ -129,9 +129,12 @@ class TrackerClient {
 
   bool enabled() const { return !options_.trackers.empty(); }
   const std::string& agent_id() const { return options_.agent_id; }
-  // Announce URLs of every replica (base + "/announce?auth=<announce key>"), for the chunk
-  // torrents. They change when the token does (see token_generation).
+  // Announce URLs of every replica (base + "/announce?auth=<announce key>"), in the order of
+  // --tracker. They change when the token does (see token_generation).
   std::vector<std::string> AnnounceUrls() const;
+  // The same URLs in Order(digest): a chunk torrent of that blob announces to its owner only,
+  // and to the next replica when the owner fails (one tier each; lib/swarm).
+  std::vector<std::string> AnnounceUrls(const Digest& digest) const;
   // Bumped when the token file gave a new token (re-checked every few seconds).
   uint64_t token_generation() const { return options_.token ? options_.token->generation() : 0; }
   // Replica indexes in the rendezvous order for digest (owner first).

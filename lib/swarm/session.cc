@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <optional>
 
 #include <spdlog/spdlog.h>
@@ -85,10 +86,13 @@ lt::settings_pack MakeSettings(const SwarmOptions& o) {
                 lt::alert_category::piece_progress | lt::alert_category::peer |
                 lt::alert_category::tracker | lt::alert_category::storage);
   s.set_int(lt::settings_pack::alert_queue_size, o.alert_queue_size);
-  // Trackers: re-announce at least this often; give every replica (and tier) the full view.
+  // Trackers: re-announce at least this often. Each chunk lists its blob's owner replica first
+  // and the others after it, one tier each (ChunkSpec::tracker_urls): only the first tier that
+  // works hears its announces, so a replica carries 1/R of the cluster's announce load, not
+  // all of it, and a dead owner's chunks move to the next replica.
   s.set_int(lt::settings_pack::min_announce_interval, o.min_announce_interval_s);
-  s.set_bool(lt::settings_pack::announce_to_all_trackers, true);
-  s.set_bool(lt::settings_pack::announce_to_all_tiers, true);
+  s.set_bool(lt::settings_pack::announce_to_all_trackers, false);
+  s.set_bool(lt::settings_pack::announce_to_all_tiers, false);
   s.set_int(lt::settings_pack::stop_tracker_timeout, 2);
   s.set_int(lt::settings_pack::tracker_completion_timeout, 10);
   s.set_int(lt::settings_pack::tracker_receive_timeout, 5);
@@ -187,6 +191,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     bool errored = false;
     bool has_cert = false;  // peer TLS: this agent's certificate given (the torrent resumed)
     ChunkAnnounces announces;
+    std::vector<std::string> trackers;  // its announce URLs, tier i = trackers[i]
     std::function<void(uint32_t, uint64_t, uint64_t)> on_piece;
     std::function<void()> on_complete;
     std::function<void(const Error&)> on_error;
@@ -605,7 +610,9 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       atp.flags |= lt::torrent_flags::no_verify_files;
     }
     atp.trackers = spec.tracker_urls;
-    atp.tracker_tiers.assign(spec.tracker_urls.size(), 0);
+    atp.tracker_tiers.resize(spec.tracker_urls.size());
+    std::iota(atp.tracker_tiers.begin(), atp.tracker_tiers.end(), 0);
+    c.trackers = spec.tracker_urls;
 
     if (auto reg = registry->Register(key, spec.range); !reg) return reg.error();
     lt::torrent_handle h = session->add_torrent(std::move(atp), ec);
@@ -711,9 +718,16 @@ void Swarm::Reannounce(const Sha1& info_hash) {
 }
 
 void Swarm::ReplaceTrackers(const std::vector<std::string>& urls) {
-  std::vector<lt::announce_entry> entries;
-  for (const std::string& url : urls) entries.emplace_back(url);
+  auto base = [](const std::string& url) { return std::string_view(url).substr(0, url.find('?')); };
   for (auto& [key, chunk] : impl_->chunks) {
+    std::vector<lt::announce_entry> entries;
+    for (std::string& url : chunk.trackers) {
+      auto it = std::find_if(urls.begin(), urls.end(),
+                             [&](const std::string& u) { return base(u) == base(url); });
+      if (it != urls.end()) url = *it;
+      entries.emplace_back(url);
+      entries.back().tier = static_cast<std::uint8_t>(entries.size() - 1);
+    }
     chunk.handle.replace_trackers(entries);
     chunk.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
   }

@@ -84,7 +84,8 @@ struct ChunkSpec {
   // Without `seed`: pieces already in the range and verified by the embedder (empty = none),
   // e.g. after a restart. They are not hashed and not reported through on_piece.
   std::vector<bool> have_pieces;
-  // Announce URLs, all in one tier (every one is announced to).
+  // Announce URLs, one tier each in this order: announces go to the first that works, and move
+  // to the next when it fails (libtorrent's announce_to_all_tiers = false).
   std::vector<std::string> tracker_urls;
   // Download pieces in order (helps streaming the blob out while it downloads).
   bool sequential = false;
@@ -193,8 +194,9 @@ class Swarm {
   SwarmStats Stats();
   // Announces every chunk to its trackers now (e.g. a restarted tracker lost its peer lists).
   void ReannounceAll();
-  // Gives every chunk these announce URLs instead of its own, and re-announces (the agent's
-  // token, and with it the announce key in the URLs, rotated).
+  // Replaces each chunk's announce URLs with those of `urls` that differ from them only after
+  // the '?' (each chunk keeps its order of tiers), and re-announces: the agent's token, and
+  // with it the announce key in the URLs' query, rotated.
   void ReplaceTrackers(const std::vector<std::string>& urls);
   // Announces one chunk now, to learn peers that joined since (no-op when absent).
   void Reannounce(const Sha1& info_hash);

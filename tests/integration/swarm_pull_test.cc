@@ -455,6 +455,100 @@ size_t TrackerChunks(const TrackerProcess& tracker, const BuiltImage& image) {
 
 }  // namespace
 
+// Issue 16: a chunk torrent lists its blob's owner replica (rendezvous order, as the blob calls)
+// in tier 0 and the other replicas after it, one tier each, and libtorrent announces to the
+// first tier that works. So each replica tracks the swarms of the blobs it owns and no others,
+// and R replicas share the cluster's announces instead of each receiving all of them. The same
+// pull with libtorrent's announce_to_all_tiers and announce_to_all_trackers (the design until
+// then) is the baseline, measured in the same run. When an owner dies, a new node's chunks of
+// its blobs are announced to the next replica, which then owns those blobs' tables.
+TEST_CASE(
+    "swarm: three tracker replicas: chunk announces reach each blob's owner only, and "
+    "move to the next replica when the owner dies") {
+  struct Round {
+    double swarms = 0, announces = 0;
+  };
+  auto run = [&](const std::vector<std::string>& agent_extra, bool kill_owner) {
+    SwarmWorld w;
+    std::vector<std::unique_ptr<TrackerProcess>> more;
+    for (int i = 0; i < 2; ++i) {
+      auto t = TrackerProcess::Start(
+          {"--chunk-size-kib", "2048", "--piece-size-kib", "256", "--lease-ttl-s", "3"});
+      REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+      more.push_back(std::move(t.value()));
+    }
+    std::vector<TrackerProcess*> replicas = {w.tracker.get(), more[0].get(), more[1].get()};
+    std::string all = replicas[0]->Url() + "," + replicas[1]->Url() + "," + replicas[2]->Url();
+    for (int i = 0; i < 3; ++i) w.AddAgent(agent_extra, all);
+    w.PullAll("own");
+    CHECK(w.Sum("shoal_swarm_fallback_total") == 0);
+    // Every chunk's swarm, on the replicas that track it: announces are asynchronous, so wait
+    // for the completed ones (each agent seeds every chunk it pulled).
+    size_t chunks = 0;
+    for (TrackerProcess* r : replicas) chunks += TrackerChunks(*r, w.image);
+    REQUIRE(chunks > 0);
+    const double copies = agent_extra.empty() ? 1 : 3;
+    auto swarms = [&] {
+      double sum = 0;
+      for (TrackerProcess* r : replicas) sum += r->Metric("shoal_tracker_swarms");
+      return sum;
+    };
+    WaitUntil([&] { return swarms() >= copies * static_cast<double>(chunks); }, seconds(15),
+              milliseconds(100));
+    Round round;
+    round.swarms = swarms();
+    for (size_t i = 0; i < replicas.size(); ++i) {
+      const double own = static_cast<double>(TrackerChunks(*replicas[i], w.image));
+      const double tracked = replicas[i]->Metric("shoal_tracker_swarms");
+      const double announces = replicas[i]->Metric("shoal_tracker_announces_total");
+      round.announces += announces;
+      MESSAGE("replica " << i << ": owns " << own << " chunks, tracks " << tracked
+                         << " swarms, received " << announces << " announces");
+      // Owner-only: a replica tracks exactly the chunks of its own tables.
+      if (agent_extra.empty()) CHECK(tracked == own);
+    }
+    CHECK(round.swarms == copies * static_cast<double>(chunks));
+    if (!kill_owner) return round;
+
+    // Kill the owner of the largest layer; a fourth node pulls the image.
+    const Digest& big = w.image.layer_digests[1];
+    size_t owner = replicas.size();
+    for (size_t i = 0; i < replicas.size(); ++i) {
+      auto r = HttpGet(replicas[i]->Url() + "/v1/blobs/" + big.str(), AgentAuth());
+      if (r && r.value().status == 200) owner = i;
+    }
+    REQUIRE(owner < replicas.size());
+    replicas[owner]->Kill();
+    Agent& late = w.AddAgent({}, all);
+    auto pulled = w.Pull(3, "late");
+    REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + late.LogTail()));
+    w.CheckSame(pulled.value());
+    CHECK(late.Metric("shoal_swarm_fallback_total") == 0);
+    // The big layer's table is now on a live replica, and that replica tracks its swarms too.
+    size_t next = replicas.size();
+    for (size_t i = 0; i < replicas.size(); ++i) {
+      if (i == owner) continue;
+      auto r = HttpGet(replicas[i]->Url() + "/v1/blobs/" + big.str(), AgentAuth());
+      if (r && r.value().status == 200) next = i;
+    }
+    REQUIRE(next < replicas.size());
+    const double next_own = static_cast<double>(TrackerChunks(*replicas[next], w.image));
+    CHECK(WaitUntil([&] { return replicas[next]->Metric("shoal_tracker_swarms") >= next_own; },
+                    seconds(15), milliseconds(100)));
+    CHECK(replicas[next]->Metric("shoal_tracker_swarms") == next_own);
+    return round;
+  };
+  Round owner_only = run({}, true);
+  Round everyone = run({"--libtorrent-setting", "announce_to_all_tiers=true",
+                        "--libtorrent-setting", "announce_to_all_trackers=true"},
+                       false);
+  MESSAGE("3 replicas, 3 agents: owner only "
+          << owner_only.announces << " announces, " << owner_only.swarms
+          << " swarms; to every replica " << everyone.announces << " announces, " << everyone.swarms
+          << " swarms");
+  CHECK(owner_only.announces < 0.5 * everyone.announces);
+}
+
 // Issue 13, defect 2: an agent killed with SIGKILL in the middle of a cold swarm pull and
 // restarted with the same cache (so with the same agent id, its dead self's leases and its
 // published chunks still in the tracker) once spun a grant-publish loop for 11 minutes. Three
