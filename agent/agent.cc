@@ -53,6 +53,9 @@ namespace asio = boost::asio;
 
 namespace {
 
+// How long re-announces and re-publications after a replica restart or failure are spread.
+constexpr std::chrono::seconds kRepublishSpread{10};
+
 // Follows the agent token's file: when it gives a new token, every chunk torrent announces
 // with the new announce key (the old one stops working once the trackers drop the old token).
 asio::awaitable<void> FollowToken(asio::io_context& ioc, TrackerClient& tracker,
@@ -211,9 +214,33 @@ int RunAgent(const AgentConfig& config) {
     swarm_metrics = std::make_unique<SwarmMetrics>(registry);
     spdlog::info("swarm listening on port {} as {}; {} tracker replica(s); seeding {} cached blobs",
                  swarm->listen_port(), tracker.agent_id(), trackers.value().size(), restored);
-    tracker.OnRestart([&seeds, &swarm, &ioc](size_t) {
-      swarm->ReannounceAll();  // the restarted tracker has no peer lists yet
-      asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
+    // A chunk announces to its blob's owner only (lib/swarm/session.h, ChunkSpec). A restarted
+    // replica lost its peer lists and tables: the chunks it owns announce to it again and their
+    // tables are re-published. A replica that stops answering: its blobs' chunks announce to the
+    // next tier and their tables are re-published to the next replica, so seeders are found
+    // there and no chunk goes to upstream again. Both are spread over random moments, so that
+    // 2,500 agents do not come at once.
+    tracker.OnRestart([&seeds, &swarm, &ioc, &tracker](size_t replica) {
+      size_t n = swarm->ReannounceVia(tracker.AnnounceUrls()[replica], kRepublishSpread);
+      spdlog::info("re-announcing {} chunk torrents to the restarted tracker within {} s", n,
+                   kRepublishSpread.count());
+      asio::co_spawn(
+          ioc,
+          seeds->RepublishAll(
+              [&tracker, replica](const Digest& d) { return tracker.Owner(d) == replica; },
+              kRepublishSpread),
+          asio::detached);
+    });
+    tracker.OnFailing([&seeds, &swarm, &ioc, &tracker](size_t replica) {
+      size_t n = swarm->ReannounceVia(tracker.AnnounceUrls()[replica], kRepublishSpread);
+      spdlog::info("moving {} chunk torrents to the next tracker replica within {} s", n,
+                   kRepublishSpread.count());
+      asio::co_spawn(
+          ioc,
+          seeds->RepublishAll(
+              [&tracker, replica](const Digest& d) { return tracker.Order(d).front() == replica; },
+              kRepublishSpread),
+          asio::detached);
     });
     asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
     if (tracker_options.token)

@@ -2,10 +2,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <nlohmann/json.hpp>
 
 #include "lib/core/base64.h"
 
@@ -147,47 +152,69 @@ void SeedBook::AddPartial(const Digest& digest, const BlobSource& source, uint32
 
 void SeedBook::DropPartial(const Digest& digest) { partials_.erase(digest.hex()); }
 
-awaitable<void> SeedBook::RepublishAll() {
+awaitable<void> SeedBook::RepublishAll(std::function<bool(const Digest&)> which,
+                                       std::chrono::milliseconds spread) {
   if (tracker_ == nullptr || !tracker_->enabled()) co_return;
-  if (republishing_) {  // a second restart while publishing: go round once more
+  if (republishing_) {  // asked again while publishing: go round once more, for every blob
     republish_again_ = true;
     co_return;
   }
   republishing_ = true;
+  if (spread.count() > 0) {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    boost::asio::steady_timer timer(co_await boost::asio::this_coro::executor);
+    timer.expires_after(std::chrono::milliseconds(
+        std::uniform_int_distribution<int64_t>(0, spread.count() - 1)(rng)));
+    boost::system::error_code ec;
+    co_await timer.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+  }
   do {
     republish_again_ = false;
-    // Copy what to publish: entries_ and partials_ may change while we are suspended.
-    struct Item {
+    // Copy what to publish, by blob: entries_ and partials_ may change while we are suspended.
+    struct Blob {
       Digest digest;
       BlobSource source;
-      uint32_t k;
-      std::string metainfo;
+      std::map<uint32_t, std::string> metainfo;  // by chunk index
     };
-    std::vector<Item> items;
-    for (const auto& [hex, e] : entries_) {
-      for (uint32_t k = 0; k < e.metainfo.size(); ++k) {
-        items.push_back({e.digest, e.source, k, e.metainfo[k]});
-      }
-    }
+    std::vector<Blob> blobs;
     size_t partial = 0;
+    for (const auto& [hex, e] : entries_) {
+      if (which && !which(e.digest)) continue;
+      Blob b{e.digest, e.source, {}};
+      for (uint32_t k = 0; k < e.metainfo.size(); ++k) b.metainfo[k] = e.metainfo[k];
+      blobs.push_back(std::move(b));
+    }
     for (const auto& [hex, p] : partials_) {
-      if (entries_.count(hex) != 0) continue;  // committed meanwhile: published above
-      for (const auto& [k, metainfo] : p.metainfo) items.push_back({p.digest, p.source, k, metainfo});
+      if (entries_.count(hex) != 0) continue;  // committed meanwhile: taken above
+      if (which && !which(p.digest)) continue;
+      blobs.push_back({p.digest, p.source, p.metainfo});
       partial += p.metainfo.size();
     }
-    size_t published = 0, failed = 0;
+    size_t published = 0, failed = 0, known = 0;
     const std::string no_lease;
-    for (const Item& item : items) {
-      Status st =
-          co_await tracker_->Publish(item.digest, item.k, item.source, no_lease, item.metainfo);
-      if (st) {
-        ++published;
-      } else {
-        ++failed;
+    for (const Blob& b : blobs) {
+      // What the table already has (another agent published it, or it never lost it).
+      std::vector<std::string> present;
+      auto table = co_await tracker_->FindTable(b.digest);
+      if (table) present = std::move(table.value().metainfo);
+      for (const auto& [k, metainfo] : b.metainfo) {
+        if (k < present.size() && !present[k].empty()) {
+          ++known;
+          continue;
+        }
+        Status st = co_await tracker_->Publish(b.digest, k, b.source, no_lease, metainfo);
+        if (st) {
+          ++published;
+        } else {
+          ++failed;
+        }
       }
     }
-    spdlog::info("re-published {} chunks to the tracker ({} failed; {} of blobs still downloading)",
-                 published, failed, partial);
+    spdlog::info(
+        "re-published {} chunks of {} blobs to the tracker ({} already known there, {} failed; {} "
+        "of blobs still downloading)",
+        published, blobs.size(), known, failed, partial);
+    which = {};
   } while (republish_again_);
   republishing_ = false;
 }

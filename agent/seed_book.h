@@ -5,7 +5,9 @@
 
 #include <utility>
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -44,10 +46,15 @@ class SeedBook {
                   std::string metainfo);
   // Forgets a fetch's partial chunks once it ended (a committed blob is recorded by Add).
   void DropPartial(const Digest& digest);
-  // Publishes every chunk of every seeded blob, and every chunk recorded by AddPartial (no
-  // lease): at start and after a tracker restart, so the tracker re-learns chunks of blobs still
-  // downloading instead of leasing them to upstream again.
-  boost::asio::awaitable<void> RepublishAll();
+  // Publishes (no lease) the chunks of seeded blobs, and those recorded by AddPartial, that the
+  // tracker's table lacks: at start, after a replica restart and when a replica stops
+  // answering, so the tracker re-learns chunks (of blobs still downloading too) instead of
+  // leasing them to upstream again. Only blobs `which` selects (every one when empty), after a
+  // random pause in [0, spread). It reads each blob's table first (one call) and publishes only
+  // the chunks missing there: 2,500 agents holding the same blob send one read each, not one
+  // publish per chunk each.
+  boost::asio::awaitable<void> RepublishAll(std::function<bool(const Digest&)> which = {},
+                                            std::chrono::milliseconds spread = {});
   // Stops seeding a blob before it leaves the cache: removes its chunk torrents from the swarm,
   // its record and its file. No-op for a blob not in the book.
   void Forget(const Digest& digest);

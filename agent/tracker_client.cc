@@ -106,7 +106,8 @@ TrackerClient::TrackerClient(asio::any_io_executor executor, TrackerClientOption
     : executor_(executor),
       options_(std::move(options)),
       tracker_ids_(options_.trackers.size()),
-      failing_since_(options_.trackers.size()) {
+      failing_since_(options_.trackers.size()),
+      failing_noted_(options_.trackers.size()) {
   http::ClientConfig config;
   config.connect_timeout = options_.connect_timeout;
   // Longer than the longest long-poll the tracker will hold (10 s).
@@ -142,6 +143,14 @@ std::vector<size_t> TrackerClient::Order(const Digest& digest) const {
   std::vector<size_t> out;
   for (auto& [score, i] : scored) out.push_back(i);
   return out;
+}
+
+size_t TrackerClient::Owner(const Digest& digest) const {
+  std::vector<size_t> order = Order(digest);
+  for (size_t r : order) {
+    if (!failing_since_[r]) return r;
+  }
+  return order.empty() ? 0 : order.front();
 }
 
 void TrackerClient::NoteTrackerId(size_t replica, const std::string& body) {
@@ -257,7 +266,16 @@ void TrackerClient::NoteHealth(size_t replica, bool ok) {
     }
     return;
   }
-  if (!failing_since_[replica]) failing_since_[replica] = Clock::now();
+  if (!failing_since_[replica]) {
+    failing_since_[replica] = Clock::now();
+    std::optional<Clock::time_point>& noted = failing_noted_[replica];
+    if (on_failing_ && (!noted || Clock::now() - *noted >= std::chrono::minutes(1))) {
+      noted = Clock::now();
+      spdlog::warn("tracker {} stopped answering; the blobs it owns move to the next replicas",
+                   options_.trackers[replica].str());
+      on_failing_(replica);
+    }
+  }
   if (healthy_replicas() == 0 && !all_failing_since_) {
     all_failing_since_ = Clock::now();
     spdlog::warn("no tracker replica answers; probing their /healthz until one does");

@@ -139,6 +139,9 @@ class TrackerClient {
   uint64_t token_generation() const { return options_.token ? options_.token->generation() : 0; }
   // Replica indexes in the rendezvous order for digest (owner first).
   std::vector<size_t> Order(const Digest& digest) const;
+  // The replica the blob calls for digest go to first now: the first in Order that did not fail
+  // its last call (Order's first when every one failed).
+  size_t Owner(const Digest& digest) const;
 
   // Creates (or reads) the chunk table. Errors: kUnavailable when no replica answers,
   // kTooManyRequests when the owner replica is full (503 + Retry-After; retry_after_s set),
@@ -225,6 +228,11 @@ class TrackerClient {
   void OnRestart(std::function<void(size_t replica)> callback) {
     on_restart_ = std::move(callback);
   }
+  // Called (on the network thread) when a replica that answered fails a call, at most once a
+  // minute per replica: the blobs it owned move to the next replicas.
+  void OnFailing(std::function<void(size_t replica)> callback) {
+    on_failing_ = std::move(callback);
+  }
 
  private:
   struct Reply {
@@ -259,6 +267,8 @@ class TrackerClient {
   bool probing_ = false;
   std::unique_ptr<http::Client> http_;
   std::function<void(size_t)> on_restart_;
+  std::function<void(size_t)> on_failing_;
+  std::vector<std::optional<Clock::time_point>> failing_noted_;  // when on_failing_ last ran
 };
 
 }  // namespace shoal::agent

@@ -9,6 +9,7 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <random>
 
 #include <spdlog/spdlog.h>
 #include <boost/asio/ip/address.hpp>
@@ -218,6 +219,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   uint64_t announce_errors = 0;
   uint64_t peer_tls_refused = 0;
   bool announces_failing = false;  // the last announce of this session failed
+  std::mt19937 rng{std::random_device{}()};  // ReannounceVia's spread
   std::vector<lt::alert*> alerts;
   // Session counters sampled every second (post_session_stats): ses.waste_piece_* by reason.
   boost::asio::steady_timer stats_timer{ioc};
@@ -743,6 +745,19 @@ void Swarm::CapDownloadRate(int64_t bytes_per_s) {
   p.set_int(lt::settings_pack::download_rate_limit,
             static_cast<int>(std::min<int64_t>(limit, std::numeric_limits<int>::max())));
   impl_->session->apply_settings(std::move(p));
+}
+
+size_t Swarm::ReannounceVia(const std::string& tracker, std::chrono::seconds spread) {
+  auto base = [](std::string_view url) { return url.substr(0, url.find('?')); };
+  std::uniform_int_distribution<int> delay(0,
+                                           static_cast<int>(std::max<int64_t>(0, spread.count())));
+  size_t n = 0;
+  for (auto& [key, chunk] : impl_->chunks) {
+    if (chunk.trackers.empty() || base(chunk.trackers.front()) != base(tracker)) continue;
+    chunk.handle.force_reannounce(delay(impl_->rng), -1, lt::torrent_handle::ignore_min_interval);
+    ++n;
+  }
+  return n;
 }
 
 void Swarm::ReannounceAll() {

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -192,8 +193,13 @@ class Swarm {
   bool HasChunk(const Sha1& info_hash) const;
 
   SwarmStats Stats();
-  // Announces every chunk to its trackers now (e.g. a restarted tracker lost its peer lists).
+  // Announces every chunk to its trackers now.
   void ReannounceAll();
+  // Announces, each at a random moment within `spread`, the chunks whose first announce URL
+  // equals `tracker` before the '?' (their blob's owner), to the first of their tiers that
+  // works: a restarted owner lost its peer lists, or a dead one's chunks move to the next tier.
+  // Returns how many.
+  size_t ReannounceVia(const std::string& tracker, std::chrono::seconds spread);
   // Replaces each chunk's announce URLs with those of `urls` that differ from them only after
   // the '?' (each chunk keeps its order of tiers), and re-announces: the agent's token, and
   // with it the announce key in the URLs' query, rotated.

@@ -519,19 +519,38 @@ TEST_CASE(
     }
     REQUIRE(owner < replicas.size());
     replicas[owner]->Kill();
+    // The seeders see the replica fail (their prefetch polls break) and, within the 10 s
+    // spread, re-publish its blobs' tables to the next replica and announce their chunks there.
+    size_t next = replicas.size();
+    auto next_has_table = [&] {
+      for (size_t i = 0; i < replicas.size(); ++i) {
+        if (i == owner) continue;
+        auto r = HttpGet(replicas[i]->Url() + "/v1/blobs/" + big.str(), AgentAuth());
+        if (!r || r.value().status != 200) continue;
+        auto j = nlohmann::json::parse(r.value().body, nullptr, false);
+        if (!j.is_object() || !j.contains("chunks")) continue;
+        bool all_ready = !j["chunks"].empty();
+        for (const auto& c : j["chunks"]) all_ready = all_ready && c.value("state", "") == "ready";
+        if (all_ready) next = i;
+        if (all_ready) return true;
+      }
+      return false;
+    };
+    REQUIRE(WaitUntil(next_has_table, seconds(20), milliseconds(200)));
+    // And the 3 seeders of every chunk it now owns announced there.
+    const double next_chunks = static_cast<double>(TrackerChunks(*replicas[next], w.image));
+    CHECK(WaitUntil(
+        [&] { return replicas[next]->Metric("shoal_tracker_seeders") >= 3 * next_chunks; },
+        seconds(20), milliseconds(200)));
+    w.proxy->Reset();
     Agent& late = w.AddAgent({}, all);
     auto pulled = w.Pull(3, "late");
     REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + late.LogTail()));
     w.CheckSame(pulled.value());
     CHECK(late.Metric("shoal_swarm_fallback_total") == 0);
-    // The big layer's table is now on a live replica, and that replica tracks its swarms too.
-    size_t next = replicas.size();
-    for (size_t i = 0; i < replicas.size(); ++i) {
-      if (i == owner) continue;
-      auto r = HttpGet(replicas[i]->Url() + "/v1/blobs/" + big.str(), AgentAuth());
-      if (r && r.value().status == 200) next = i;
-    }
-    REQUIRE(next < replicas.size());
+    // Every blob came from the seeders, the dead owner's too: nothing from upstream.
+    CHECK_MESSAGE(w.proxy->BlobBytes() == 0, late.LogTail());
+    // The next replica tracks exactly the swarms of the tables it now has.
     const double next_own = static_cast<double>(TrackerChunks(*replicas[next], w.image));
     CHECK(WaitUntil([&] { return replicas[next]->Metric("shoal_tracker_swarms") >= next_own; },
                     seconds(15), milliseconds(100)));
