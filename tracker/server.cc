@@ -90,9 +90,9 @@ StringResponse MakeResponse(unsigned version, bool keep_alive, http::status stat
 // frees in the registry shim), so no co_await here takes a non-trivial temporary.
 class Connection {
  public:
-  Connection(tcp::socket socket, TrackerService& service, BlobApi& blobs, ManifestApi& manifests,
-             PrefetchApi& prefetch, Access& access, const ServerOptions& options,
-             const std::function<std::string()>& metrics_text,
+  Connection(tcp::socket socket, const tcp::endpoint& remote, TrackerService& service,
+             BlobApi& blobs, ManifestApi& manifests, PrefetchApi& prefetch, Access& access,
+             const ServerOptions& options, const std::function<std::string()>& metrics_text,
              const std::function<std::string()>& cluster_view)
       : stream_(std::move(socket)),
         service_(service),
@@ -102,10 +102,8 @@ class Connection {
         prefetch_(prefetch),
         options_(options),
         metrics_text_(metrics_text),
-        cluster_view_(cluster_view) {
-    beast::error_code ec;
-    remote_ = stream_.socket().remote_endpoint(ec);
-  }
+        cluster_view_(cluster_view),
+        remote_(remote) {}
 
   // Shutdown: a connection waiting for its next request is closed now; one serving a request
   // closes after answering it.
@@ -174,8 +172,8 @@ class Connection {
       bool written = co_await Write(std::move(res));
       if (!written || !keep) break;
     }
-    beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    // No shutdown(SHUT_WR) first: the close that follows sends the same FIN, and a syscall is a
+    // tenth of a connection-close announce's cost (docs/benchmarks.md, shoal-bench-tracker).
   }
 
  private:
@@ -395,6 +393,9 @@ Result<uint16_t> Server::Listen(const std::string& address, uint16_t port) {
   tcp::endpoint ep(addr, port);
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  // Accepted sockets inherit TCP_NODELAY from the listener on Linux: one setsockopt(2) per
+  // connection less.
+  if (!ec) acceptor_.set_option(tcp::no_delay(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
@@ -417,7 +418,10 @@ void Server::Stop() {
 awaitable<void> Server::AcceptLoop() {
   for (;;) {
     beast::error_code ec;
-    tcp::socket socket = co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));
+    // The peer's address comes with accept(2), so a connection needs no getpeername(2).
+    tcp::endpoint remote;
+    tcp::socket socket =
+        co_await acceptor_.async_accept(remote, asio::redirect_error(use_awaitable, ec));
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
     if (ec) {
       spdlog::warn("accept failed: {}", ec.message());
@@ -442,8 +446,7 @@ awaitable<void> Server::AcceptLoop() {
       }
       continue;
     }
-    socket.set_option(tcp::no_delay(true), ec);
-    asio::co_spawn(ioc_, Session(std::move(socket)), asio::detached);
+    asio::co_spawn(ioc_, Session(std::move(socket), remote), asio::detached);
   }
 }
 
@@ -472,11 +475,11 @@ awaitable<void> Server::Shed(tcp::socket socket) {
   --shedding_;
 }
 
-awaitable<void> Server::Session(tcp::socket socket) {
+awaitable<void> Server::Session(tcp::socket socket, tcp::endpoint remote) {
   ++active_;
   service_.metrics().connections.Set(active_);
-  Connection conn(std::move(socket), service_, blobs_, manifests_, prefetch_, access_, options_,
-                  metrics_text_, cluster_view_);
+  Connection conn(std::move(socket), remote, service_, blobs_, manifests_, prefetch_, access_,
+                  options_, metrics_text_, cluster_view_);
   auto registered = stops_.insert(stops_.end(), [&conn] { conn.Stop(); });
   try {
     co_await conn.Run();

@@ -64,7 +64,8 @@ class Server {
 
  private:
   boost::asio::awaitable<void> AcceptLoop();
-  boost::asio::awaitable<void> Session(boost::asio::ip::tcp::socket socket);
+  boost::asio::awaitable<void> Session(boost::asio::ip::tcp::socket socket,
+                                       boost::asio::ip::tcp::endpoint remote);
   // Answers a connection over the limit with 503 and closes it (bounded: shedding_).
   boost::asio::awaitable<void> Shed(boost::asio::ip::tcp::socket socket);
 
