@@ -220,27 +220,36 @@ int RunAgent(const AgentConfig& config) {
     // next tier and their tables are re-published to the next replica, so seeders are found
     // there and no chunk goes to upstream again. Both are spread over random moments, so that
     // 2,500 agents do not come at once.
-    tracker.OnRestart([&seeds, &swarm, &ioc, &tracker](size_t replica) {
-      size_t n = swarm->ReannounceVia(tracker.AnnounceUrls()[replica], kRepublishSpread);
+    // The chunk torrents and blobs that reach `replica` now (their earlier replicas down): a
+    // restarted one lost their peers and tables; a failing one's move on to the next replica.
+    auto reach = [&tracker](size_t replica) {
+      return [&tracker, replica](const std::vector<std::string>& urls) {
+        return tracker.Reaches(tracker.ReplicasOf(urls), replica);
+      };
+    };
+    tracker.OnRestart([&seeds, &swarm, &ioc, &tracker, reach](size_t replica) {
+      size_t n = swarm->ReannounceWhere(reach(replica), kRepublishSpread);
       spdlog::info("re-announcing {} chunk torrents to the restarted tracker within {} s", n,
                    kRepublishSpread.count());
-      asio::co_spawn(
-          ioc,
-          seeds->RepublishAll(
-              [&tracker, replica](const Digest& d) { return tracker.Owner(d) == replica; },
-              kRepublishSpread),
-          asio::detached);
+      asio::co_spawn(ioc,
+                     seeds->RepublishAll(
+                         [&tracker, replica](const Digest& d) {
+                           return tracker.Reaches(tracker.Order(d), replica);
+                         },
+                         kRepublishSpread),
+                     asio::detached);
     });
-    tracker.OnFailing([&seeds, &swarm, &ioc, &tracker](size_t replica) {
-      size_t n = swarm->ReannounceVia(tracker.AnnounceUrls()[replica], kRepublishSpread);
+    tracker.OnFailing([&seeds, &swarm, &ioc, &tracker, reach](size_t replica) {
+      size_t n = swarm->ReannounceWhere(reach(replica), kRepublishSpread);
       spdlog::info("moving {} chunk torrents to the next tracker replica within {} s", n,
                    kRepublishSpread.count());
-      asio::co_spawn(
-          ioc,
-          seeds->RepublishAll(
-              [&tracker, replica](const Digest& d) { return tracker.Order(d).front() == replica; },
-              kRepublishSpread),
-          asio::detached);
+      asio::co_spawn(ioc,
+                     seeds->RepublishAll(
+                         [&tracker, replica](const Digest& d) {
+                           return tracker.Reaches(tracker.Order(d), replica);
+                         },
+                         kRepublishSpread),
+                     asio::detached);
     });
     asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
     if (tracker_options.token)

@@ -153,6 +153,29 @@ size_t TrackerClient::Owner(const Digest& digest) const {
   return order.empty() ? 0 : order.front();
 }
 
+bool TrackerClient::Reaches(const std::vector<size_t>& order, size_t replica) const {
+  for (size_t r : order) {
+    if (r == replica) return true;
+    if (r < failing_since_.size() && !failing_since_[r]) return false;
+  }
+  return false;
+}
+
+std::vector<size_t> TrackerClient::ReplicasOf(const std::vector<std::string>& announce_urls) const {
+  auto base = [](std::string_view url) { return url.substr(0, url.find('?')); };
+  const std::vector<std::string> ours = AnnounceUrls();
+  std::vector<size_t> out;
+  for (const std::string& url : announce_urls) {
+    for (size_t r = 0; r < ours.size(); ++r) {
+      if (base(ours[r]) == base(url)) {
+        out.push_back(r);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 void TrackerClient::NoteTrackerId(size_t replica, const std::string& body) {
   std::string id;
   try {

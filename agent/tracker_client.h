@@ -142,6 +142,14 @@ class TrackerClient {
   // The replica the blob calls for digest go to first now: the first in Order that did not fail
   // its last call (Order's first when every one failed).
   size_t Owner(const Digest& digest) const;
+  // Whether calls or announces that try the replicas in `order` reach `replica` now, counting
+  // `replica` itself as answering: it comes before every other replica of order that did not
+  // fail its last call. A replica that just failed or just restarted is reached by the blobs
+  // and chunk torrents it served, including those whose earlier replicas are down.
+  bool Reaches(const std::vector<size_t>& order, size_t replica) const;
+  // The replicas of announce URLs (matched by the part before '?'), in their order; URLs of no
+  // replica are skipped.
+  std::vector<size_t> ReplicasOf(const std::vector<std::string>& announce_urls) const;
 
   // Creates (or reads) the chunk table. Errors: kUnavailable when no replica answers,
   // kTooManyRequests when the owner replica is full (503 + Retry-After; retry_after_s set),

@@ -747,13 +747,13 @@ void Swarm::CapDownloadRate(int64_t bytes_per_s) {
   impl_->session->apply_settings(std::move(p));
 }
 
-size_t Swarm::ReannounceVia(const std::string& tracker, std::chrono::seconds spread) {
-  auto base = [](std::string_view url) { return url.substr(0, url.find('?')); };
+size_t Swarm::ReannounceWhere(const std::function<bool(const std::vector<std::string>& urls)>& pick,
+                              std::chrono::seconds spread) {
   std::uniform_int_distribution<int> delay(0,
                                            static_cast<int>(std::max<int64_t>(0, spread.count())));
   size_t n = 0;
   for (auto& [key, chunk] : impl_->chunks) {
-    if (chunk.trackers.empty() || base(chunk.trackers.front()) != base(tracker)) continue;
+    if (chunk.trackers.empty() || !pick(chunk.trackers)) continue;
     chunk.handle.force_reannounce(delay(impl_->rng), -1, lt::torrent_handle::ignore_min_interval);
     ++n;
   }

@@ -195,11 +195,11 @@ class Swarm {
   SwarmStats Stats();
   // Announces every chunk to its trackers now.
   void ReannounceAll();
-  // Announces, each at a random moment within `spread`, the chunks whose first announce URL
-  // equals `tracker` before the '?' (their blob's owner), to the first of their tiers that
-  // works: a restarted owner lost its peer lists, or a dead one's chunks move to the next tier.
-  // Returns how many.
-  size_t ReannounceVia(const std::string& tracker, std::chrono::seconds spread);
+  // Announces, each at a random moment within `spread`, the chunks whose announce URLs (tier i
+  // = urls[i]) `pick` accepts, to the first of their tiers that works: a restarted replica lost
+  // its peer lists, or a dead one's chunks move to the next tier. Returns how many.
+  size_t ReannounceWhere(const std::function<bool(const std::vector<std::string>& urls)>& pick,
+                         std::chrono::seconds spread);
   // Replaces each chunk's announce URLs with those of `urls` that differ from them only after
   // the '?' (each chunk keeps its order of tiers), and re-announces: the agent's token, and
   // with it the announce key in the URLs' query, rotated.

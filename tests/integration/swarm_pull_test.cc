@@ -555,6 +555,19 @@ TEST_CASE(
     CHECK(WaitUntil([&] { return replicas[next]->Metric("shoal_tracker_swarms") >= next_own; },
                     seconds(15), milliseconds(100)));
     CHECK(replicas[next]->Metric("shoal_tracker_swarms") == next_own);
+
+    // The next replica restarts (tables and swarms gone) while the owner is still dead. The
+    // seeders re-publish there and re-announce both its own blobs and the dead owner's, whose
+    // chunk torrents reach it from their second tier (tier 0 still fails).
+    replicas[next]->Kill();
+    REQUIRE_MESSAGE(replicas[next]->Restart().has_value(), replicas[next]->LogTail());
+    CHECK(WaitUntil(
+        [&] { return static_cast<double>(TrackerChunks(*replicas[next], w.image)) >= next_own; },
+        seconds(30), milliseconds(200)));
+    CHECK_MESSAGE(
+        WaitUntil([&] { return replicas[next]->Metric("shoal_tracker_seeders") >= 4 * next_own; },
+                  seconds(30), milliseconds(200)),
+        "seeders " << replicas[next]->Metric("shoal_tracker_seeders") << " of " << 4 * next_own);
     return round;
   };
   Round owner_only = run({}, true);
