@@ -594,9 +594,12 @@ Status ChunkFetcher::SeedChunk(uint32_t k, const swarm::ChunkTorrent& torrent,
                                swarm::ChunkSpec spec) {
   spec.torrent = torrent;
   spec.range = swarm::FileRange{file_, layout_.chunk_begin(k), layout_.chunk_length(k)};
-  // In order only for the chunk a streaming client waits on; elsewhere rarest-first, so that
-  // peers fetching the same chunks hold different pieces and trade them.
-  spec.sequential = !spec.seed && fetch_->contiguous() < fetch_->size() &&
+  // In order only for chunk 0 while a streaming client waits on it (the blob's first bytes);
+  // elsewhere rarest-first, so that peers fetching the same chunks hold different pieces and
+  // trade them. In order for every chunk a client waits on, nodes that start a chunk together
+  // (a late chunk everyone lacks) hold the same prefix of it and have nothing to trade:
+  // shoal-sim at 2,500 nodes waited 12 s on one such 64 MiB chunk (docs/benchmarks.md).
+  spec.sequential = !spec.seed && k == 0 && fetch_->contiguous() < fetch_->size() &&
                     layout_.chunk_at(fetch_->contiguous()) == k;
   if (s_.tracker != nullptr) spec.tracker_urls = s_.tracker->AnnounceUrls(fetch_->digest());
   // A torrent left from an earlier failed attempt on this chunk is replaced.

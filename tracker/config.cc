@@ -116,6 +116,22 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_MAX_UPSTREAM_FETCHERS")
       ->check(CLI::Range(1u, 100'000u))
       ->capture_default_str();
+  app.add_option("--base-upstream-fetchers", c.base_upstream_fetchers,
+                 "Upstream leases active at once in the whole cluster until leases prove fast: "
+                 "each lease that fetches a full chunk at --fast-lease-mbit raises the limit by "
+                 "one toward --max-upstream-fetchers, each slower than half that lowers it by "
+                 "one back toward this (shared by --replicas like the max)")
+      ->envname("SHOAL_BASE_UPSTREAM_FETCHERS")
+      ->check(CLI::Range(1u, 100'000u))
+      ->capture_default_str();
+  app.add_option("--fast-lease-mbit", c.fast_lease_mbit,
+                 "A lease that fetches a full chunk at this rate (Mbit/s) or faster lets one more "
+                 "lease run: on fast registry links more, smaller upstream flows spread over more "
+                 "leaseholders, whose downlinks peers also fill; 0 keeps the limit at "
+                 "--base-upstream-fetchers")
+      ->envname("SHOAL_FAST_LEASE_MBIT")
+      ->check(CLI::Range(0u, 10'000'000u))
+      ->capture_default_str();
   app.add_option("--replicas", c.replicas,
                  "Tracker replicas in the cluster (every agent's --tracker list): they share "
                  "--max-upstream-fetchers, so the cap holds for the cluster, not per replica")
@@ -220,6 +236,11 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
 
 uint32_t UpstreamLeasesPerReplica(const TrackerConfig& config) {
   return config.max_upstream_fetchers / std::max(config.replicas, 1u);
+}
+
+uint32_t BaseUpstreamLeasesPerReplica(const TrackerConfig& config) {
+  return std::clamp(config.base_upstream_fetchers / std::max(config.replicas, 1u), 1u,
+                    std::max(UpstreamLeasesPerReplica(config), 1u));
 }
 
 }  // namespace shoal::tracker

@@ -22,12 +22,14 @@ struct TrackerConfig {
   bool trust_ip_param = false;  // believe the announce's ip= (only behind a trusted proxy)
   int max_connections = 32768;
   // Chunk tables and upstream leases (the blob API).
-  uint64_t chunk_size_kib = 65536;     // 64 MiB chunks (the largest; smaller blobs get smaller)
-  uint32_t piece_size_kib = 4096;      // 4 MiB pieces in each chunk torrent (the largest)
+  uint64_t chunk_size_kib = 16384;     // 16 MiB chunks (the largest; smaller blobs get smaller)
+  uint32_t piece_size_kib = 1024;      // 1 MiB pieces in each chunk torrent (the largest)
   uint32_t target_chunks = 64;         // smaller blobs get at least 64 full chunks
   uint64_t min_chunk_size_kib = 1024;  // but not below 1 MiB
   uint64_t first_chunk_kib = 1024;     // ramp: chunk 0 is 1 MiB, then 2, 4, ... (0: no ramp)
-  uint32_t max_upstream_fetchers = 8;  // active leases in the whole cluster (NAT quota)
+  uint32_t max_upstream_fetchers = 64;  // active leases in the whole cluster (NAT quota)
+  uint32_t base_upstream_fetchers = 8;  // the limit below that until leases prove fast
+  uint32_t fast_lease_mbit = 256;       // a lease this fast raises the limit (0: stays at base)
   uint32_t replicas = 1;               // tracker replicas that share max_upstream_fetchers
   uint32_t max_leases_per_agent = 2;
   uint32_t max_leases_per_blob = 4;
@@ -62,5 +64,7 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& config);
 // max_upstream_fetchers / replicas rounded down, so the replicas' sum never exceeds the cap
 // (replicas share no state, and each owns the leases of its own blobs).
 uint32_t UpstreamLeasesPerReplica(const TrackerConfig& config);
+// The same share of base_upstream_fetchers (at least 1, at most UpstreamLeasesPerReplica).
+uint32_t BaseUpstreamLeasesPerReplica(const TrackerConfig& config);
 
 }  // namespace shoal::tracker

@@ -102,6 +102,8 @@ int RunTracker(const TrackerConfig& config) {
   blob_options.table.min_chunk_size = config.min_chunk_size_kib << 10;
   blob_options.table.first_chunk_size = config.first_chunk_kib << 10;
   blob_options.table.max_upstream_fetchers = UpstreamLeasesPerReplica(config);
+  blob_options.table.base_upstream_fetchers = BaseUpstreamLeasesPerReplica(config);
+  blob_options.table.fast_lease_rate = uint64_t{config.fast_lease_mbit} * 1'000'000 / 8;
   blob_options.table.max_leases_per_agent = config.max_leases_per_agent;
   blob_options.table.max_leases_per_blob = config.max_leases_per_blob;
   blob_options.table.head_start = std::chrono::milliseconds(config.head_start_ms);
@@ -214,15 +216,15 @@ int RunTracker(const TrackerConfig& config) {
       options.min_interval.count(), service.table().options().peer_ttl.count());
   spdlog::info(
       "tracker id {}; chunks of up to {} KiB with {} KiB pieces (blobs below that x {} get smaller "
-      "chunks, at least {} KiB; first chunk {} KiB); at most {} upstream leases (this "
-      "replica's share of {} over {} replicas; {} per "
+      "chunks, at least {} KiB; first chunk {} KiB); {} to {} upstream leases (this "
+      "replica's share of {} to {} over {} replicas, more while leases run at {} Mbit/s; {} per "
       "agent, {} per blob; a blob's chunk 0 alone for up to {} ms), lease ttl {} s, at most {} "
       "blob tables",
       blobs.tracker_id(), config.chunk_size_kib, config.piece_size_kib, config.target_chunks,
-      config.min_chunk_size_kib, config.first_chunk_kib, UpstreamLeasesPerReplica(config),
-      config.max_upstream_fetchers, config.replicas,
-      config.max_leases_per_agent, config.max_leases_per_blob, config.head_start_ms,
-      config.lease_ttl_s, config.max_blobs);
+      config.min_chunk_size_kib, config.first_chunk_kib, BaseUpstreamLeasesPerReplica(config),
+      UpstreamLeasesPerReplica(config), config.base_upstream_fetchers, config.max_upstream_fetchers,
+      config.replicas, config.fast_lease_mbit, config.max_leases_per_agent,
+      config.max_leases_per_blob, config.head_start_ms, config.lease_ttl_s, config.max_blobs);
   spdlog::info(
       "manifest cache: tag ttl {} s, upstream 404 ttl {} s, fetch lease ttl {} s, at most {} "
       "manifests / {} MiB",

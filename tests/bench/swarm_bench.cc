@@ -589,8 +589,8 @@ struct Options {
   int node_mbit = 100;
   int upstream_mbit = 50;  // B = 2U: a node link faster than its share of the NAT (docs)
   uint64_t image_mib = 256;
-  uint64_t chunk_mib = 64;  // shoal-tracker's defaults: 64 MiB chunks of 4 MiB pieces
-  uint64_t piece_kib = 0;   // 0: min(4096, chunk size)
+  uint64_t chunk_mib = 16;  // shoal-tracker's defaults: 16 MiB chunks of 1 MiB pieces
+  uint64_t piece_kib = 0;   // 0: min(1024, chunk size)
   std::vector<std::string> scenarios = {"shoal", "direct", "central", "central-nginx"};
   int cache_mbit = 0;     // central-nginx's link; 0: 10 x B
   int pull_attempts = 3;  // per node and scenario
@@ -1263,12 +1263,12 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(8, 16384))
       ->capture_default_str();
   app.add_option("--chunk-mib", o.chunk_mib,
-                 "shoal-tracker --chunk-size-kib, in MiB (64: the tracker's default)")
+                 "shoal-tracker --chunk-size-kib, in MiB (16: the tracker's default)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   app.add_option("--piece-kib", o.piece_kib,
                  "shoal-tracker --piece-size-kib: a power of two, at most the chunk size "
-                 "(default: 4096, the tracker's default, or the chunk size if smaller)");
+                 "(default: 1024, the tracker's default, or the chunk size if smaller)");
   app.add_option("--scenarios", o.scenarios, "Scenarios to run, in this order")
       ->delimiter(',')
       ->check(CLI::IsMember({"shoal", "shoal-plain", "direct", "central", "central-nginx"}))
@@ -1304,7 +1304,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--keep", o.keep, "Keep the temp dir (logs, caches) at the end");
   CLI11_PARSE(app, argc, argv);
   if (o.keep) setenv("SHOAL_KEEP_TMP", "1", 1);
-  if (o.piece_kib == 0) o.piece_kib = std::min<uint64_t>(4096, o.chunk_mib * 1024);
+  if (o.piece_kib == 0) o.piece_kib = std::min<uint64_t>(1024, o.chunk_mib * 1024);
   if ((o.piece_kib & (o.piece_kib - 1)) != 0 || o.piece_kib < 16 ||
       o.piece_kib > o.chunk_mib * 1024) {
     std::fprintf(stderr, "--piece-kib must be a power of two from 16 to the chunk size\n");

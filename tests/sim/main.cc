@@ -48,7 +48,9 @@ int Main(int argc, char** argv) {
   std::vector<double> blob_mib;
   std::vector<uint64_t> blob_bytes;
   std::string image = "";
-  uint64_t chunk_mib = 64, piece_kib = 4096, first_chunk_kib = 1024, min_chunk_kib = 1024;
+  uint64_t chunk_mib = c.table.chunk_size >> 20, piece_kib = c.table.piece_size >> 10,
+           first_chunk_kib = c.table.first_chunk_size >> 10,
+           min_chunk_kib = c.table.min_chunk_size >> 10;
   int head_start_ms = 500, lease_ttl_s = 15;
   double rtt_ms = 1, registry_ms = 5, client_start_ms = 500, quantum_ms = 1, lease_wait_ms = 5000;
   uint64_t request_window_kib = 256;
@@ -89,6 +91,12 @@ int Main(int argc, char** argv) {
   app.add_option("--max-upstream-fetchers", c.table.max_upstream_fetchers,
                  "tracker --max-upstream-fetchers")
       ->capture_default_str();
+  app.add_option("--base-upstream-fetchers", c.table.base_upstream_fetchers,
+                 "tracker --base-upstream-fetchers")
+      ->capture_default_str();
+  double fast_lease_mbit = static_cast<double>(c.table.fast_lease_rate) * 8 / 1e6;
+  app.add_option("--fast-lease-mbit", fast_lease_mbit, "tracker --fast-lease-mbit (0: off)")
+      ->capture_default_str();
   app.add_option("--max-leases-per-agent", c.table.max_leases_per_agent,
                  "tracker --max-leases-per-agent")
       ->capture_default_str();
@@ -103,8 +111,7 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--head-streams", c.head_streams,
                  "Of the --range-streams, how many take the chunks in order; the rest are "
-                 "background streams that ask the tracker for the rarest ready chunk (-1: all in "
-                 "order, the agent today)")
+                 "background streams (-1: all in order, the agent before session 18)")
       ->check(CLI::Range(-1, 64))
       ->capture_default_str();
   std::map<std::string, SimConfig::Background> orders{{"rarest", SimConfig::Background::kRarest},
@@ -117,9 +124,17 @@ int Main(int argc, char** argv) {
                  "ready: today's tracker API)")
       ->transform(CLI::CheckedTransformer(orders, CLI::ignore_case))
       ->capture_default_str();
+  std::map<std::string, SimConfig::Sequential> sequential{{"head", SimConfig::Sequential::kHead},
+                                                          {"first", SimConfig::Sequential::kFirst},
+                                                          {"none", SimConfig::Sequential::kNone}};
+  app.add_option("--sequential", c.sequential,
+                 "Which chunk a node downloads in order, the others rarest first: head (the chunk "
+                 "a streaming client waits on), first (that chunk only while it is chunk 0), none")
+      ->transform(CLI::CheckedTransformer(sequential, CLI::ignore_case))
+      ->capture_default_str();
   app.add_option("--upstream-reserve", c.upstream_reserve,
                  "While a node fetches from upstream, its peer downloads get at most (1 - this) of "
-                 "its downlink (0: no limit, the agent today)")
+                 "its downlink (0: no limit, the agent's default)")
       ->check(CLI::Range(0.0, 0.95))
       ->capture_default_str();
   app.add_option("--lease-wait-ms", lease_wait_ms, "agent long-poll wait (--lease-wait-ms)")
@@ -179,6 +194,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "name the image: --image, --blob-bytes or --blob-mib\n");
     return 2;
   }
+  c.table.fast_lease_rate = static_cast<uint64_t>(fast_lease_mbit * 1e6 / 8);
   c.table.chunk_size = chunk_mib << 20;
   c.table.piece_size = static_cast<uint32_t>(piece_kib << 10);
   c.table.first_chunk_size = first_chunk_kib << 10;
@@ -200,19 +216,26 @@ int Main(int argc, char** argv) {
   std::printf(
       "shoal-sim: B = %g Mbit/s per node, image S = %.0f bytes (%.1f MiB) in %zu blobs; tracker: "
       "chunks up to %llu MiB / pieces up to %llu KiB, first chunk %llu KiB, target %u chunks, "
-      "%u fetchers (%u per agent, %u per blob), head start %d ms, lease ttl %d s; agent: "
-      "--range-streams %d, head %d%s, upstream reserve %g; model: RTT %g ms, registry %g ms, "
+      "%u to %u fetchers (more while leases run at %g Mbit/s; %u per agent, %u per blob), head "
+      "start %d ms, lease ttl %d s; agent: --range-streams %d, head %d%s, in order: %s, "
+      "upstream reserve %g; model: RTT %g ms, registry %g ms, "
       "connect %g RTT, client start %g ms, "
       "%d sources per chunk, %d uploads per node, window %llu KiB, wire %.3f, quantum %g ms\n",
       c.node_mbit, S, S / 1048576, blobs.size(), static_cast<unsigned long long>(chunk_mib),
       static_cast<unsigned long long>(piece_kib), static_cast<unsigned long long>(first_chunk_kib),
-      c.table.target_chunks, c.table.max_upstream_fetchers, c.table.max_leases_per_agent,
+      c.table.target_chunks,
+      c.table.base_upstream_fetchers == 0 ? c.table.max_upstream_fetchers
+                                          : c.table.base_upstream_fetchers,
+      c.table.max_upstream_fetchers, fast_lease_mbit, c.table.max_leases_per_agent,
       c.table.max_leases_per_blob, head_start_ms, lease_ttl_s, c.range_streams, c.head_streams,
       c.head_streams < 0
           ? " (all in order)"
           : (c.background == SimConfig::Background::kRarest   ? ", background rarest"
              : c.background == SimConfig::Background::kRandom ? ", background random"
                                                               : ", background watcher"),
+      c.sequential == SimConfig::Sequential::kHead    ? "the head chunk"
+      : c.sequential == SimConfig::Sequential::kFirst ? "chunk 0"
+                                                      : "none",
       c.upstream_reserve, rtt_ms, registry_ms, c.connect_rtts, client_start_ms, c.max_sources,
       c.max_uploads, static_cast<unsigned long long>(request_window_kib), c.wire_efficiency,
       quantum_ms);

@@ -20,12 +20,14 @@ namespace shoal::sim {
 tracker::BlobTableOptions TrackerDefaults() {
   // tracker/config.h's defaults, as tracker/run.cc passes them to the table.
   tracker::BlobTableOptions o;
-  o.chunk_size = 64ull << 20;
-  o.piece_size = 4u << 20;
+  o.chunk_size = 16ull << 20;
+  o.piece_size = 1u << 20;
   o.target_chunks = 64;
   o.min_chunk_size = 1ull << 20;
   o.first_chunk_size = 1ull << 20;
-  o.max_upstream_fetchers = 8;
+  o.max_upstream_fetchers = 64;
+  o.base_upstream_fetchers = 8;
+  o.fast_lease_rate = 256'000'000 / 8;
   o.max_leases_per_agent = 2;
   o.max_leases_per_blob = 4;
   o.head_start = std::chrono::milliseconds(500);
@@ -885,7 +887,9 @@ void Sim::RecordPrefix(const Fetch& f) {
 bool Sim::PickPiece(const Fetch& f, uint32_t k, uint32_t src, uint32_t* piece) {
   const Blob& b = blobs_[f.blob];
   const Fetch* s = src == kNone ? nullptr : &fetches_[size_t{src} * blobs_.size() + f.blob];
-  const bool sequential = f.contiguous == k;
+  const bool sequential =
+      f.contiguous == k && (c_.sequential == SimConfig::Sequential::kHead ||
+                            (c_.sequential == SimConfig::Sequential::kFirst && k == 0));
   size_t best = std::numeric_limits<size_t>::max();
   uint32_t ties = 0;
   bool found = false;

@@ -46,9 +46,9 @@ struct SimConfig {
   tracker::BlobTableOptions table;    // the tracker's settings (its defaults: see SimDefaults)
   int range_streams = 4;              // the agent's --range-streams
   // Of those streams, how many take the chunks in order (the head the client streams); the
-  // others are background streams that ask the tracker for the ready chunk this node lacks with
-  // the fewest peers in its swarm (or a random one). -1: every stream in order (the agent today).
-  int head_streams = -1;
+  // others are background streams (see background). -1: every stream in order (the agent
+  // before session 18).
+  int head_streams = 1;
   // How a background stream picks its chunk:
   //   kRarest: asks the tracker, which answers with the ready chunk the node lacks (the agent
   //            names what it holds or fetches) that has the fewest peers in its swarm;
@@ -57,11 +57,16 @@ struct SimConfig {
   //            (the 16 lowest chunks not held) has learned are ready, else it waits for the
   //            watcher's next answer (what the agent can do with today's tracker API).
   enum class Background { kRarest, kRandom, kWatcher };
-  Background background = Background::kRarest;
+  Background background = Background::kWatcher;  // the agent's
   // While a node fetches from upstream, its peer downloads are held to (1 - this) of its
   // downlink, so that its upstream flows keep up (an agent's libtorrent download rate limit
-  // while it holds a lease). 0: no limit (the agent today).
+  // while it holds a lease). 0: no limit (the agent's default).
   double upstream_reserve = 0;
+  // Which chunk a node downloads in order (the others rarest first): kHead, the chunk its
+  // in-order prefix ends in (the chunk a streaming client waits on); kFirst, that chunk only
+  // while it is the blob's chunk 0; kNone, no chunk.
+  enum class Sequential { kHead, kFirst, kNone };
+  Sequential sequential = Sequential::kFirst;  // the agent's (kHead before session 19)
   size_t ready_window = 16;           // chunks one ready long-poll names (kReadyWindow)
   double lease_wait_s = 5;            // the agent's long-poll wait (--lease-wait-ms)
   double rtt_s = 0.001;               // round trip between any two hosts (tracker, registry, peers)

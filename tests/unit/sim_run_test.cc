@@ -76,6 +76,7 @@ TEST_CASE("sim run: background streams take ready chunks out of order, and every
   c.node_mbit = 160;
   c.range_streams = 4;
   c.head_streams = 1;  // one stream in order, three asking for the rarest ready chunk
+  c.background = SimConfig::Background::kRarest;
   SimResult r = RunSim(c);
   const double S = static_cast<double>((40ull << 20) + (3ull << 20));
   CHECK(r.upstream_bytes == doctest::Approx(S));

@@ -671,4 +671,121 @@ TEST_CASE("tracker blobs: a chunk re-published after its seeders left is kept, n
   CHECK(StateOf(t, D('a'), 0, kT0 + std::chrono::seconds(3)) == ChunkState::kReady);
 }
 
+TEST_CASE(
+    "tracker blobs: fast leases raise the upstream limit toward the max, slow ones lower it") {
+  BlobTableOptions o = Options(/*fetchers=*/4, /*per_agent=*/8);
+  o.base_upstream_fetchers = 2;
+  o.fast_lease_rate = kChunk * 10;  // a full chunk in 100 ms
+  BlobTable t(o, 1);
+  CHECK(t.upstream_limit() == 2);
+  const Digest d = D('f');
+  auto work = [&](const std::string& agent, TimePoint now) {
+    auto a = t.Work(d, agent, Source(), now);
+    REQUIRE_MESSAGE(a.has_value(), a.error().message);
+    return a.value();
+  };
+  auto publish = [&](const LeaseAnswer& a, const std::string& agent, TimePoint now) {
+    auto p =
+        t.Publish(d, a.chunk, agent, a.lease_id, Source(), Metainfo(a.length, a.chunk + 1), now);
+    REQUIRE_MESSAGE(p.has_value(), p.error().message);
+    REQUIRE(p.value().released_lease);
+  };
+  LeaseAnswer a = work("a", kT0);
+  LeaseAnswer b = work("b", kT0);
+  REQUIRE(a.kind == LeaseAnswer::Kind::kGranted);
+  REQUIRE(b.kind == LeaseAnswer::Kind::kGranted);
+  LeaseAnswer c = work("c", kT0);
+  CHECK(c.kind == LeaseAnswer::Kind::kWait);
+  CHECK(c.reason == WaitReason::kClusterCap);
+  // A full chunk in 50 ms: one more lease may run (b and two more).
+  publish(a, "a", kT0 + milliseconds(50));
+  CHECK(t.upstream_limit() == 3);
+  c = work("c", kT0 + milliseconds(50));
+  LeaseAnswer e = work("e", kT0 + milliseconds(50));
+  REQUIRE(c.kind == LeaseAnswer::Kind::kGranted);
+  REQUIRE(e.kind == LeaseAnswer::Kind::kGranted);  // the blob's short last chunk
+  CHECK(e.length == 3392);
+  CHECK(work("g", kT0 + milliseconds(50)).reason == WaitReason::kClusterCap);
+  // Between half the rate and the rate (150 ms for a full chunk): the limit stays.
+  publish(b, "b", kT0 + milliseconds(150));
+  CHECK(t.upstream_limit() == 3);
+  // A short chunk says little about the link, however fast it came.
+  publish(e, "e", kT0 + milliseconds(51));
+  CHECK(t.upstream_limit() == 3);
+  // Slower than half the rate (a full chunk in 1 s): one lease fewer, but never below the base.
+  publish(c, "c", kT0 + seconds(1));
+  CHECK(t.upstream_limit() == 2);
+
+  // Many fast leases on other blobs: the limit stops at the max.
+  for (char name = 'p'; name < 'x'; ++name) {
+    const Digest other = D(name);
+    auto got = t.Work(other, "h", Source(), kT0 + seconds(2));
+    REQUIRE(got.has_value());
+    REQUIRE(got.value().kind == LeaseAnswer::Kind::kGranted);
+    REQUIRE(t.Publish(other, got.value().chunk, "h", got.value().lease_id, Source(),
+                      Metainfo(got.value().length, 1), kT0 + seconds(2) + milliseconds(10))
+                .has_value());
+  }
+  CHECK(t.upstream_limit() == 4);
+  // And slow ones take it back down to the base, not below.
+  for (char name = 'p'; name < 'x'; ++name) {
+    const Digest other = D(name);
+    auto got = t.Work(other, "h", Source(), kT0 + seconds(3));
+    REQUIRE(got.has_value());
+    REQUIRE(got.value().kind == LeaseAnswer::Kind::kGranted);
+    REQUIRE(t.Publish(other, got.value().chunk, "h", got.value().lease_id, Source(),
+                      Metainfo(got.value().length, 2), kT0 + seconds(13))
+                .has_value());
+  }
+  CHECK(t.upstream_limit() == 2);
+}
+
+TEST_CASE("tracker blobs: the per-blob cap grows with the upstream limit, from its own value") {
+  BlobTableOptions o = Options(/*fetchers=*/8, /*per_agent=*/8);
+  o.base_upstream_fetchers = 2;
+  o.max_leases_per_blob = 1;
+  o.fast_lease_rate = kChunk * 10;
+  BlobTable t(o, 1);
+  CHECK(t.blob_lease_limit() == 1);
+  const Digest d = D('g');
+  auto first = t.Work(d, "a", Source(), kT0);
+  REQUIRE(first.has_value());
+  auto held = t.Work(d, "b", Source(), kT0);
+  REQUIRE(held.has_value());
+  CHECK(held.value().reason == WaitReason::kBlobCap);
+  // Two fast leases: the limit doubles (2 -> 4), and so does the blob's cap (1 -> 2).
+  REQUIRE(t.Publish(d, 0, "a", first.value().lease_id, Source(), Metainfo(kChunk, 1),
+                    kT0 + milliseconds(10))
+              .has_value());
+  auto second = t.Work(d, "a", Source(), kT0 + milliseconds(10));
+  REQUIRE(second.has_value());
+  REQUIRE(t.Publish(d, 1, "a", second.value().lease_id, Source(), Metainfo(kChunk, 2),
+                    kT0 + milliseconds(20))
+              .has_value());
+  CHECK(t.upstream_limit() == 4);
+  CHECK(t.blob_lease_limit() == 2);
+  auto x = t.Work(d, "a", Source(), kT0 + milliseconds(20));
+  auto y = t.Work(d, "b", Source(), kT0 + milliseconds(20));
+  REQUIRE(x.has_value());
+  REQUIRE(y.has_value());
+  CHECK(x.value().kind == LeaseAnswer::Kind::kGranted);
+  CHECK(y.value().kind == LeaseAnswer::Kind::kGranted);
+}
+
+TEST_CASE("tracker blobs: without a fast lease rate the limit stays at the base") {
+  BlobTableOptions o = Options(/*fetchers=*/8, /*per_agent=*/8);
+  o.base_upstream_fetchers = 3;
+  BlobTable t(o, 1);
+  const Digest d = D('k');
+  auto a = t.Work(d, "a", Source(), kT0);
+  REQUIRE(a.has_value());
+  REQUIRE(
+      t.Publish(d, 0, "a", a.value().lease_id, Source(), Metainfo(kChunk, 1), kT0 + milliseconds(1))
+          .has_value());
+  CHECK(t.upstream_limit() == 3);
+  // An unset base is the max (a fixed limit, as before the base existed).
+  BlobTable fixed(Options(/*fetchers=*/5), 1);
+  CHECK(fixed.upstream_limit() == 5);
+}
+
 }  // namespace shoal::tracker

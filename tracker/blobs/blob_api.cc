@@ -471,10 +471,10 @@ std::string BlobApi::StatusSection(TimePoint now) const {
                      t.blobs, o.max_blobs, t.ready, t.chunks, FormatBytes(o.chunk_size),
                      FormatBytes(o.piece_size));
   out += fmt::format(
-      "upstream leases {} active (max {} in the cluster, {} per agent), ttl {} s; {} lease "
-      "requests long-polling\n",
-      t.leases, o.max_upstream_fetchers, o.max_leases_per_agent,
-      std::chrono::duration<double>(o.lease_ttl).count(), waiters_.size());
+      "upstream leases {} active (limit now {}, from {} to {} in the cluster, {} per agent), "
+      "ttl {} s; {} lease requests long-polling\n",
+      t.leases, table_.upstream_limit(), o.base_upstream_fetchers, o.max_upstream_fetchers,
+      o.max_leases_per_agent, std::chrono::duration<double>(o.lease_ttl).count(), waiters_.size());
   auto leases = table_.ActiveLeases(kStatusPageLeases);
   if (leases.empty()) return out;
   out += fmt::format("\n{:<71}  {:>6}  {:<24}  {:>21}  {:>10}\n", "blob", "chunk", "agent",

@@ -2,7 +2,8 @@
 // The tracker's chunk tables: for each blob digest its chunk layout, where it comes from
 // upstream, and per chunk either nothing, an upstream lease (one agent fetches that chunk from
 // the registry) or published metainfo (a private v1 chunk torrent, lib/swarm/chunk_torrent.h).
-// At most max_upstream_fetchers leases are active over the whole table. Soft state like the
+// At most upstream_limit() leases are active over the whole table: base_upstream_fetchers, raised
+// toward max_upstream_fetchers while leases run fast (see BlobTableOptions). Soft state like the
 // swarm table: after a restart agents re-publish the chunks they hold. No network here; callers
 // pass "now" into every call, so tests control time.
 
@@ -41,9 +42,18 @@ struct BlobTableOptions {
   uint32_t target_chunks = 0;
   uint64_t min_chunk_size = 4ull << 20;  // a power of two
   uint64_t first_chunk_size = 0;         // 0 or a power of two >= 16 KiB
-  uint32_t max_upstream_fetchers = 8;    // active leases over all blobs
-  uint32_t max_leases_per_agent = 2;     // active leases of one agent
-  uint32_t max_leases_per_blob = 4;      // active leases on one blob (U goes to its head)
+  // Active leases over all blobs: base_upstream_fetchers at first (clamped to the max). With
+  // fast_lease_rate > 0 every lease that fetched a full-size chunk at fast_lease_rate or faster
+  // raises the limit by one (up to max_upstream_fetchers), every one slower than half that
+  // lowers it by one (down to the base). Fast leases mean the registry link has room: more leases
+  // spread the upstream flows over more leaseholders' downlinks, each of which peers also fill.
+  uint32_t max_upstream_fetchers = 8;
+  uint32_t base_upstream_fetchers = 0;  // 0: max_upstream_fetchers (a fixed limit)
+  uint64_t fast_lease_rate = 0;         // bytes/s; 0: the limit stays at the base
+  uint32_t max_leases_per_agent = 2;    // active leases of one agent
+  // Active leases on one blob (U goes to its head), scaled with the limit: at a limit of L it
+  // is max_leases_per_blob * L / base (rounded down), never below max_leases_per_blob.
+  uint32_t max_leases_per_blob = 4;
   // While chunk 0 is leased but not ready, no other chunk of the blob is leased for this long
   // after chunk 0's grant: chunk 0 gets the whole upstream link, so peers get it sooner. 0: off.
   std::chrono::milliseconds head_start{0};
@@ -249,6 +259,10 @@ class BlobTable {
   BlobResult<swarm::ChunkLayout> LayoutFor(uint64_t size) const;
 
   BlobTotals totals() const { return totals_; }
+  // Leases that may be active at once now (see BlobTableOptions::fast_lease_rate).
+  uint32_t upstream_limit() const { return limit_; }
+  // Leases that may be active at once on one blob now.
+  uint32_t blob_lease_limit() const;
   // Up to limit active leases, the soonest to expire first (for the status page).
   std::vector<LeaseSummary> ActiveLeases(size_t limit) const;
   // Up to limit tables, the most recently used first (for the cluster view). O(limit x chunks).
@@ -315,6 +329,8 @@ class BlobTable {
   bool KeepReady(const Digest& digest, Blob& blob, Chunk& chunk);
   // Drops chunk's metainfo (it must be ready) and emits kDropped.
   void Unpublish(const Digest& digest, Blob& blob, Chunk& chunk);
+  // Moves limit_ by the speed of a lease that just published chunk k of blob.
+  void Adapt(const Blob& blob, uint32_t k, const LeaseRecord& lease, TimePoint now);
   // Ends chunk's lease (event says why).
   void EndLease(const Digest& digest, Blob& blob, Chunk& chunk, BlobEvent event);
   void SetExpiry(const Digest& digest, uint32_t k, LeaseRecord& lease, TimePoint expires);
@@ -333,6 +349,7 @@ class BlobTable {
   std::list<Digest> lru_;                                   // most recently used first
   ExpiryIndex expiries_;                                    // every active lease by expiry
   std::unordered_map<std::string, uint32_t> agent_leases_;  // active leases per agent (> 0 only)
+  uint32_t limit_ = 0;                                      // upstream_limit()
   BlobTotals totals_;
 };
 

@@ -527,6 +527,7 @@ json BuildClusterView(const ClusterViewInput& in, TimePoint now,
     for (const LeaseSummary& l : t.ActiveLeases(limits.leases)) leases.push_back(LeaseJson(l, now));
     view["upstream"] = {{"leases_active", totals.leases},
                         {"cap_this_replica", t.options().max_upstream_fetchers},
+                        {"limit_this_replica", t.upstream_limit()},
                         {"cap_cluster", in.upstream_cap_cluster},
                         {"bytes_total", totals.upstream_bytes},
                         {"lease_waiters", in.lease_waiters},
