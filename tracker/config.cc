@@ -239,7 +239,11 @@ uint32_t UpstreamLeasesPerReplica(const TrackerConfig& config) {
 }
 
 uint32_t BaseUpstreamLeasesPerReplica(const TrackerConfig& config) {
-  return std::clamp(config.base_upstream_fetchers / std::max(config.replicas, 1u), 1u,
+  // Rounded up: the base is no cap (the max is), and rounding down would lower what a
+  // multi-replica cluster grants on a slow link (8 over 3 replicas: 2 each, where a max of 9
+  // gave 3 each before the base existed).
+  const uint32_t replicas = std::max(config.replicas, 1u);
+  return std::clamp((config.base_upstream_fetchers + replicas - 1) / replicas, 1u,
                     std::max(UpstreamLeasesPerReplica(config), 1u));
 }
 

@@ -64,7 +64,8 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& config);
 // max_upstream_fetchers / replicas rounded down, so the replicas' sum never exceeds the cap
 // (replicas share no state, and each owns the leases of its own blobs).
 uint32_t UpstreamLeasesPerReplica(const TrackerConfig& config);
-// The same share of base_upstream_fetchers (at least 1, at most UpstreamLeasesPerReplica).
+// This replica's share of base_upstream_fetchers, rounded up (at least 1, at most
+// UpstreamLeasesPerReplica).
 uint32_t BaseUpstreamLeasesPerReplica(const TrackerConfig& config);
 
 }  // namespace shoal::tracker
