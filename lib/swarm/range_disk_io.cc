@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -101,6 +102,52 @@ lt::error_code PwriteFull(int fd, const char* buf, size_t len, uint64_t off) {
   return {};
 }
 
+// Drops the first `n` bytes of iov[*first..] (a short preadv/pwritev).
+void AdvanceIov(std::vector<iovec>& iov, size_t* first, size_t n) {
+  while (n > 0 && *first < iov.size()) {
+    iovec& v = iov[*first];
+    size_t take = std::min(n, v.iov_len);
+    v.iov_base = static_cast<char*>(v.iov_base) + take;
+    v.iov_len -= take;
+    n -= take;
+    if (v.iov_len == 0) ++*first;
+  }
+}
+
+// Writes every buffer of `iov` (one contiguous file range from `off`). Modifies iov.
+lt::error_code PwritevFull(int fd, std::vector<iovec>& iov, uint64_t off) {
+  size_t first = 0;
+  while (first < iov.size()) {
+    ssize_t n = ::pwritev(fd, iov.data() + first, static_cast<int>(iov.size() - first),
+                          static_cast<off_t>(off));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return SysError(errno);
+    }
+    if (n == 0) return SysError(EIO);
+    off += static_cast<uint64_t>(n);
+    AdvanceIov(iov, &first, static_cast<size_t>(n));
+  }
+  return {};
+}
+
+// Reads every buffer of `iov` from `off`. A short file is an eof error. Modifies iov.
+lt::error_code PreadvFull(int fd, std::vector<iovec>& iov, uint64_t off) {
+  size_t first = 0;
+  while (first < iov.size()) {
+    ssize_t n = ::preadv(fd, iov.data() + first, static_cast<int>(iov.size() - first),
+                         static_cast<off_t>(off));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return SysError(errno);
+    }
+    if (n == 0) return boost::asio::error::eof;
+    off += static_cast<uint64_t>(n);
+    AdvanceIov(iov, &first, static_cast<size_t>(n));
+  }
+  return {};
+}
+
 // A piece's SHA-1 followed as its blocks are written, from the copies that were written: in
 // the common case the piece is never read back from the file to be hashed.
 struct PieceProgress {
@@ -154,6 +201,40 @@ struct Storage {
 };
 using StoragePtr = std::shared_ptr<Storage>;
 
+// A queued disk job. Reads and writes stay data, not closures, so that a disk thread can merge
+// neighbouring ones into one preadv/pwritev; everything else is an opaque task.
+struct Job {
+  enum class Kind { kTask, kRead, kWrite };
+  Kind kind = Kind::kTask;
+  Task task;  // kTask
+  // kRead and kWrite:
+  StoragePtr st;
+  uint64_t seq = 0;
+  uint64_t off = 0;  // in the blob file
+  size_t len = 0;
+  int piece = 0;
+  uint32_t start = 0;  // kWrite: offset in the piece
+  std::string block;   // kWrite: a copy (libtorrent's buffer is only valid during async_write)
+  std::function<void(const lt::storage_error&)> on_written;
+  std::function<void(lt::disk_buffer_holder, const lt::storage_error&)> on_read;
+  int fd() const { return st->range.file->fd(); }
+};
+
+// A job that has run: Finish releases what it held.
+struct Done {
+  Storage* st;
+  uint64_t seq;
+  std::optional<int> written_piece;
+  int64_t written_bytes;
+};
+
+// Neighbouring reads or writes merged into one system call: at most this many blocks (well
+// under IOV_MAX) and bytes.
+constexpr size_t kMaxMergedJobs = 64;
+constexpr size_t kMaxMergedBytes = 4u << 20;
+// Jobs a disk thread takes from the queue at once.
+constexpr size_t kMaxBatchJobs = 256;
+
 class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator_interface {
  public:
   RangeDiskIo(lt::io_context& ioc, const lt::settings_interface& settings, lt::counters& counters,
@@ -162,6 +243,7 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     if (!options_.registry) options_.registry = std::make_shared<FileRangeRegistry>();
     settings_updated();
     int n = std::max(1, options_.threads);
+    thread_count_ = static_cast<size_t>(n);
     running_ = n;
     for (int i = 0; i < n; ++i) {
       // Each thread keeps libtorrent's io_context alive until it exits, so completions posted
@@ -242,24 +324,19 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
       });
       return;
     }
-    uint64_t seq = Begin(*st);
-    size_t len = static_cast<size_t>(r.length);
-    Submit(Task([this, st, seq, len, off = off.value(), h = std::move(handler)]() mutable {
-      char* buf = new char[len];
-      lt::error_code ec = PreadFull(st->range.file->fd(), buf, len, off);
-      lt::disk_buffer_holder holder;
-      if (ec) {
-        delete[] buf;
-      } else {
-        holder = lt::disk_buffer_holder(*this, buf, static_cast<int>(len));
-        counters_.inc_stats_counter(lt::counters::num_blocks_read);
-      }
-      PostResult([h = std::move(h), holder = std::move(holder), ec]() mutable {
-        h(std::move(holder),
-          ec ? StorageError(ec, lt::operation_t::file_read) : lt::storage_error());
-      });
-      Finish(*st, seq, std::nullopt, 0);
-    }));
+    Job job;
+    job.kind = Job::Kind::kRead;
+    job.st = std::move(st);
+    job.off = off.value();
+    job.len = static_cast<size_t>(r.length);
+    job.on_read = std::move(handler);
+    bool queued;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job.seq = BeginLocked(*job.st);
+      queued = EnqueueLocked(job, /*wake=*/false);
+    }
+    if (!queued) RunInline(std::move(job));
   }
 
   bool async_write(lt::storage_index_t storage, const lt::peer_request& r, const char* buf,
@@ -281,43 +358,30 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
       });
       return false;
     }
-    // libtorrent's buffer is only valid during this call.
-    size_t len = static_cast<size_t>(r.length);
-    std::string copy(buf, len);
-    int piece = static_cast<int>(r.piece);
-    const int start = r.start;
+    Job job;
+    job.kind = Job::Kind::kWrite;
+    job.st = std::move(st);
+    job.off = off.value();
+    job.len = static_cast<size_t>(r.length);
+    job.piece = static_cast<int>(r.piece);
+    job.start = static_cast<uint32_t>(r.start);
+    job.block.assign(buf, job.len);  // libtorrent's buffer is only valid during this call
+    job.on_written = std::move(handler);
     bool exceeded = false;
-    uint64_t seq;
+    bool queued;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      seq = BeginLocked(*st);
-      ++st->pending_writes[piece];
-      queued_write_bytes_ += static_cast<int64_t>(len);
+      job.seq = BeginLocked(*job.st);
+      ++job.st->pending_writes[job.piece];
+      queued_write_bytes_ += static_cast<int64_t>(job.len);
       if (queued_write_bytes_ > max_queued_bytes_.load()) {
         exceeded_ = true;
         exceeded = true;
         if (o) observers_.push_back(std::move(o));
       }
+      queued = EnqueueLocked(job, /*wake=*/false);
     }
-    Submit(Task([this, st, seq, piece, start, len, off = off.value(), copy = std::move(copy),
-                 h = std::move(handler)]() mutable {
-      lt::error_code ec = PwriteFull(st->range.file->fd(), copy.data(), len, off);
-      // Before Finish: a hash job parked on this piece runs only after it.
-      Absorb(*st, piece, static_cast<uint32_t>(start), ec ? nullptr : &copy);
-      if (ec) {
-        if (!st->write_error_logged.exchange(true)) {
-          spdlog::warn("swarm disk: writing {} bytes at offset {} for chunk {} failed: {}", len,
-                       off, st->name, ec.message());
-        }
-      } else {
-        counters_.inc_stats_counter(lt::counters::num_blocks_written);
-        if (options_.on_write_landed) options_.on_write_landed(st->info_hash, off, len);
-      }
-      PostResult([h = std::move(h), ec]() {
-        h(ec ? StorageError(ec, lt::operation_t::file_write) : lt::storage_error());
-      });
-      Finish(*st, seq, piece, static_cast<int64_t>(len));
-    }));
+    if (!queued) RunInline(std::move(job));
     return exceeded;
   }
 
@@ -352,7 +416,7 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
         PostResult([h = std::move(h), piece, hash, ec]() {
           h(piece, hash, ec ? StorageError(ec, lt::operation_t::file_read) : lt::storage_error());
         });
-        Finish(*st, seq, std::nullopt, 0);
+        Finish({Done{st.get(), seq, std::nullopt, 0}});
       });
       // libtorrent asks for the hash as soon as the piece's last block was handed to
       // async_write: wait until every write of the piece has landed, so the hash (and
@@ -467,7 +531,14 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     }
   }
 
-  void submit_jobs() override {}
+  // libtorrent calls this after a round of async_* calls: reads and writes queued since the
+  // last call wake the disk threads once, not once per 16 KiB block.
+  void submit_jobs() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!unsignalled_) return;
+    unsignalled_ = false;
+    cv_.notify_all();
+  }
 
   void settings_updated() override {
     int64_t max = settings_.get_int(lt::settings_pack::max_queued_disk_bytes);
@@ -479,9 +550,28 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     return torrents_[static_cast<std::uint32_t>(idx)];
   }
 
+  // Queues `f` to run on libtorrent's thread. Results are handed over in batches: one post
+  // carries every result queued until libtorrent's thread runs it (as libtorrent's own disk
+  // I/O does), not one post and one wake-up per block.
   template <typename F>
   void PostResult(F f) {
-    boost::asio::post(ioc_, std::move(f));
+    {
+      std::lock_guard<std::mutex> lock(results_mu_);
+      results_.emplace_back(std::move(f));
+      if (results_posted_) return;
+      results_posted_ = true;
+    }
+    boost::asio::post(ioc_, [this] { RunResults(); });
+  }
+
+  void RunResults() {
+    std::vector<Task> batch;
+    {
+      std::lock_guard<std::mutex> lock(results_mu_);
+      batch.swap(results_);
+      results_posted_ = false;
+    }
+    for (Task& t : batch) t();
   }
 
   uint64_t BeginLocked(Storage& st) {
@@ -489,22 +579,38 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     st.inflight.insert(seq);
     return seq;
   }
-  uint64_t Begin(Storage& st) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return BeginLocked(st);
-  }
 
-  // Runs `t` on the pool; inline once every pool thread has exited (after abort).
+  // Runs `t` on the pool (waking a thread now); inline once every pool thread has exited
+  // (after abort).
   void Submit(Task t) {
+    Job job;
+    job.task = std::move(t);
+    bool queued;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (running_ > 0) {
-        queue_.push_back(std::move(t));
-        cv_.notify_one();
-        return;
-      }
+      queued = EnqueueLocked(job, /*wake=*/true);
     }
-    t();
+    if (!queued) RunInline(std::move(job));
+  }
+
+  // Moves `job` into the pool's queue, unless every pool thread has exited (after abort):
+  // then it returns false and the caller runs the job with RunInline. Without `wake` the
+  // threads are woken by the next submit_jobs.
+  bool EnqueueLocked(Job& job, bool wake) {
+    if (running_ == 0) return false;
+    queue_.push_back(std::move(job));
+    if (wake) {
+      cv_.notify_one();
+    } else {
+      unsignalled_ = true;
+    }
+    return true;
+  }
+
+  void RunInline(Job job) {
+    std::vector<Job> one;
+    one.push_back(std::move(job));
+    RunBatch(one);
   }
 
   // Runs `handler` on libtorrent's thread once every job issued for `st` so far has completed.
@@ -526,35 +632,39 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     post();
   }
 
-  // A job of `st` finished (its result already posted). For writes, `written_piece` and
-  // `written_bytes` release the piece's parked hash jobs and the write queue's memory.
-  void Finish(Storage& st, uint64_t seq, std::optional<int> written_piece, int64_t written_bytes) {
+  // Jobs finished (their results already posted), under one lock. For writes,
+  // `written_piece` and `written_bytes` release the piece's parked hash jobs and the write
+  // queue's memory.
+  void Finish(const std::vector<Done>& done) {
     std::vector<Task> resubmit;
     std::vector<Task> fences;
     std::vector<std::shared_ptr<lt::disk_observer>> observers;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (written_piece) {
-        queued_write_bytes_ -= written_bytes;
-        auto it = st.pending_writes.find(*written_piece);
-        if (it != st.pending_writes.end() && --it->second <= 0) {
-          st.pending_writes.erase(it);
-          auto pk = st.parked.find(*written_piece);
-          if (pk != st.parked.end()) {
-            resubmit = std::move(pk->second);
-            st.parked.erase(pk);
+      for (const Done& d : done) {
+        Storage& st = *d.st;
+        if (d.written_piece) {
+          queued_write_bytes_ -= d.written_bytes;
+          auto it = st.pending_writes.find(*d.written_piece);
+          if (it != st.pending_writes.end() && --it->second <= 0) {
+            st.pending_writes.erase(it);
+            auto pk = st.parked.find(*d.written_piece);
+            if (pk != st.parked.end()) {
+              for (Task& t : pk->second) resubmit.push_back(std::move(t));
+              st.parked.erase(pk);
+            }
           }
         }
-        if (exceeded_ && queued_write_bytes_ <= max_queued_bytes_.load() / 2) {
-          exceeded_ = false;
-          observers.swap(observers_);
+        st.inflight.erase(d.seq);
+        while (!st.fences.empty() &&
+               (st.inflight.empty() || *st.inflight.begin() >= st.fences.front().first)) {
+          fences.push_back(std::move(st.fences.front().second));
+          st.fences.pop_front();
         }
       }
-      st.inflight.erase(seq);
-      while (!st.fences.empty() &&
-             (st.inflight.empty() || *st.inflight.begin() >= st.fences.front().first)) {
-        fences.push_back(std::move(st.fences.front().second));
-        st.fences.pop_front();
+      if (exceeded_ && queued_write_bytes_ <= max_queued_bytes_.load() / 2) {
+        exceeded_ = false;
+        observers.swap(observers_);
       }
     }
     for (auto& t : resubmit) Submit(std::move(t));
@@ -661,8 +771,8 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   }
 
   void ThreadMain(boost::asio::executor_work_guard<lt::io_context::executor_type>& guard) {
+    std::vector<Job> batch;
     for (;;) {
-      Task t;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -672,12 +782,131 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
           --running_;
           break;
         }
-        t = std::move(queue_.front());
-        queue_.pop_front();
+        // A share of what is queued, so that other threads get the rest.
+        size_t n = (queue_.size() + thread_count_ - 1) / thread_count_;
+        n = std::clamp<size_t>(n, 1, kMaxBatchJobs);
+        for (size_t i = 0; i < n; ++i) {
+          batch.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
       }
-      t();
+      RunBatch(batch);
+      batch.clear();
     }
     guard.reset();
+  }
+
+  // Runs `batch` in order, except that each run of consecutive reads (or writes) goes in file
+  // order, and neighbouring blocks in it are read (written) with one system call.
+  void RunBatch(std::vector<Job>& batch) {
+    size_t i = 0;
+    while (i < batch.size()) {
+      const Job::Kind kind = batch[i].kind;
+      if (kind == Job::Kind::kTask) {
+        batch[i++].task();
+        continue;
+      }
+      size_t j = i + 1;
+      while (j < batch.size() && batch[j].kind == kind) ++j;
+      // Stable: two writes of the same bytes keep their order.
+      std::stable_sort(batch.begin() + static_cast<std::ptrdiff_t>(i),
+                       batch.begin() + static_cast<std::ptrdiff_t>(j),
+                       [](const Job& a, const Job& b) {
+                         return std::pair(a.fd(), a.off) < std::pair(b.fd(), b.off);
+                       });
+      std::vector<Done> done;
+      while (i < j) {
+        size_t k = i + 1;
+        size_t bytes = batch[i].len;
+        while (k < j && k - i < kMaxMergedJobs && batch[k].fd() == batch[i].fd() &&
+               batch[k].off == batch[k - 1].off + batch[k - 1].len &&
+               bytes + batch[k].len <= kMaxMergedBytes) {
+          bytes += batch[k].len;
+          ++k;
+        }
+        if (kind == Job::Kind::kWrite) {
+          WriteMerged(batch, i, k, done);
+        } else {
+          ReadMerged(batch, i, k, done);
+        }
+        i = k;
+      }
+      Finish(done);
+    }
+  }
+
+  // Writes jobs [b, e) of `batch`, neighbours in one file, with one pwritev; posts each one's
+  // result and adds it to `done`.
+  void WriteMerged(std::vector<Job>& batch, size_t b, size_t e, std::vector<Done>& done) {
+    std::vector<lt::error_code> errors(e - b);
+    std::vector<iovec> iov;
+    for (size_t x = b; x < e; ++x) iov.push_back({batch[x].block.data(), batch[x].len});
+    lt::error_code ec = PwritevFull(batch[b].fd(), iov, batch[b].off);
+    if (ec && e - b > 1) {
+      // Which blocks failed: each one on its own.
+      for (size_t x = b; x < e; ++x) {
+        errors[x - b] =
+            PwriteFull(batch[x].fd(), batch[x].block.data(), batch[x].len, batch[x].off);
+      }
+    } else {
+      std::fill(errors.begin(), errors.end(), ec);
+    }
+    for (size_t x = b; x < e; ++x) {
+      Job& job = batch[x];
+      Storage& st = *job.st;
+      const lt::error_code& err = errors[x - b];
+      // Before Finish: a hash job parked on this piece runs only after it.
+      Absorb(st, job.piece, job.start, err ? nullptr : &job.block);
+      if (err) {
+        if (!st.write_error_logged.exchange(true)) {
+          spdlog::warn("swarm disk: writing {} bytes at offset {} for chunk {} failed: {}", job.len,
+                       job.off, st.name, err.message());
+        }
+      } else {
+        counters_.inc_stats_counter(lt::counters::num_blocks_written);
+        if (options_.on_write_landed) options_.on_write_landed(st.info_hash, job.off, job.len);
+      }
+      PostResult([h = std::move(job.on_written), err]() {
+        h(err ? StorageError(err, lt::operation_t::file_write) : lt::storage_error());
+      });
+      done.push_back(Done{&st, job.seq, job.piece, static_cast<int64_t>(job.len)});
+    }
+  }
+
+  // Reads jobs [b, e) of `batch`, neighbours in one file, with one preadv into a buffer each;
+  // posts each one's result and adds it to `done`.
+  void ReadMerged(std::vector<Job>& batch, size_t b, size_t e, std::vector<Done>& done) {
+    std::vector<char*> bufs;
+    std::vector<iovec> iov;
+    for (size_t x = b; x < e; ++x) {
+      bufs.push_back(new char[batch[x].len]);
+      iov.push_back({bufs.back(), batch[x].len});
+    }
+    std::vector<lt::error_code> errors(e - b);
+    lt::error_code ec = PreadvFull(batch[b].fd(), iov, batch[b].off);
+    if (ec && e - b > 1) {
+      for (size_t x = b; x < e; ++x) {
+        errors[x - b] = PreadFull(batch[x].fd(), bufs[x - b], batch[x].len, batch[x].off);
+      }
+    } else {
+      std::fill(errors.begin(), errors.end(), ec);
+    }
+    for (size_t x = b; x < e; ++x) {
+      Job& job = batch[x];
+      const lt::error_code& err = errors[x - b];
+      lt::disk_buffer_holder holder;
+      if (err) {
+        delete[] bufs[x - b];
+      } else {
+        holder = lt::disk_buffer_holder(*this, bufs[x - b], static_cast<int>(job.len));
+        counters_.inc_stats_counter(lt::counters::num_blocks_read);
+      }
+      PostResult([h = std::move(job.on_read), holder = std::move(holder), err]() mutable {
+        h(std::move(holder),
+          err ? StorageError(err, lt::operation_t::file_read) : lt::storage_error());
+      });
+      done.push_back(Done{job.st.get(), job.seq, std::nullopt, 0});
+    }
   }
 
   void Stop() {
@@ -700,14 +929,21 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Task> queue_;
+  std::deque<Job> queue_;
+  bool unsignalled_ = false;  // reads or writes queued since the threads were last woken
   int running_ = 0;
+  size_t thread_count_ = 1;  // set before the threads start
   bool stopping_ = false;
   int64_t queued_write_bytes_ = 0;
   bool exceeded_ = false;
   std::vector<std::shared_ptr<lt::disk_observer>> observers_;
 
   std::vector<std::thread> threads_;
+
+  // Results waiting for libtorrent's thread; one post runs them all (RunResults).
+  std::mutex results_mu_;
+  std::vector<Task> results_;    // guarded by results_mu_
+  bool results_posted_ = false;  // guarded by results_mu_: a RunResults is posted, not yet run
 };
 
 }  // namespace

@@ -7,9 +7,12 @@
 //   operation with ENOENT: adding it fails its file check and the torrent is left in error
 //   (file_error_alert). The same happens when the registered range's length is not the
 //   torrent's size.
-// - Reads (pread into a freshly allocated 16 KiB buffer), writes (pwrite of a copy of the
-//   block) and piece hashing run on a small thread pool of our own. Completions are posted to
-//   libtorrent's io_context.
+// - Reads (into a freshly allocated 16 KiB buffer), writes (of a copy of the block) and piece
+//   hashing run on a small thread pool of our own. Reads and writes wake the pool once per
+//   submit_jobs (libtorrent calls it after each round of async_* calls), not once per block;
+//   a thread takes a batch of queued jobs and reads (writes) neighbouring blocks of the file
+//   with one preadv (pwritev). Results go to libtorrent's io_context in batches: one post runs
+//   every result queued until libtorrent's thread gets to it.
 // - A piece's SHA-1 is followed as its blocks are written, from the copy just written: a block
 //   that lands past the piece's hashed prefix waits in memory (at most max_retained_bytes in
 //   all) until the prefix reaches it. At hash time only what was not followed is read back

@@ -490,4 +490,48 @@ TEST_CASE("swarm range disk io: a block written twice makes its piece be hashed 
   CHECK(rig.stats->bytes_hashed_from_memory == Rig::kPiece);
 }
 
+// Blocks queued together are read and written with one system call per run of neighbours
+// (preadv/pwritev): every block still gets its own bytes and its own result.
+TEST_CASE("swarm range disk io: neighbouring blocks queued together each get their bytes") {
+  Rig rig;
+  const uint64_t kOffset = 3000;
+  const std::string data = Bytes(6 * Rig::kPiece, 21);  // 12 blocks
+  auto file = TempFile(kOffset + data.size(), 'x');
+  REQUIRE(rig.registry->Register(Ih(5), FileRange{file, kOffset, data.size()}).has_value());
+  auto t = rig.Add(Ih(5), data.size());
+  int written = 0;
+  rig.Hold(true);  // the threads stop after their first write: the rest is queued together
+  rig.WriteAll(t->holder, data, &written);
+  rig.RunUntil([&] { return false; }, milliseconds(20));
+  rig.Hold(false);
+  REQUIRE(rig.RunUntil([&] { return written == 12; }));
+  CHECK(ReadAt(*file, kOffset, data.size()) == data);
+  for (int p = 0; p < 6; ++p) {
+    CHECK(rig.Hash(t->holder, p) == lt::hasher(data.data() + p * Rig::kPiece, Rig::kPiece).final());
+  }
+  // Every block read back in one submission, in reverse order.
+  std::vector<std::optional<std::string>> got(12);
+  for (int b = 11; b >= 0; --b) {
+    lt::peer_request r;
+    r.piece = lt::piece_index_t(b / 2);
+    r.start = (b % 2) * lt::default_block_size;
+    r.length = lt::default_block_size;
+    rig.disk->async_read(
+        t->holder, r, [&got, b](lt::disk_buffer_holder h, const lt::storage_error& e) {
+          CHECK_FALSE(e);
+          got[static_cast<size_t>(b)] = std::string(h.data(), static_cast<size_t>(h.size()));
+        });
+  }
+  rig.disk->submit_jobs();
+  REQUIRE(rig.RunUntil([&] {
+    for (auto& g : got) {
+      if (!g) return false;
+    }
+    return true;
+  }));
+  for (size_t b = 0; b < 12; ++b) {
+    CHECK(*got[b] == data.substr(b * lt::default_block_size, lt::default_block_size));
+  }
+}
+
 }  // namespace shoal::swarm
