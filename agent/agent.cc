@@ -53,9 +53,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-// How long re-announces and re-publications after a replica restart or failure are spread.
-constexpr std::chrono::seconds kRepublishSpread{10};
-
 // Follows the agent token's file: when it gives a new token, every chunk torrent announces
 // with the new announce key (the old one stops working once the trackers drop the old token).
 asio::awaitable<void> FollowToken(asio::io_context& ioc, TrackerClient& tracker,
@@ -227,28 +224,30 @@ int RunAgent(const AgentConfig& config) {
         return tracker.Reaches(tracker.ReplicasOf(urls), replica);
       };
     };
-    tracker.OnRestart([&seeds, &swarm, &ioc, &tracker, reach](size_t replica) {
-      size_t n = swarm->ReannounceWhere(reach(replica), kRepublishSpread);
+    // How long re-announces and re-publications after a replica restart or failure are spread.
+    const std::chrono::seconds spread{config.republish_spread_s};
+    tracker.OnRestart([&seeds, &swarm, &ioc, &tracker, reach, spread](size_t replica) {
+      size_t n = swarm->ReannounceWhere(reach(replica), spread);
       spdlog::info("re-announcing {} chunk torrents to the restarted tracker within {} s", n,
-                   kRepublishSpread.count());
+                   spread.count());
       asio::co_spawn(ioc,
                      seeds->RepublishAll(
                          [&tracker, replica](const Digest& d) {
                            return tracker.Reaches(tracker.Order(d), replica);
                          },
-                         kRepublishSpread),
+                         spread),
                      asio::detached);
     });
-    tracker.OnFailing([&seeds, &swarm, &ioc, &tracker, reach](size_t replica) {
-      size_t n = swarm->ReannounceWhere(reach(replica), kRepublishSpread);
+    tracker.OnFailing([&seeds, &swarm, &ioc, &tracker, reach, spread](size_t replica) {
+      size_t n = swarm->ReannounceWhere(reach(replica), spread);
       spdlog::info("moving {} chunk torrents to the next tracker replica within {} s", n,
-                   kRepublishSpread.count());
+                   spread.count());
       asio::co_spawn(ioc,
                      seeds->RepublishAll(
                          [&tracker, replica](const Digest& d) {
                            return tracker.Reaches(tracker.Order(d), replica);
                          },
-                         kRepublishSpread),
+                         spread),
                      asio::detached);
     });
     asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);

@@ -174,6 +174,13 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_MANIFEST_WAIT_MS")
       ->check(CLI::Range(0, 600000))
       ->capture_default_str();
+  app.add_option("--republish-spread-s", c.republish_spread_s,
+                 "When a tracker replica restarts or stops answering, this agent's re-announces "
+                 "and re-publications of what it holds are spread at random over this long "
+                 "(0: at once; keep the default on large clusters)")
+      ->envname("SHOAL_REPUBLISH_SPREAD_S")
+      ->check(CLI::Range(0, 600))
+      ->capture_default_str();
   app.add_option("--peer-stall-ms", c.peer_stall_ms,
                  "A chunk with no verified piece from peers for this long is re-leased")
       ->envname("SHOAL_PEER_STALL_MS")

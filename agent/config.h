@@ -51,6 +51,9 @@ struct AgentConfig {
   int tracker_busy_grace_ms = 30000;  // a full tracker (503) is waited for this long, then upstream
   int manifest_wait_ms = 20000;  // longest wait on the tracker's manifest cache, then upstream
   int peer_stall_ms = 15000;     // a chunk with no verified piece for this long is re-leased
+  // re-announces and re-publications to a restarted or failed tracker replica are spread over
+  // this long, so that 2,500 agents do not all call the same replica in the same second
+  int republish_spread_s = 10;
   int unchoke_slots = -1;        // peers uploaded to at once; -1: every interested LAN peer
   std::vector<std::string> libtorrent_settings;  // "name=value" settings_pack overrides
   std::string snapshotter_socket;  // containerd snapshotter's unix socket; empty = not served

@@ -355,7 +355,9 @@ TEST_CASE("swarm: an agent killed mid-pull: the others finish and its lease pass
 TEST_CASE("swarm: the tracker restarted mid-pull: the pull completes") {
   SwarmWorld w({"--max-upstream-fetchers", "2"});
   w.proxy->SetDelayPerMiB(milliseconds(300));
-  for (int i = 0; i < 3; ++i) w.AddAgent();
+  // Re-published at once after the restart, not within the default 10 s: the pull takes about
+  // 7 s, and the check below needs blobs that are still downloading when that happens.
+  for (int i = 0; i < 3; ++i) w.AddAgent({"--republish-spread-s", "0"});
   std::atomic<bool> done{false};
   std::thread puller([&] {
     w.PullAll("restart");
