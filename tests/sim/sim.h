@@ -66,7 +66,7 @@ struct SimConfig {
   // in-order prefix ends in (the chunk a streaming client waits on); kFirst, that chunk only
   // while it is the blob's chunk 0; kNone, no chunk.
   enum class Sequential { kHead, kFirst, kNone };
-  Sequential sequential = Sequential::kFirst;  // the agent's (kHead before session 19)
+  Sequential sequential = Sequential::kFirst;  // the agent's (kHead before session 22)
   size_t ready_window = 16;           // chunks one ready long-poll names (kReadyWindow)
   double lease_wait_s = 5;            // the agent's long-poll wait (--lease-wait-ms)
   double rtt_s = 0.001;               // round trip between any two hosts (tracker, registry, peers)
