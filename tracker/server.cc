@@ -1,6 +1,13 @@
 #include "tracker/server.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <string_view>
 
 #include <spdlog/spdlog.h>
@@ -8,15 +15,11 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-
-#include "tracker/access.h"
-#include "tracker/cluster/cluster_view.h"
-#include "tracker/cluster/page.h"
-#include "tracker/swarms/response.h"
 
 namespace shoal::tracker {
 namespace asio = boost::asio;
@@ -33,98 +36,74 @@ constexpr uint32_t kHeaderLimit = 8 * 1024;
 // Blob API bodies are small JSON; a publish carries one chunk's metainfo (about 20 bytes per
 // piece, base64-encoded).
 constexpr uint64_t kBodyLimit = 8u << 20;
-constexpr char kServerName[] = "shoal-tracker";
+// The first read of a new connection: an announce with its headers fits many times over.
+constexpr size_t kFirstRead = 16 * 1024;
+// Connections taken from the listener per wake-up, before other work gets a turn.
+constexpr int kAcceptBatch = 64;
 
-using Request = http::request<http::string_body>;
-using StringResponse = http::response<http::string_body>;
+// A new parser with the server's limits.
+void Limit(http::request_parser<http::string_body>& parser) {
+  parser.header_limit(kHeaderLimit);
+  parser.body_limit(kBodyLimit);
+}
 
-enum class Route { kAnnounce, kScrape, kMetrics, kHealth, kStatus, kCluster, kUi, kNotFound };
-
-std::string_view RouteName(Route route) {
-  switch (route) {
-    case Route::kAnnounce:
-      return "announce";
-    case Route::kScrape:
-      return "scrape";
-    case Route::kMetrics:
-      return "metrics";
-    case Route::kHealth:
-      return "health";
-    case Route::kStatus:
-      return "status";
-    case Route::kCluster:
-      return "cluster";
-    case Route::kUi:
-      return "ui";
-    case Route::kNotFound:
-      return "other";
+// The whole of res on the wire (status line, headers, body).
+std::string Serialize(HttpResponse& res) {
+  std::string out;
+  http::serializer<false, http::string_body> sr{res};
+  beast::error_code ec;
+  while (!ec && !sr.is_done()) {
+    sr.next(ec, [&](beast::error_code&, const auto& buffers) {
+      size_t n = 0;
+      for (auto b : beast::buffers_range_ref(buffers)) {
+        out.append(static_cast<const char*>(b.data()), b.size());
+        n += b.size();
+      }
+      sr.consume(n);
+    });
   }
-  return "other";
+  return out;
 }
 
-Route RouteOf(std::string_view path) {
-  if (path == "/announce") return Route::kAnnounce;
-  if (path == "/scrape") return Route::kScrape;
-  if (path == "/metrics") return Route::kMetrics;
-  if (path == "/healthz") return Route::kHealth;
-  if (path == "/") return Route::kStatus;
-  if (path == kClusterPath) return Route::kCluster;
-  if (path == "/ui") return Route::kUi;
-  return Route::kNotFound;
-}
-
-StringResponse MakeResponse(unsigned version, bool keep_alive, http::status status,
-                            std::string body, std::string_view content_type) {
-  StringResponse res{status, version};
-  res.set(http::field::server, kServerName);
-  res.set(http::field::content_type, content_type);
-  res.set(http::field::cache_control, "no-store");
-  res.keep_alive(keep_alive);
-  res.body() = std::move(body);
-  res.prepare_payload();
-  return res;
-}
-
-// A connection being served. Responses are built in named variables before being passed to
-// co_await: GCC 12 can destroy temporaries of a co_await expression twice (seen as double
-// frees in the registry shim), so no co_await here takes a non-trivial temporary.
+// A connection being served by a coroutine. Responses are built in named variables before
+// being passed to co_await: GCC 12 can destroy temporaries of a co_await expression twice
+// (seen as double frees in the registry shim), so no co_await here takes a non-trivial
+// temporary.
 class Connection {
  public:
-  Connection(tcp::socket socket, const tcp::endpoint& remote, TrackerService& service,
-             BlobApi& blobs, ManifestApi& manifests, PrefetchApi& prefetch, Access& access,
-             const ServerOptions& options, const std::function<std::string()>& metrics_text,
-             const std::function<std::string()>& cluster_view)
+  Connection(tcp::socket socket, const tcp::endpoint& remote, Router& router,
+             TrackerService& service, const ServerOptions& options)
       : stream_(std::move(socket)),
+        router_(router),
         service_(service),
-        access_(access),
-        blobs_(blobs),
-        manifests_(manifests),
-        prefetch_(prefetch),
         options_(options),
-        metrics_text_(metrics_text),
-        cluster_view_(cluster_view),
         remote_(remote) {}
 
-  // Shutdown: a connection waiting for its next request is closed now; one serving a request
-  // closes after answering it.
+  // Shutdown: a connection waiting for (the rest of) its next request's header is closed now;
+  // one serving a request closes after answering it.
   void Stop() {
     stopping_ = true;
-    if (idle_) stream_.close();
+    if (reading_header_) stream_.close();
   }
 
-  awaitable<void> Run() {
+  // Serves requests until the client or the server closes; `received` is what was already read.
+  awaitable<void> Run(std::string received) {
     beast::flat_buffer buffer;
+    if (!received.empty()) {
+      auto space = buffer.prepare(received.size());
+      std::memcpy(space.data(), received.data(), received.size());
+      buffer.commit(received.size());
+    }
     for (;;) {
       if (stopping_) break;
       http::request_parser<http::string_body> parser;
-      parser.header_limit(kHeaderLimit);
-      parser.body_limit(kBodyLimit);
+      Limit(parser);
       beast::error_code ec;
       stream_.expires_after(options_.idle_timeout);
-      idle_ = buffer.size() == 0;  // nothing of a next request has arrived yet
+      reading_header_ = true;
       co_await http::async_read_header(stream_, buffer, parser,
                                        asio::redirect_error(use_awaitable, ec));
-      idle_ = false;
+      reading_header_ = false;
       if (stopping_ && (ec == asio::error::operation_aborted || ec == asio::error::bad_descriptor))
         co_return;
       if (!ec && boost::iequals(parser.get()[http::field::expect], "100-continue")) {
@@ -139,34 +118,21 @@ class Connection {
         break;
       }
       if (ec == http::error::body_limit) {
-        std::string message =
-            "request body is larger than " + std::to_string(kBodyLimit) + " bytes";
-        std::string_view target = parser.get().target();
-        StringResponse res =
-            MakeResponse(parser.get().version(), false, http::status::payload_too_large,
-                         message + "\n", "text/plain");
-        std::string_view body_path = target.substr(0, target.find('?'));
-        if (BlobApi::Owns(body_path) || ManifestApi::Owns(body_path) ||
-            PrefetchApi::Owns(body_path)) {
-          BlobResponse answer = blobs_.Error(413, std::move(message));
-          res = MakeResponse(parser.get().version(), false, http::status::payload_too_large,
-                             std::move(answer.body), "application/json");
-        }
-        service_.metrics().CountRequest("other", res.result_int());
+        HttpResponse res = router_.TooLarge(parser.get(), kBodyLimit);
         co_await Write(std::move(res));
         break;
       }
       if (ec) {
         std::string body = "malformed HTTP request: " + ec.message() + "\n";
-        StringResponse res =
-            MakeResponse(11, false, http::status::bad_request, std::move(body), "text/plain");
+        HttpResponse res =
+            MakeHttpResponse(11, false, http::status::bad_request, std::move(body), "text/plain");
         service_.metrics().CountRequest("other", res.result_int());
         co_await Write(std::move(res));
         break;
       }
-      Request req = parser.release();
+      HttpRequest req = parser.release();
       stream_.expires_never();
-      StringResponse res = co_await Dispatch(req);
+      HttpResponse res = co_await router_.Answer(req, remote_.address());
       if (stopping_) res.keep_alive(false);
       bool keep = req.keep_alive() && res.keep_alive();
       bool written = co_await Write(std::move(res));
@@ -177,10 +143,10 @@ class Connection {
   }
 
  private:
-  bool idle_ = false;      // waiting for the first byte of a request
-  bool stopping_ = false;  // the server is shutting down
+  bool reading_header_ = false;  // waiting for a request's header
+  bool stopping_ = false;        // the server is shutting down
 
-  awaitable<bool> Write(StringResponse res) {
+  awaitable<bool> Write(HttpResponse res) {
     beast::error_code ec;
     stream_.expires_after(options_.write_timeout);
     co_await http::async_write(stream_, res, asio::redirect_error(use_awaitable, ec));
@@ -188,185 +154,10 @@ class Connection {
     co_return !ec;
   }
 
-  // A coroutine because lease long-polls wait; every other route answers synchronously.
-  awaitable<StringResponse> Dispatch(const Request& req) {
-    std::string_view target = req.target();
-    size_t q = target.find('?');
-    std::string_view path = target.substr(0, q);
-    std::string_view query =
-        q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
-    StringResponse res;
-    std::string_view route_name;
-    if (std::optional<StringResponse> refused = Refuse(req, path, query)) {
-      res = std::move(*refused);
-      route_name = RouteLabel(path);
-    } else if (BlobApi::Owns(path)) {
-      BlobRequest blob_req{req.method(), path, query, req.body(), remote_.address()};
-      BlobResponse answer = co_await blobs_.Handle(blob_req);
-      res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
-                         std::move(answer.body), "application/json");
-      if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
-      route_name = "blobs";
-    } else if (ManifestApi::Owns(path)) {
-      BlobRequest manifest_req{req.method(), path, query, req.body(), remote_.address()};
-      BlobResponse answer = co_await manifests_.Handle(manifest_req);
-      res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
-                         std::move(answer.body), "application/json");
-      if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
-      route_name = "manifests";
-    } else if (PrefetchApi::Owns(path)) {
-      BlobRequest prefetch_req{req.method(), path, query, req.body(), remote_.address()};
-      BlobResponse answer = co_await prefetch_.Handle(prefetch_req);
-      res = MakeResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
-                         std::move(answer.body), "application/json");
-      if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
-      route_name = "prefetch";
-    } else {
-      Route route = RouteOf(path);
-      res = Answer(req, route, query,
-                   route == Route::kStatus && access_.IsOperator(req[http::field::authorization]));
-      route_name = RouteName(route);
-    }
-    if (req.method() == http::verb::head) {
-      size_t size = res.body().size();
-      res.body().clear();
-      res.content_length(size);
-    }
-    service_.metrics().CountRequest(route_name, res.result_int());
-    co_return res;
-  }
-
-  static std::string_view RouteLabel(std::string_view path) {
-    if (BlobApi::Owns(path)) return "blobs";
-    if (ManifestApi::Owns(path)) return "manifests";
-    if (PrefetchApi::Owns(path)) return "prefetch";
-    return RouteName(RouteOf(path));
-  }
-
-  // The refusal of a request whose credential does not admit it to path, or nullopt. Announce
-  // and scrape carry an agent's announce key in the query (auth=); everything else a bearer
-  // token.
-  std::optional<StringResponse> Refuse(const Request& req, std::string_view path,
-                                       std::string_view query) {
-    Role needed = RequiredRole(req.method(), path);
-    Access::Verdict verdict = Access::Verdict::kAllowed;
-    bool announce = path == "/announce" || path == "/scrape";
-    std::string_view key = announce ? AnnounceKeyOf(query) : std::string_view();
-    if (announce && !access_.open()) {
-      if (key.empty()) {
-        verdict = access_.Check(needed, req[http::field::authorization]);
-      } else if (!access_.CheckAnnounceKey(key)) {
-        verdict = Access::Verdict::kInvalid;
-      }
-    } else {
-      verdict = access_.Check(needed, req[http::field::authorization]);
-    }
-    if (verdict == Access::Verdict::kAllowed) return std::nullopt;
-    const std::string_view label = RouteLabel(path);
-    access_.CountRefused(label, verdict);
-    std::string text = RefusalText(verdict, needed);
-    if (announce && key.empty() && verdict == Access::Verdict::kMissing) {
-      text = "this tracker needs an agent's announce key: /announce?auth=<key>";
-    }
-    auto status = verdict == Access::Verdict::kForbidden ? http::status::forbidden
-                                                         : http::status::unauthorized;
-    StringResponse res;
-    if (announce) {
-      res =
-          MakeResponse(req.version(), req.keep_alive(), status, EncodeFailure(text), "text/plain");
-    } else if (label == "blobs" || label == "manifests" || label == "prefetch" ||
-               label == "cluster") {
-      BlobResponse answer = blobs_.Error(static_cast<unsigned>(status), text);
-      res = MakeResponse(req.version(), req.keep_alive(), status, std::move(answer.body),
-                         "application/json");
-    } else {
-      res = MakeResponse(req.version(), req.keep_alive(), status, text + "\n", "text/plain");
-    }
-    if (status == http::status::unauthorized) {
-      res.set(http::field::www_authenticate, "Bearer realm=\"shoal-tracker\"");
-    }
-    return res;
-  }
-
-  StringResponse Answer(const Request& req, Route route, std::string_view query,
-                        bool operator_view) {
-    unsigned v = req.version();
-    bool keep = req.keep_alive();
-    if (req.method() != http::verb::get && req.method() != http::verb::head) {
-      StringResponse res = MakeResponse(
-          v, keep, http::status::method_not_allowed,
-          std::string(req.method_string()) + " is not supported; use GET\n", "text/plain");
-      res.set(http::field::allow, "GET, HEAD");
-      return res;
-    }
-    switch (route) {
-      case Route::kAnnounce:
-        return MakeResponse(v, keep, http::status::ok,
-                            service_.Announce(query, remote_.address(), TrackerClock::now()),
-                            "text/plain");
-      case Route::kScrape:
-        return MakeResponse(v, keep, http::status::ok, service_.Scrape(query), "text/plain");
-      case Route::kMetrics:
-        service_.UpdateGauges();
-        blobs_.Sweep(TrackerClock::now());
-        manifests_.Sweep(TrackerClock::now());
-        prefetch_.Sweep(TrackerClock::now());
-        return MakeResponse(v, keep, http::status::ok, metrics_text_ ? metrics_text_() : "",
-                            "text/plain; version=0.0.4");
-      case Route::kHealth:
-        return MakeResponse(v, keep, http::status::ok, "ok\n", "text/plain");
-      case Route::kStatus:
-        if (!operator_view) {
-          // Totals only: swarms, leases, manifests and jobs name images.
-          return MakeResponse(v, keep, http::status::ok,
-                              service_.StatusPage(false) +
-                                  "\nswarms, leases, manifests and prefetch jobs: send an "
-                                  "operator token (Authorization: Bearer <token>)\n",
-                              "text/plain; charset=utf-8");
-        }
-        return MakeResponse(
-            v, keep, http::status::ok,
-            service_.StatusPage(true) + "\n" + blobs_.StatusSection(TrackerClock::now()) +
-                manifests_.StatusSection() + prefetch_.StatusSection(TrackerClock::now()),
-            "text/plain; charset=utf-8");
-      case Route::kCluster: {
-        StringResponse res = MakeResponse(v, keep, http::status::ok,
-                                          cluster_view_ ? cluster_view_() : "{}",
-                                          "application/json");
-        res.set(http::field::cache_control, "no-store");
-        return res;
-      }
-      case Route::kUi: {
-        // The page itself holds no data: it asks for an operator token and reads /v1/cluster.
-        // Nothing on it may load from anywhere else.
-        StringResponse res =
-            MakeResponse(v, keep, http::status::ok, std::string(ClusterPageHtml()),
-                         "text/html; charset=utf-8");
-        res.set("Content-Security-Policy",
-                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-                "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
-                "frame-ancestors 'none'");
-        res.set("X-Content-Type-Options", "nosniff");
-        res.set(http::field::cache_control, "no-store");
-        return res;
-      }
-      case Route::kNotFound:
-        break;
-    }
-    std::string shown(req.target().substr(0, 200));
-    return MakeResponse(v, keep, http::status::not_found, "no such endpoint: " + shown + "\n",
-                        "text/plain");
-  }
-
   beast::tcp_stream stream_;
+  Router& router_;
   TrackerService& service_;
-  Access& access_;
-  BlobApi& blobs_;
-  ManifestApi& manifests_;
-  PrefetchApi& prefetch_;
   const ServerOptions& options_;
-  const std::function<std::string()>& metrics_text_;
-  const std::function<std::string()>& cluster_view_;
   tcp::endpoint remote_;
 };
 
@@ -376,10 +167,7 @@ Server::Server(asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
                ManifestApi& manifests, PrefetchApi& prefetch, Access& access, ServerOptions options)
     : ioc_(ioc),
       service_(service),
-      access_(access),
-      blobs_(blobs),
-      manifests_(manifests),
-      prefetch_(prefetch),
+      router_(service, blobs, manifests, prefetch, access),
       options_(std::move(options)),
       acceptor_(ioc) {}
 
@@ -398,6 +186,17 @@ Result<uint16_t> Server::Listen(const std::string& address, uint16_t port) {
   if (!ec) acceptor_.set_option(tcp::no_delay(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  // The accept loop calls accept4(2) itself until it would block.
+  if (!ec) acceptor_.non_blocking(true, ec);
+  // A connection is accepted once its first bytes have arrived (or after about a second
+  // without any), so that recv(2) right after accept4(2) finds the request.
+  if (!ec) {
+    int secs = 1;
+    if (::setsockopt(acceptor_.native_handle(), IPPROTO_TCP, TCP_DEFER_ACCEPT, &secs,
+                     sizeof(secs)) != 0) {
+      ec.assign(errno, boost::system::system_category());
+    }
+  }
   if (ec) {
     return MakeError(ErrorCode::kIo,
                      "listen on " + address + ":" + std::to_string(port) + ": " + ec.message());
@@ -416,38 +215,135 @@ void Server::Stop() {
 }
 
 awaitable<void> Server::AcceptLoop() {
+  asio::steady_timer pause(ioc_);
   for (;;) {
     beast::error_code ec;
-    // The peer's address comes with accept(2), so a connection needs no getpeername(2).
-    tcp::endpoint remote;
-    tcp::socket socket =
-        co_await acceptor_.async_accept(remote, asio::redirect_error(use_awaitable, ec));
+    co_await acceptor_.async_wait(tcp::acceptor::wait_read,
+                                  asio::redirect_error(use_awaitable, ec));
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
-    if (ec) {
-      spdlog::warn("accept failed: {}", ec.message());
-      continue;
-    }
-    if (active_ >= options_.max_connections) {
-      // Shedding is cheaper than queueing: a 503 tells the client to come back (an agent keeps
-      // waiting for the tracker instead of going upstream), and the operator sees it.
-      service_.metrics().shed.Increment();
-      ++shed_unlogged_;
-      const auto now = std::chrono::steady_clock::now();
-      if (now - shed_logged_ >= std::chrono::seconds(10)) {
-        spdlog::warn("{} connections refused with 503: --max-connections {} are open",
-                     shed_unlogged_, options_.max_connections);
-        shed_logged_ = now;
-        shed_unlogged_ = 0;
+    bool out_of_resources = false;
+    for (int i = 0; i < kAcceptBatch && acceptor_.is_open(); ++i) {
+      // accept4(2) itself: the peer's address comes with it (no getpeername(2)), and the
+      // connection is non-blocking from the start (no fcntl(2)).
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      int fd = ::accept4(acceptor_.native_handle(), reinterpret_cast<sockaddr*>(&addr), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        int err = errno;
+        if (err == EAGAIN || err == EWOULDBLOCK) break;
+        // The client gave up before it was accepted, or a signal came: the next one.
+        if (err == ECONNABORTED || err == EINTR || err == EPROTO) continue;
+        // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM): the pending
+        // connection stays pending, so retrying at once would spin. Wait for some to close.
+        const auto now = std::chrono::steady_clock::now();
+        if (now - accept_logged_ >= std::chrono::seconds(10)) {
+          spdlog::warn("accept failed: {} (pausing accepts for 100 ms; {} connections open)",
+                       std::strerror(err), active_);
+          accept_logged_ = now;
+        }
+        out_of_resources = true;
+        break;
       }
-      if (shedding_ < 1024) {
-        asio::co_spawn(ioc_, Shed(std::move(socket)), asio::detached);
-      } else {
-        socket.close(ec);
+      tcp::endpoint remote;
+      if (len <= remote.capacity()) {
+        std::memcpy(remote.data(), &addr, len);
+        remote.resize(len);
       }
-      continue;
+      Accepted(fd, remote);
     }
-    asio::co_spawn(ioc_, Session(std::move(socket), remote), asio::detached);
+    if (out_of_resources) {
+      pause.expires_after(std::chrono::milliseconds(100));
+      co_await pause.async_wait(asio::redirect_error(use_awaitable, ec));
+    }
   }
+}
+
+void Server::Accepted(int fd, const tcp::endpoint& remote) {
+  auto adopt = [&](tcp::socket& socket) {
+    beast::error_code ec;
+    socket.assign(remote.protocol(), fd, ec);
+    if (ec) {
+      spdlog::warn("connection from {} dropped: {}", remote.address().to_string(), ec.message());
+      ::close(fd);
+      return false;
+    }
+    return true;
+  };
+  if (active_ >= options_.max_connections) {
+    // Shedding is cheaper than queueing: a 503 tells the client to come back (an agent keeps
+    // waiting for the tracker instead of going upstream), and the operator sees it.
+    service_.metrics().shed.Increment();
+    ++shed_unlogged_;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - shed_logged_ >= std::chrono::seconds(10)) {
+      spdlog::warn("{} connections refused with 503: --max-connections {} are open",
+                   shed_unlogged_, options_.max_connections);
+      shed_logged_ = now;
+      shed_unlogged_ = 0;
+    }
+    if (shedding_ >= 1024) {
+      ::close(fd);
+      return;
+    }
+    tcp::socket socket(ioc_);
+    if (adopt(socket)) asio::co_spawn(ioc_, Shed(std::move(socket)), asio::detached);
+    return;
+  }
+  // Answer at once what can be: the request is all here (a client sends it right after
+  // connecting), it is the only one, it closes the connection, and its route needs no waiting.
+  thread_local std::array<char, kFirstRead> first;
+  ssize_t n = ::recv(fd, first.data(), first.size(), 0);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    ::close(fd);  // closed or reset before it asked anything
+    return;
+  }
+  std::string received;
+  if (n > 0) {
+    http::request_parser<http::string_body> parser;
+    Limit(parser);
+    parser.eager(true);
+    beast::error_code ec;
+    size_t used = 0;
+    while (!ec && !parser.is_done() && used < static_cast<size_t>(n)) {
+      used += parser.put(asio::buffer(first.data() + used, n - used), ec);
+    }
+    if (!ec && parser.is_done() && used == static_cast<size_t>(n) &&
+        !parser.get().keep_alive() && parser.get()[http::field::expect].empty()) {
+      if (std::optional<HttpResponse> res = router_.AnswerNow(parser.get(), remote.address())) {
+        std::string out = Serialize(*res);
+        ssize_t sent = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+        if (sent == static_cast<ssize_t>(out.size()) ||
+            (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+          ::close(fd);
+          return;
+        }
+        // The socket buffer took only part of it (a large page on a slow link).
+        tcp::socket socket(ioc_);
+        if (adopt(socket)) {
+          out.erase(0, sent < 0 ? 0 : static_cast<size_t>(sent));
+          asio::co_spawn(ioc_, FinishSend(std::move(socket), std::move(out)), asio::detached);
+        }
+        return;
+      }
+    }
+    // Anything else, malformed requests included, is the session's to read and answer.
+    received.assign(first.data(), static_cast<size_t>(n));
+  }
+  tcp::socket socket(ioc_);
+  if (adopt(socket)) {
+    asio::co_spawn(ioc_, Session(std::move(socket), remote, std::move(received)), asio::detached);
+  }
+}
+
+awaitable<void> Server::FinishSend(tcp::socket socket, std::string rest) {
+  ++active_;
+  beast::tcp_stream stream(std::move(socket));
+  stream.expires_after(options_.write_timeout);
+  beast::error_code ec;
+  co_await asio::async_write(stream, asio::buffer(rest), asio::redirect_error(use_awaitable, ec));
+  stream.socket().close(ec);
+  --active_;
 }
 
 awaitable<void> Server::Shed(tcp::socket socket) {
@@ -475,14 +371,13 @@ awaitable<void> Server::Shed(tcp::socket socket) {
   --shedding_;
 }
 
-awaitable<void> Server::Session(tcp::socket socket, tcp::endpoint remote) {
+awaitable<void> Server::Session(tcp::socket socket, tcp::endpoint remote, std::string received) {
   ++active_;
   service_.metrics().connections.Set(active_);
-  Connection conn(std::move(socket), remote, service_, blobs_, manifests_, prefetch_, access_,
-                  options_, metrics_text_, cluster_view_);
+  Connection conn(std::move(socket), remote, router_, service_, options_);
   auto registered = stops_.insert(stops_.end(), [&conn] { conn.Stop(); });
   try {
-    co_await conn.Run();
+    co_await conn.Run(std::move(received));
   } catch (const std::exception& e) {
     spdlog::error("connection failed: {}", e.what());
   }

@@ -1,8 +1,9 @@
 #pragma once
-// The tracker's HTTP server on Boost.Beast, one coroutine per connection: GET /announce,
-// /scrape (BitTorrent), /metrics (Prometheus), /healthz and / (status page), and the blob API
-// under /v1/blobs, the manifest cache under /v1/manifests and prefetch jobs under /v1/prefetch
-// (JSON; long-polls suspend their connection's coroutine only).
+// The tracker's HTTP server on Boost.Beast. A connection whose first read holds one whole
+// request that closes the connection and needs no waiting (an agent's announce: libtorrent
+// closes after each) is answered at once, without a coroutine: accept4, recv, send, close.
+// Every other connection gets a coroutine, and long-polls suspend only that coroutine. What
+// answers each request is tracker/router.h.
 
 #include <utility>
 
@@ -21,6 +22,7 @@
 #include "tracker/blobs/blob_api.h"
 #include "tracker/manifests/manifest_api.h"
 #include "tracker/prefetch/prefetch_api.h"
+#include "tracker/router.h"
 #include "tracker/swarms/service.h"
 
 namespace shoal::tracker {
@@ -49,37 +51,41 @@ class Server {
   Result<uint16_t> Listen(const std::string& address, uint16_t port);
   // Starts accepting connections.
   void Start();
-  // Stops accepting; idle connections close at once, busy ones after their current request.
+  // Stops accepting; connections waiting for a request's header close at once, busy ones after
+  // their current request.
   void Stop();
   // Connections currently open.
   int active_connections() const { return active_; }
   // Provides the /metrics body (Prometheus text format); called after the gauges are refreshed.
   void SetMetricsHandler(std::function<std::string()> handler) {
-    metrics_text_ = std::move(handler);
+    router_.SetMetricsHandler(std::move(handler));
   }
   // Provides the GET /v1/cluster body (JSON, tracker/cluster/cluster_view.h).
   void SetClusterViewHandler(std::function<std::string()> handler) {
-    cluster_view_ = std::move(handler);
+    router_.SetClusterViewHandler(std::move(handler));
   }
 
  private:
   boost::asio::awaitable<void> AcceptLoop();
+  // Takes over a connection just accepted (fd, non-blocking): sheds it, answers it at once, or
+  // starts its Session.
+  void Accepted(int fd, const boost::asio::ip::tcp::endpoint& remote);
+  // Serves a connection; `received` holds the bytes already read from it.
   boost::asio::awaitable<void> Session(boost::asio::ip::tcp::socket socket,
-                                       boost::asio::ip::tcp::endpoint remote);
+                                       boost::asio::ip::tcp::endpoint remote,
+                                       std::string received);
+  // Sends what a send(2) at once left of an answer, then closes the connection.
+  boost::asio::awaitable<void> FinishSend(boost::asio::ip::tcp::socket socket, std::string rest);
   // Answers a connection over the limit with 503 and closes it (bounded: shedding_).
   boost::asio::awaitable<void> Shed(boost::asio::ip::tcp::socket socket);
 
   boost::asio::io_context& ioc_;
   TrackerService& service_;
-  Access& access_;
-  BlobApi& blobs_;
-  ManifestApi& manifests_;
-  PrefetchApi& prefetch_;
+  Router router_;
   ServerOptions options_;
   boost::asio::ip::tcp::acceptor acceptor_;
-  std::function<std::string()> metrics_text_;
-  std::function<std::string()> cluster_view_;
   int active_ = 0;
+  std::chrono::steady_clock::time_point accept_logged_{};  // last warning about accept(2)
   std::list<std::function<void()>> stops_;   // one per open connection: Connection::Stop
   int shedding_ = 0;                          // Shed coroutines running
   std::chrono::steady_clock::time_point shed_logged_{};  // last warning about shedding

@@ -374,7 +374,8 @@ TEST_CASE("robustness: an upstream failing before the first byte gets 503 in bou
   CHECK(agent.Running());
 }
 
-// Idle TCP connections to 127.0.0.1:port, held open until destroyed: `n` of them fill a tracker
+// TCP connections to 127.0.0.1:port that sent the start of a request and nothing more, held open
+// until destroyed: `n` of them fill a tracker
 // at --max-connections n, which then sheds every other connection with 503.
 class HeldConnections {
  public:
@@ -389,6 +390,13 @@ class HeldConnections {
       ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
       fds_.push_back(fd);
       if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) break;
+      // The start of a request: the tracker accepts a connection once bytes arrive
+      // (TCP_DEFER_ACCEPT), and then holds it waiting for the rest.
+      constexpr std::string_view kStart = "GET /healthz HTTP/1.1\r\n";
+      if (::send(fd, kStart.data(), kStart.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(kStart.size())) {
+        break;
+      }
       ++connected_;
     }
   }

@@ -5,6 +5,12 @@
 
 #include <utility>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -14,11 +20,13 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
 
 #include <libtorrent/add_torrent_params.hpp>
 #include <libtorrent/alert_types.hpp>
@@ -338,17 +346,108 @@ TEST_CASE("tracker: answers hostile requests with failures, not crashes, and kee
   CHECK(tracker.process->Stop() == 0);
 }
 
+// What a raw TCP client sees: everything received until the tracker closes, or until `wait`.
+std::string SendAndReadAll(uint16_t port, const std::vector<std::string>& parts,
+                           milliseconds gap, seconds wait = seconds(5)) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  timeval tv{static_cast<time_t>(wait.count()), 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) std::this_thread::sleep_for(gap);
+    REQUIRE(::send(fd, parts[i].data(), parts[i].size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(parts[i].size()));
+  }
+  std::string got;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;  // closed by the tracker, or the wait ran out
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return got;
+}
+
+size_t Count(const std::string& text, std::string_view what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// An agent's announce (libtorrent sends Connection: close) is answered right after accept,
+// without a coroutine; everything else goes to the connection's session with the bytes already
+// read. Both must give the same answers.
+TEST_CASE("tracker: a request in one piece, in two pieces, pipelined, malformed or HEAD gets the same answers on a raw connection") {
+  TempDir dir("shoal-tracker-raw");
+  Tracker tracker = StartTracker(dir);
+  auto port = static_cast<uint16_t>(std::stoi(tracker.base.substr(tracker.base.rfind(':') + 1)));
+  const std::string target = "/announce?auth=" + tracker.key +
+                             "&info_hash=%01%02%03%04%05%06%07%08%09%0a%0b%0c%0d%0e%0f%10%11%12"
+                             "%13%14&peer_id=-LT2080-abcdefghijkl&port=6881&uploaded=0"
+                             "&downloaded=0&left=0&compact=1&event=started";
+  const std::string closing =
+      "GET " + target + " HTTP/1.1\r\nHost: tracker\r\nConnection: close\r\n\r\n";
+
+  // One piece: answered and closed (the read ends at the tracker's FIN, not at the 5 s wait).
+  auto started = std::chrono::steady_clock::now();
+  std::string whole = SendAndReadAll(port, {closing}, milliseconds(0));
+  CHECK(std::chrono::steady_clock::now() - started < seconds(3));
+  CHECK(whole.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(whole.find("Connection: close") != std::string::npos);
+  CHECK(whole.find("8:intervali") != std::string::npos);
+  CHECK(whole.find("failure reason") == std::string::npos);
+
+  // The same request in two pieces 300 ms apart: the session reads the rest.
+  std::string halves = SendAndReadAll(
+      port, {closing.substr(0, 40), closing.substr(40)}, milliseconds(300));
+  CHECK(halves.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(halves.find("8:intervali") != std::string::npos);
+
+  // Two requests in one write, the first keep-alive: both answered, in order, then closed.
+  std::string pipelined = SendAndReadAll(
+      port, {"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n" + closing}, milliseconds(0));
+  CHECK(Count(pipelined, "HTTP/1.1 200 OK\r\n") == 2);
+  CHECK(pipelined.find("ok\n") < pipelined.find("8:intervali"));
+
+  // Malformed in the first read: the session's 400, as before.
+  std::string malformed =
+      SendAndReadAll(port, {"GET /announce HTTP/1.1\r\nBad Header\r\n\r\n"}, milliseconds(0));
+  CHECK(malformed.rfind("HTTP/1.1 400 Bad Request\r\n", 0) == 0);
+  CHECK(malformed.find("malformed HTTP request") != std::string::npos);
+
+  // HEAD, closing: headers with the body's length, no body.
+  std::string head = SendAndReadAll(
+      port, {"HEAD /healthz HTTP/1.0\r\n\r\n"}, milliseconds(0));
+  CHECK(head.rfind("HTTP/1.0 200 OK\r\n", 0) == 0);
+  CHECK(head.find("Content-Length: 3\r\n") != std::string::npos);
+  CHECK(head.substr(head.find("\r\n\r\n") + 4).empty());
+
+  // The tracker counted every one of them and is still serving.
+  std::string metrics = Metrics(tracker);
+  CHECK(MetricSum(metrics, "shoal_tracker_http_requests_total", {{"route", "announce"}}) == 3);
+  CHECK(MetricSum(metrics, "shoal_tracker_http_requests_total", {{"route", "health"}}) >= 2);
+  CHECK(tracker.process->Stop() == 0);
+}
+
 TEST_CASE("tracker: a connection beyond --max-connections gets 503 with Retry-After, and is counted") {
   TempDir dir("shoal-tracker-shed");
   Tracker tracker = StartTracker(dir, {"--max-connections", "2"});
   auto port = static_cast<uint16_t>(std::stoi(tracker.base.substr(tracker.base.rfind(':') + 1)));
   boost::asio::io_context ioc;
   const boost::asio::ip::tcp::endpoint at(boost::asio::ip::make_address("127.0.0.1"), port);
-  // Two idle connections take the tracker's whole allowance.
+  // Two connections that started a request take the tracker's whole allowance. (One that sends
+  // nothing is not accepted before about a second: TCP_DEFER_ACCEPT.)
   std::vector<boost::asio::ip::tcp::socket> held;
   for (int i = 0; i < 2; ++i) {
     held.emplace_back(ioc);
     held.back().connect(at);
+    boost::asio::write(held.back(), boost::asio::buffer(std::string_view("GET /healthz HTTP/1.1\r\n")));
   }
   // The accept loop counts a connection once its coroutine runs: give it a moment.
   std::this_thread::sleep_for(milliseconds(300));

@@ -1,0 +1,262 @@
+#include "tracker/router.h"
+
+#include <string_view>
+
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/http/field.hpp>
+#include <boost/beast/http/status.hpp>
+#include <boost/beast/http/verb.hpp>
+
+#include "tracker/cluster/cluster_view.h"
+#include "tracker/cluster/page.h"
+#include "tracker/swarms/response.h"
+
+namespace shoal::tracker {
+namespace asio = boost::asio;
+namespace http = boost::beast::http;
+
+namespace {
+
+constexpr char kServerName[] = "shoal-tracker";
+
+enum class Route { kAnnounce, kScrape, kMetrics, kHealth, kStatus, kCluster, kUi, kNotFound };
+
+std::string_view RouteName(Route route) {
+  switch (route) {
+    case Route::kAnnounce:
+      return "announce";
+    case Route::kScrape:
+      return "scrape";
+    case Route::kMetrics:
+      return "metrics";
+    case Route::kHealth:
+      return "health";
+    case Route::kStatus:
+      return "status";
+    case Route::kCluster:
+      return "cluster";
+    case Route::kUi:
+      return "ui";
+    case Route::kNotFound:
+      return "other";
+  }
+  return "other";
+}
+
+Route RouteOf(std::string_view path) {
+  if (path == "/announce") return Route::kAnnounce;
+  if (path == "/scrape") return Route::kScrape;
+  if (path == "/metrics") return Route::kMetrics;
+  if (path == "/healthz") return Route::kHealth;
+  if (path == "/") return Route::kStatus;
+  if (path == kClusterPath) return Route::kCluster;
+  if (path == "/ui") return Route::kUi;
+  return Route::kNotFound;
+}
+
+// The metrics label of a path.
+std::string_view RouteLabel(std::string_view path) {
+  if (BlobApi::Owns(path)) return "blobs";
+  if (ManifestApi::Owns(path)) return "manifests";
+  if (PrefetchApi::Owns(path)) return "prefetch";
+  return RouteName(RouteOf(path));
+}
+
+struct Target {
+  std::string_view path;
+  std::string_view query;
+};
+
+Target Split(std::string_view target) {
+  size_t q = target.find('?');
+  return {target.substr(0, q),
+          q == std::string_view::npos ? std::string_view() : target.substr(q + 1)};
+}
+
+}  // namespace
+
+HttpResponse MakeHttpResponse(unsigned version, bool keep_alive, http::status status,
+                              std::string body, std::string_view content_type) {
+  HttpResponse res{status, version};
+  res.set(http::field::server, kServerName);
+  res.set(http::field::content_type, content_type);
+  res.set(http::field::cache_control, "no-store");
+  res.keep_alive(keep_alive);
+  res.body() = std::move(body);
+  res.prepare_payload();
+  return res;
+}
+
+std::optional<HttpResponse> Router::AnswerNow(const HttpRequest& req,
+                                              const asio::ip::address& remote) {
+  auto [path, query] = Split(req.target());
+  if (std::optional<HttpResponse> refused = Refuse(req, path, query)) {
+    return Finish(req, std::move(*refused), RouteLabel(path));
+  }
+  if (BlobApi::Owns(path) || ManifestApi::Owns(path) || PrefetchApi::Owns(path)) {
+    return std::nullopt;
+  }
+  return Finish(req, AnswerPlain(req, path, query, remote), RouteName(RouteOf(path)));
+}
+
+asio::awaitable<HttpResponse> Router::Answer(const HttpRequest& req, asio::ip::address remote) {
+  if (std::optional<HttpResponse> now = AnswerNow(req, remote)) co_return std::move(*now);
+  auto [path, query] = Split(req.target());
+  BlobRequest api_req{req.method(), path, query, req.body(), remote};
+  BlobResponse answer;
+  std::string_view route;
+  // Named results, not co_await temporaries: GCC 12 can destroy a co_await expression's
+  // temporaries twice.
+  if (BlobApi::Owns(path)) {
+    answer = co_await blobs_.Handle(api_req);
+    route = "blobs";
+  } else if (ManifestApi::Owns(path)) {
+    answer = co_await manifests_.Handle(api_req);
+    route = "manifests";
+  } else {
+    answer = co_await prefetch_.Handle(api_req);
+    route = "prefetch";
+  }
+  HttpResponse res =
+      MakeHttpResponse(req.version(), req.keep_alive(), static_cast<http::status>(answer.status),
+                       std::move(answer.body), "application/json");
+  if (!answer.allow.empty()) res.set(http::field::allow, answer.allow);
+  co_return Finish(req, std::move(res), route);
+}
+
+HttpResponse Router::TooLarge(const HttpRequest& req, uint64_t limit) {
+  std::string message = "request body is larger than " + std::to_string(limit) + " bytes";
+  std::string_view path = Split(req.target()).path;
+  HttpResponse res;
+  if (BlobApi::Owns(path) || ManifestApi::Owns(path) || PrefetchApi::Owns(path)) {
+    BlobResponse answer = blobs_.Error(413, std::move(message));
+    res = MakeHttpResponse(req.version(), false, http::status::payload_too_large,
+                           std::move(answer.body), "application/json");
+  } else {
+    res = MakeHttpResponse(req.version(), false, http::status::payload_too_large, message + "\n",
+                           "text/plain");
+  }
+  service_.metrics().CountRequest("other", res.result_int());
+  return res;
+}
+
+HttpResponse Router::Finish(const HttpRequest& req, HttpResponse res, std::string_view route) {
+  if (req.method() == http::verb::head) {
+    size_t size = res.body().size();
+    res.body().clear();
+    res.content_length(size);
+  }
+  service_.metrics().CountRequest(route, res.result_int());
+  return res;
+}
+
+// The refusal of a request whose credential does not admit it to path, or nullopt. Announce
+// and scrape carry an agent's announce key in the query (auth=); everything else a bearer token.
+std::optional<HttpResponse> Router::Refuse(const HttpRequest& req, std::string_view path,
+                                           std::string_view query) {
+  Role needed = RequiredRole(req.method(), path);
+  Access::Verdict verdict = Access::Verdict::kAllowed;
+  bool announce = path == "/announce" || path == "/scrape";
+  std::string_view key = announce ? AnnounceKeyOf(query) : std::string_view();
+  if (announce && !access_.open()) {
+    if (key.empty()) {
+      verdict = access_.Check(needed, req[http::field::authorization]);
+    } else if (!access_.CheckAnnounceKey(key)) {
+      verdict = Access::Verdict::kInvalid;
+    }
+  } else {
+    verdict = access_.Check(needed, req[http::field::authorization]);
+  }
+  if (verdict == Access::Verdict::kAllowed) return std::nullopt;
+  const std::string_view label = RouteLabel(path);
+  access_.CountRefused(label, verdict);
+  std::string text = RefusalText(verdict, needed);
+  if (announce && key.empty() && verdict == Access::Verdict::kMissing) {
+    text = "this tracker needs an agent's announce key: /announce?auth=<key>";
+  }
+  auto status = verdict == Access::Verdict::kForbidden ? http::status::forbidden
+                                                       : http::status::unauthorized;
+  HttpResponse res;
+  if (announce) {
+    res = MakeHttpResponse(req.version(), req.keep_alive(), status, EncodeFailure(text),
+                           "text/plain");
+  } else if (label == "blobs" || label == "manifests" || label == "prefetch" ||
+             label == "cluster") {
+    BlobResponse answer = blobs_.Error(static_cast<unsigned>(status), text);
+    res = MakeHttpResponse(req.version(), req.keep_alive(), status, std::move(answer.body),
+                           "application/json");
+  } else {
+    res = MakeHttpResponse(req.version(), req.keep_alive(), status, text + "\n", "text/plain");
+  }
+  if (status == http::status::unauthorized) {
+    res.set(http::field::www_authenticate, "Bearer realm=\"shoal-tracker\"");
+  }
+  return res;
+}
+
+HttpResponse Router::AnswerPlain(const HttpRequest& req, std::string_view path,
+                                 std::string_view query, const asio::ip::address& remote) {
+  unsigned v = req.version();
+  bool keep = req.keep_alive();
+  if (req.method() != http::verb::get && req.method() != http::verb::head) {
+    HttpResponse res = MakeHttpResponse(
+        v, keep, http::status::method_not_allowed,
+        std::string(req.method_string()) + " is not supported; use GET\n", "text/plain");
+    res.set(http::field::allow, "GET, HEAD");
+    return res;
+  }
+  switch (RouteOf(path)) {
+    case Route::kAnnounce:
+      return MakeHttpResponse(v, keep, http::status::ok,
+                              service_.Announce(query, remote, TrackerClock::now()),
+                              "text/plain");
+    case Route::kScrape:
+      return MakeHttpResponse(v, keep, http::status::ok, service_.Scrape(query), "text/plain");
+    case Route::kMetrics:
+      service_.UpdateGauges();
+      blobs_.Sweep(TrackerClock::now());
+      manifests_.Sweep(TrackerClock::now());
+      prefetch_.Sweep(TrackerClock::now());
+      return MakeHttpResponse(v, keep, http::status::ok, metrics_text_ ? metrics_text_() : "",
+                              "text/plain; version=0.0.4");
+    case Route::kHealth:
+      return MakeHttpResponse(v, keep, http::status::ok, "ok\n", "text/plain");
+    case Route::kStatus:
+      if (!access_.IsOperator(req[http::field::authorization])) {
+        // Totals only: swarms, leases, manifests and jobs name images.
+        return MakeHttpResponse(v, keep, http::status::ok,
+                                service_.StatusPage(false) +
+                                    "\nswarms, leases, manifests and prefetch jobs: send an "
+                                    "operator token (Authorization: Bearer <token>)\n",
+                                "text/plain; charset=utf-8");
+      }
+      return MakeHttpResponse(
+          v, keep, http::status::ok,
+          service_.StatusPage(true) + "\n" + blobs_.StatusSection(TrackerClock::now()) +
+              manifests_.StatusSection() + prefetch_.StatusSection(TrackerClock::now()),
+          "text/plain; charset=utf-8");
+    case Route::kCluster:
+      return MakeHttpResponse(v, keep, http::status::ok, cluster_view_ ? cluster_view_() : "{}",
+                              "application/json");
+    case Route::kUi: {
+      // The page itself holds no data: it asks for an operator token and reads /v1/cluster.
+      // Nothing on it may load from anywhere else.
+      HttpResponse res = MakeHttpResponse(v, keep, http::status::ok,
+                                          std::string(ClusterPageHtml()),
+                                          "text/html; charset=utf-8");
+      res.set("Content-Security-Policy",
+              "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+              "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+              "frame-ancestors 'none'");
+      res.set("X-Content-Type-Options", "nosniff");
+      return res;
+    }
+    case Route::kNotFound:
+      break;
+  }
+  std::string shown(req.target().substr(0, 200));
+  return MakeHttpResponse(v, keep, http::status::not_found, "no such endpoint: " + shown + "\n",
+                          "text/plain");
+}
+
+}  // namespace shoal::tracker
