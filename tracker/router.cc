@@ -2,8 +2,12 @@
 
 #include <string_view>
 
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/buffers_range.hpp>
 #include <boost/beast/http/field.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/serializer.hpp>
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/verb.hpp>
 
@@ -73,7 +77,46 @@ Target Split(std::string_view target) {
           q == std::string_view::npos ? std::string_view() : target.substr(q + 1)};
 }
 
+// The whole of res on the wire (status line, headers, body).
+std::string Serialize(HttpResponse& res) {
+  std::string out;
+  http::serializer<false, http::string_body> sr{res};
+  boost::beast::error_code ec;
+  while (!ec && !sr.is_done()) {
+    sr.next(ec, [&](boost::beast::error_code&, const auto& buffers) {
+      size_t n = 0;
+      for (auto b : boost::beast::buffers_range_ref(buffers)) {
+        out.append(static_cast<const char*>(b.data()), b.size());
+        n += b.size();
+      }
+      sr.consume(n);
+    });
+  }
+  return out;
+}
+
 }  // namespace
+
+std::optional<std::string> Router::AnswerFirstRead(std::string_view received,
+                                                   const asio::ip::address& remote) {
+  http::request_parser<http::string_body> parser;
+  parser.header_limit(kRequestHeaderLimit);
+  parser.body_limit(kRequestBodyLimit);
+  parser.eager(true);
+  boost::beast::error_code ec;
+  size_t used = 0;
+  while (!ec && !parser.is_done() && used < received.size()) {
+    size_t n = parser.put(asio::buffer(received.data() + used, received.size() - used), ec);
+    if (n == 0 && !ec) break;  // wants more than there is
+    used += n;
+  }
+  if (ec || !parser.is_done() || used != received.size()) return std::nullopt;
+  const HttpRequest& req = parser.get();
+  if (req.keep_alive() || !req[http::field::expect].empty()) return std::nullopt;
+  std::optional<HttpResponse> res = AnswerNow(req, remote);
+  if (!res) return std::nullopt;
+  return Serialize(*res);
+}
 
 HttpResponse MakeHttpResponse(unsigned version, bool keep_alive, http::status status,
                               std::string body, std::string_view content_type) {

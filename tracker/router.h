@@ -24,6 +24,12 @@
 
 namespace shoal::tracker {
 
+// Announce queries are ~300 bytes; nothing legitimate needs large headers.
+inline constexpr uint32_t kRequestHeaderLimit = 8 * 1024;
+// Blob API bodies are small JSON; a publish carries one chunk's metainfo (about 20 bytes per
+// piece, base64-encoded).
+inline constexpr uint64_t kRequestBodyLimit = 8u << 20;
+
 using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
 using HttpResponse = boost::beast::http::response<boost::beast::http::string_body>;
 
@@ -59,6 +65,12 @@ class Router {
   // The answer to any request, counted; waits only in the blob, manifest and prefetch APIs.
   boost::asio::awaitable<HttpResponse> Answer(const HttpRequest& req,
                                               boost::asio::ip::address remote);
+  // The whole answer on the wire (status line, headers, body), counted, if `received` (the first
+  // read of a connection) is exactly one complete request that closes the connection and needs
+  // no waiting; nullopt when a session must read and answer it (more to come, keep-alive,
+  // pipelined, Expect, malformed, or a blob, manifest or prefetch call).
+  std::optional<std::string> AnswerFirstRead(std::string_view received,
+                                             const boost::asio::ip::address& remote);
   // The answer to a request whose body is over the limit (413), counted.
   HttpResponse TooLarge(const HttpRequest& req, uint64_t limit);
 

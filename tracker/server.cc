@@ -31,11 +31,6 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-// Announce queries are ~300 bytes; nothing legitimate needs large headers.
-constexpr uint32_t kHeaderLimit = 8 * 1024;
-// Blob API bodies are small JSON; a publish carries one chunk's metainfo (about 20 bytes per
-// piece, base64-encoded).
-constexpr uint64_t kBodyLimit = 8u << 20;
 // The first read of a new connection: an announce with its headers fits many times over.
 constexpr size_t kFirstRead = 16 * 1024;
 // Connections taken from the listener per wake-up, before other work gets a turn.
@@ -43,26 +38,8 @@ constexpr int kAcceptBatch = 64;
 
 // A new parser with the server's limits.
 void Limit(http::request_parser<http::string_body>& parser) {
-  parser.header_limit(kHeaderLimit);
-  parser.body_limit(kBodyLimit);
-}
-
-// The whole of res on the wire (status line, headers, body).
-std::string Serialize(HttpResponse& res) {
-  std::string out;
-  http::serializer<false, http::string_body> sr{res};
-  beast::error_code ec;
-  while (!ec && !sr.is_done()) {
-    sr.next(ec, [&](beast::error_code&, const auto& buffers) {
-      size_t n = 0;
-      for (auto b : beast::buffers_range_ref(buffers)) {
-        out.append(static_cast<const char*>(b.data()), b.size());
-        n += b.size();
-      }
-      sr.consume(n);
-    });
-  }
-  return out;
+  parser.header_limit(kRequestHeaderLimit);
+  parser.body_limit(kRequestBodyLimit);
 }
 
 // A connection being served by a coroutine. Responses are built in named variables before
@@ -118,7 +95,7 @@ class Connection {
         break;
       }
       if (ec == http::error::body_limit) {
-        HttpResponse res = router_.TooLarge(parser.get(), kBodyLimit);
+        HttpResponse res = router_.TooLarge(parser.get(), kRequestBodyLimit);
         co_await Write(std::move(res));
         break;
       }
@@ -300,35 +277,24 @@ void Server::Accepted(int fd, const tcp::endpoint& remote) {
   }
   std::string received;
   if (n > 0) {
-    http::request_parser<http::string_body> parser;
-    Limit(parser);
-    parser.eager(true);
-    beast::error_code ec;
-    size_t used = 0;
-    while (!ec && !parser.is_done() && used < static_cast<size_t>(n)) {
-      used += parser.put(asio::buffer(first.data() + used, n - used), ec);
-    }
-    if (!ec && parser.is_done() && used == static_cast<size_t>(n) &&
-        !parser.get().keep_alive() && parser.get()[http::field::expect].empty()) {
-      if (std::optional<HttpResponse> res = router_.AnswerNow(parser.get(), remote.address())) {
-        std::string out = Serialize(*res);
-        ssize_t sent = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
-        if (sent == static_cast<ssize_t>(out.size()) ||
-            (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-          ::close(fd);
-          return;
-        }
-        // The socket buffer took only part of it (a large page on a slow link).
-        tcp::socket socket(ioc_);
-        if (adopt(socket)) {
-          out.erase(0, sent < 0 ? 0 : static_cast<size_t>(sent));
-          asio::co_spawn(ioc_, FinishSend(std::move(socket), std::move(out)), asio::detached);
-        }
+    std::string_view got(first.data(), static_cast<size_t>(n));
+    if (std::optional<std::string> out = router_.AnswerFirstRead(got, remote.address())) {
+      ssize_t sent = ::send(fd, out->data(), out->size(), MSG_NOSIGNAL);
+      if (sent == static_cast<ssize_t>(out->size()) ||
+          (sent < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+        ::close(fd);
         return;
       }
+      // The socket buffer took only part of it (a large page on a slow link).
+      tcp::socket socket(ioc_);
+      if (adopt(socket)) {
+        out->erase(0, sent < 0 ? 0 : static_cast<size_t>(sent));
+        asio::co_spawn(ioc_, FinishSend(std::move(socket), std::move(*out)), asio::detached);
+      }
+      return;
     }
     // Anything else, malformed requests included, is the session's to read and answer.
-    received.assign(first.data(), static_cast<size_t>(n));
+    received.assign(got);
   }
   tcp::socket socket(ioc_);
   if (adopt(socket)) {
