@@ -6,7 +6,6 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/buffers_range.hpp>
 #include <boost/beast/http/field.hpp>
-#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/serializer.hpp>
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/verb.hpp>
@@ -97,23 +96,31 @@ std::string Serialize(HttpResponse& res) {
 
 }  // namespace
 
-std::optional<std::string> Router::AnswerFirstRead(std::string_view received,
-                                                   const asio::ip::address& remote) {
-  http::request_parser<http::string_body> parser;
+void LimitRequest(HttpRequestParser& parser) {
   parser.header_limit(kRequestHeaderLimit);
   parser.body_limit(kRequestBodyLimit);
+}
+
+std::optional<HttpRequest> ParseWholeRequest(std::string_view bytes) {
+  HttpRequestParser parser;
+  LimitRequest(parser);
   parser.eager(true);
   boost::beast::error_code ec;
   size_t used = 0;
-  while (!ec && !parser.is_done() && used < received.size()) {
-    size_t n = parser.put(asio::buffer(received.data() + used, received.size() - used), ec);
+  while (!ec && !parser.is_done() && used < bytes.size()) {
+    size_t n = parser.put(asio::buffer(bytes.data() + used, bytes.size() - used), ec);
     if (n == 0 && !ec) break;  // wants more than there is
     used += n;
   }
-  if (ec || !parser.is_done() || used != received.size()) return std::nullopt;
-  const HttpRequest& req = parser.get();
-  if (req.keep_alive() || !req[http::field::expect].empty()) return std::nullopt;
-  std::optional<HttpResponse> res = AnswerNow(req, remote);
+  if (ec || !parser.is_done() || used != bytes.size()) return std::nullopt;
+  return parser.release();
+}
+
+std::optional<std::string> Router::AnswerFirstRead(std::string_view received,
+                                                   const asio::ip::address& remote) {
+  std::optional<HttpRequest> req = ParseWholeRequest(received);
+  if (!req || req->keep_alive() || !(*req)[http::field::expect].empty()) return std::nullopt;
+  std::optional<HttpResponse> res = AnswerNow(*req, remote);
   if (!res) return std::nullopt;
   return Serialize(*res);
 }

@@ -14,6 +14,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/beast/http/message.hpp>
+#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 
 #include "tracker/access.h"
@@ -32,6 +33,13 @@ inline constexpr uint64_t kRequestBodyLimit = 8u << 20;
 
 using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
 using HttpResponse = boost::beast::http::response<boost::beast::http::string_body>;
+using HttpRequestParser = boost::beast::http::request_parser<boost::beast::http::string_body>;
+
+// Gives parser the tracker's header and body limits.
+void LimitRequest(HttpRequestParser& parser);
+// The request that `bytes` are, exactly and completely (within the limits); nullopt when they
+// are less, more, or malformed.
+std::optional<HttpRequest> ParseWholeRequest(std::string_view bytes);
 
 // Builds a response with the tracker's Server, Content-Type and Cache-Control: no-store.
 HttpResponse MakeHttpResponse(unsigned version, bool keep_alive, boost::beast::http::status status,

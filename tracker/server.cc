@@ -36,12 +36,6 @@ constexpr size_t kFirstRead = 16 * 1024;
 // Connections taken from the listener per wake-up, before other work gets a turn.
 constexpr int kAcceptBatch = 64;
 
-// A new parser with the server's limits.
-void Limit(http::request_parser<http::string_body>& parser) {
-  parser.header_limit(kRequestHeaderLimit);
-  parser.body_limit(kRequestBodyLimit);
-}
-
 // A connection being served by a coroutine. Responses are built in named variables before
 // being passed to co_await: GCC 12 can destroy temporaries of a co_await expression twice
 // (seen as double frees in the registry shim), so no co_await here takes a non-trivial
@@ -73,8 +67,8 @@ class Connection {
     }
     for (;;) {
       if (stopping_) break;
-      http::request_parser<http::string_body> parser;
-      Limit(parser);
+      HttpRequestParser parser;
+      LimitRequest(parser);
       beast::error_code ec;
       stream_.expires_after(options_.idle_timeout);
       reading_header_ = true;

@@ -106,20 +106,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::optional<std::string> out = first->router->AnswerFirstRead(input, remote);
   if (!out) return 0;
 
-  // The request was one whole request that closes the connection: parse it again to learn it.
-  http::request_parser<http::string_body> req_parser;
-  req_parser.eager(true);
-  req_parser.header_limit(kRequestHeaderLimit);
-  req_parser.body_limit(kRequestBodyLimit);
-  boost::beast::error_code ec;
-  size_t used = 0;
-  while (!ec && !req_parser.is_done() && used < input.size()) {
-    size_t n = req_parser.put(boost::asio::buffer(input.data() + used, input.size() - used), ec);
-    if (n == 0) break;
-    used += n;
-  }
-  FUZZ_CHECK(!ec && req_parser.is_done() && used == input.size());
-  const auto& req = req_parser.get();
+  // The request was one whole request that closes the connection.
+  std::optional<HttpRequest> parsed = ParseWholeRequest(input);
+  FUZZ_CHECK(parsed.has_value());
+  const HttpRequest& req = *parsed;
   FUZZ_CHECK(!req.keep_alive());
   std::string_view path = req.target().substr(0, req.target().find('?'));
   const bool api = BlobApi::Owns(path) || ManifestApi::Owns(path) || PrefetchApi::Owns(path);
@@ -129,7 +119,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   res_parser.eager(true);
   res_parser.body_limit(64u << 20);
   res_parser.skip(req.method() == http::verb::head);
-  used = 0;
+  boost::beast::error_code ec;
+  size_t used = 0;
   while (!ec && !res_parser.is_done() && used < out->size()) {
     size_t n = res_parser.put(boost::asio::buffer(out->data() + used, out->size() - used), ec);
     if (n == 0) break;
