@@ -192,6 +192,13 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_UNCHOKE_SLOTS")
       ->check(CLI::Range(-1, 100000))
       ->capture_default_str();
+  app.add_option("--peers-per-chunk", c.peers_per_chunk,
+                 "Peer connections of one chunk torrent, incoming and outgoing; an announce "
+                 "asks for half as many peers. Few keep TLS handshakes and duplicate blocks "
+                 "down; 0: libtorrent's defaults (200 peers asked for, no per-chunk limit)")
+      ->envname("SHOAL_PEERS_PER_CHUNK")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   app.add_option("--libtorrent-setting", c.libtorrent_settings,
                  "Override one libtorrent settings_pack value, NAME=VALUE (repeatable or "
                  "comma-separated), e.g. max_out_request_queue=64; for tuning, applied last")

@@ -61,6 +61,7 @@ Result<swarm::SwarmOptions> MakeSwarmOptions(const AgentConfig& config, const ht
   options.listen_interface = std::move(listen.value());
   options.allow_multiple_connections_per_ip = true;
   options.unchoke_slots = config.unchoke_slots;
+  options.peers_per_chunk = config.peers_per_chunk;
   options.libtorrent_settings = config.libtorrent_settings;
   if (config.peer_ca_cert.empty() != config.peer_ca_key.empty()) {
     return MakeError(ErrorCode::kInvalidArgument,

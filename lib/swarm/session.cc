@@ -99,6 +99,8 @@ lt::settings_pack MakeSettings(const SwarmOptions& o) {
   s.set_int(lt::settings_pack::tracker_receive_timeout, 5);
   // Connections: fewer than a seed box, but a LAN peer can take many in parallel.
   s.set_int(lt::settings_pack::connections_limit, o.connections_limit);
+  if (o.peers_per_chunk > 0)
+    s.set_int(lt::settings_pack::num_want, std::max(1, o.peers_per_chunk / 2));
   s.set_int(lt::settings_pack::unchoke_slots_limit, o.unchoke_slots);
   s.set_int(lt::settings_pack::choking_algorithm, lt::settings_pack::fixed_slots_choker);
   // high_performance_seed gives up on a peer after one failure; LAN peers restart and come back.
@@ -603,6 +605,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     if (options.tls) atp.flags |= lt::torrent_flags::paused;
     atp.flags |= lt::torrent_flags::duplicate_is_error;
     if (spec.sequential) atp.flags |= lt::torrent_flags::sequential_download;
+    if (options.peers_per_chunk > 0) atp.max_connections = options.peers_per_chunk;
     if (c.reported_count > 0) {
       // The embedder verified these bytes (the whole blob's sha256 for a seed): no hashing.
       atp.have_pieces.resize(static_cast<int>(pieces), false);

@@ -55,6 +55,14 @@ struct SwarmOptions {
   int connections_limit = 400;
   // Peers unchoked at once (uploading to them); -1 unchokes everyone.
   int unchoke_slots = -1;
+  // Peer connections of one chunk torrent, incoming and outgoing (libtorrent's per-torrent
+  // max_connections); each announce asks the tracker for half as many (num_want), leaving the
+  // other half for peers that connect to us. 0: libtorrent's defaults (200 wanted, no limit
+  // but connections_limit). Few peers per chunk keep the TLS handshakes and the end game's
+  // duplicate blocks (one per idle connection) small: every chunk is its own torrent, so an
+  // agent with 1,723 chunks of a 17 GB image would otherwise open up to 200 connections for
+  // each (docs/benchmarks.md, "Peers per chunk").
+  int peers_per_chunk = 4;
   // Bytes received from peers and not yet written to the blob file before we stop reading
   // from sockets.
   int max_queued_disk_bytes = 16 << 20;

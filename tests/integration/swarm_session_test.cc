@@ -497,6 +497,76 @@ TEST_CASE("swarm session: a downloader seeds what it downloaded to the next one"
   b.Stop();
 }
 
+TEST_CASE("swarm session: with two peers per chunk no session holds more, and six leechers get "
+          "the blob through each other") {
+  TempDir dir("shoal-swarm-degree");
+  Tracker tracker = StartTracker(dir);
+  const std::string blob = RandomBytes(kLayout.blob_size, 5);
+  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout);
+  const auto chunks = static_cast<uint32_t>(torrents.size());
+  WriteBlobFile(dir.Sub("seed.blob"), blob, 0);
+  swarm::SwarmOptions options = LoopbackOptions();
+  options.peers_per_chunk = 2;
+
+  Node seeder(options);
+  seeder.Start();
+  for (uint32_t k = 0; k < chunks; ++k) {
+    seeder.AddChunk(torrents[k], k, dir.Sub("seed.blob"), kLayout.chunk_begin(k), true,
+                    tracker.AnnounceUrl());
+  }
+  WaitForSeeders(tracker, torrents);
+
+  constexpr int kLeechers = 6;
+  std::vector<std::unique_ptr<Node>> leechers;
+  for (int i = 0; i < kLeechers; ++i) {
+    leechers.push_back(std::make_unique<Node>(options));
+    leechers.back()->Start();
+    const std::string path = dir.Sub("l" + std::to_string(i) + ".blob");
+    CreateSparseFile(path, kLayout.blob_size);
+    for (uint32_t k = 0; k < chunks; ++k) {
+      leechers.back()->AddChunk(torrents[k], k, path, kLayout.chunk_begin(k), false,
+                                tracker.AnnounceUrl());
+    }
+  }
+  // The most peers any session had on any chunk, sampled until every leecher is done.
+  auto most_peers = [&](Node& node) {
+    return node.Call([&] {
+      int most = 0;
+      for (const auto& t : torrents) {
+        if (auto a = node.swarm().Announces(t.info_hash)) most = std::max(most, a->connected);
+      }
+      return most;
+    });
+  };
+  int most = 0;
+  bool done = WaitUntil(
+      [&] {
+        most = std::max(most, most_peers(seeder));
+        bool all = true;
+        for (auto& l : leechers) {
+          most = std::max(most, most_peers(*l));
+          all = all && (l->AllComplete(chunks) || !l->Errors().empty());
+        }
+        return all;
+      },
+      seconds(40), milliseconds(20));
+  REQUIRE_MESSAGE(done, "leechers did not finish; tracker:\n" << tracker.process->LogTail());
+  CHECK(most <= 2);
+  CHECK(most >= 1);
+  uint64_t leecher_uploads = 0;
+  for (int i = 0; i < kLeechers; ++i) {
+    INFO("leecher " << i);
+    REQUIRE_MESSAGE(leechers[i]->Errors().empty(), leechers[i]->Errors());
+    CHECK(ReadFile(dir.Sub("l" + std::to_string(i) + ".blob")) == blob);
+    CheckCallbacks(*leechers[i], kLayout);
+    leecher_uploads += leechers[i]->Stats().uploaded;
+  }
+  // Two connections per chunk on the seeder cannot feed six leechers alone.
+  CHECK(leecher_uploads >= kLayout.blob_size);
+  for (auto& l : leechers) l->Stop();
+  seeder.Stop();
+}
+
 TEST_CASE("swarm session: a disk error while downloading reaches on_error") {
   TempDir dir("shoal-swarm-diskerr");
   Tracker tracker = StartTracker(dir);
