@@ -358,7 +358,9 @@ TEST_CASE(
     "Prepares then only move them into place") {
   Setup s;
   snapshotter::LayerPrepOptions opts;
-  int staged_calls = 0;
+  // Called on the worker threads, unordered with the Stage's progress: another worker may
+  // report the Stage done before this layer's worker has called it.
+  std::atomic<int> staged_calls{0};
   opts.on_staged = [&staged_calls] { ++staged_calls; };
   snapshotter::LayerPrep prep(*s.store, *s.source, opts);
   StageWatch watch;
@@ -369,7 +371,9 @@ TEST_CASE(
   CHECK(p.failed == 0);
   CHECK(p.error.empty());
   CHECK(prep.stats().extracted == 2);
-  CHECK(staged_calls == 2);
+  CHECK(WaitUntil([&] { return staged_calls.load() == 2; }, std::chrono::seconds(5),
+                  std::chrono::milliseconds(5)));
+  CHECK(staged_calls.load() == 2);
   CHECK(s.Staged() == 2);
   const uint64_t staged = prep.StagedBytes();
   CHECK(staged > 0);
