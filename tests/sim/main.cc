@@ -156,6 +156,12 @@ int Main(int argc, char** argv) {
   app.add_option("--max-uploads", c.max_uploads, "Upload flows one node serves at once")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  app.add_option("--peers-per-chunk", c.peers_per_chunk,
+                 "P: connections per chunk torrent and node (the agent's --peers-per-chunk); each "
+                 "announce gets max(1, P/2) peers from the tracker; 0: no neighbour lists, every "
+                 "holder of a piece is a possible source")
+      ->check(CLI::Range(0, 255))
+      ->capture_default_str();
   app.add_option("--request-window-kib", request_window_kib,
                  "Bytes a peer connection keeps requested: caps its rate at window / RTT")
       ->capture_default_str();
@@ -220,7 +226,8 @@ int Main(int argc, char** argv) {
       "start %d ms, lease ttl %d s; agent: --range-streams %d, head %d%s, in order: %s, "
       "upstream reserve %g; model: RTT %g ms, registry %g ms, "
       "connect %g RTT, client start %g ms, "
-      "%d sources per chunk, %d uploads per node, window %llu KiB, wire %.3f, quantum %g ms\n",
+      "%d sources per chunk, %d uploads per node, %d peers per chunk%s, window %llu KiB, wire "
+      "%.3f, quantum %g ms\n",
       c.node_mbit, S, S / 1048576, blobs.size(), static_cast<unsigned long long>(chunk_mib),
       static_cast<unsigned long long>(piece_kib), static_cast<unsigned long long>(first_chunk_kib),
       c.table.target_chunks,
@@ -237,8 +244,8 @@ int Main(int argc, char** argv) {
       : c.sequential == SimConfig::Sequential::kFirst ? "chunk 0"
                                                       : "none",
       c.upstream_reserve, rtt_ms, registry_ms, c.connect_rtts, client_start_ms, c.max_sources,
-      c.max_uploads, static_cast<unsigned long long>(request_window_kib), c.wire_efficiency,
-      quantum_ms);
+      c.max_uploads, c.peers_per_chunk, c.peers_per_chunk == 0 ? " (every holder)" : "",
+      static_cast<unsigned long long>(request_window_kib), c.wire_efficiency, quantum_ms);
 
   json out = json::array();
   struct Row {
@@ -341,7 +348,16 @@ int Main(int argc, char** argv) {
                    {"events", r.events},
                    {"piece_events", r.piece_events},
                    {"recomputes", r.recomputes},
-                   {"peak_flows", r.peak_flows}});
+                   {"peak_flows", r.peak_flows},
+                   {"peers_per_chunk", c.peers_per_chunk},
+                   {"connections", r.connections},
+                   {"refused", r.refused},
+                   {"redundant_closed", r.redundant_closed},
+                   {"reannounces", r.reannounces},
+                   {"no_peer_stalls", r.no_peer_stalls},
+                   {"peer_stalls", r.peer_stalls},
+                   {"longest_no_peer_s", r.longest_no_peer_s},
+                   {"max_chunk_connections", r.max_chunk_connections}});
   }
   std::printf(
       "\nbound: the fluid bound max(S/U, S/B, N*S/(U+N*B)) (Kumar and Ross) at nominal link "
@@ -374,6 +390,21 @@ int Main(int argc, char** argv) {
         static_cast<unsigned long long>(row.r.events),
         static_cast<unsigned long long>(row.r.piece_events),
         static_cast<unsigned long long>(row.r.recomputes), row.r.peak_flows);
+    if (c.peers_per_chunk > 0) {
+      std::printf(
+          "N=%zu U=%g seed %llu: neighbours (P = %d): %llu connections, %llu refused, %llu "
+          "seed-to-seed closed, %llu re-announces; %llu chunk downloads without a connection "
+          "after %g s (the agent gives those up), %llu without a piece for %g s; longest wait "
+          "for a first connection %.2f s; at most %d connections on a chunk\n",
+          row.n, row.u, static_cast<unsigned long long>(row.seed), c.peers_per_chunk,
+          static_cast<unsigned long long>(row.r.connections),
+          static_cast<unsigned long long>(row.r.refused),
+          static_cast<unsigned long long>(row.r.redundant_closed),
+          static_cast<unsigned long long>(row.r.reannounces),
+          static_cast<unsigned long long>(row.r.no_peer_stalls), c.no_peer_limit_s,
+          static_cast<unsigned long long>(row.r.peer_stalls), c.peer_stall_s,
+          row.r.longest_no_peer_s, row.r.max_chunk_connections);
+    }
   }
   for (const auto& row : rows) {
     if (row.r.timeline.empty()) continue;

@@ -14,6 +14,7 @@
 
 #include "lib/core/digest.h"
 #include "tests/sim/flow_model.h"
+#include "tracker/swarms/swarm_table.h"
 
 namespace shoal::sim {
 
@@ -75,6 +76,8 @@ struct Blob {
   std::vector<uint32_t> swarm;                   // per chunk: nodes announced (fetching or holding)
   std::vector<uint32_t> bg_waiting;              // fetches with a background stream parked
   std::vector<size_t> hungry_cursor;             // per chunk
+  // With neighbours: per chunk, the swarm's members (node ids) by kind, as the tracker lists them.
+  std::vector<std::vector<uint32_t>> seeders, leechers;
 };
 
 enum WorkerOn : uint8_t { kIdle, kWaitReady, kWaitUpstream, kDownloading };
@@ -95,6 +98,11 @@ struct Fetch {
   uint32_t complete_chunks = 0, contiguous = 0, next = 0;
   bool watcher_busy = false;
   bool upstream_stopped = false;
+  // With neighbours (empty without): per chunk, our index in the blob's seeders or leechers
+  // (kNone: not in the swarm), our connections, and P slots of connected nodes.
+  std::vector<uint32_t> member_pos;
+  std::vector<uint8_t> links;
+  std::vector<uint32_t> peers;
 };
 
 struct Download {
@@ -105,6 +113,11 @@ struct Download {
   bool tick_pending = false;      // a retry of Fill is scheduled
   std::vector<uint32_t> sources;  // nodes with a flow to us now
   std::vector<FlowId> flows;      // parallel to sources
+  // With neighbours: nodes we tried to connect to, when the download started and last got a
+  // piece, whether it has had a connection, and the agent's watch (see PeerWatch).
+  std::vector<uint32_t> tried;
+  double started = 0, last_piece = 0;
+  bool linked = false, half_reasked = false, no_peer_counted = false;
 };
 
 struct SimFlow {
@@ -237,6 +250,8 @@ class Rng {
   size_t Below(size_t n) {
     return static_cast<size_t>((static_cast<unsigned __int128>(Next()) * n) >> 64);
   }
+  // Uniform in [0, 1).
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 
  private:
   static uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -283,8 +298,37 @@ class Sim {
   void RecordPrefix(const Fetch& f);
   void FromPeers(uint32_t fetch, uint32_t chunk);
   void Fill(uint32_t dl);
+  uint32_t SampledSource(const Download& d, const Fetch& f, const std::vector<uint32_t>& needed);
+  uint32_t SampledHolder(const Download& d, const Fetch& f, uint32_t piece);
   bool PickPiece(const Fetch& f, uint32_t chunk, uint32_t src, uint32_t* piece);
   void WakeHungry(uint32_t blob, uint32_t chunk, uint32_t from, uint32_t piece);
+  // ---- neighbours (peers_per_chunk > 0) ----
+  uint32_t FetchOf(uint32_t node, uint32_t blob) const {
+    return static_cast<uint32_t>(size_t{node} * blobs_.size() + blob);
+  }
+  bool Seeding(const Fetch& f, uint32_t k) const {
+    return f.have_count[k] == blobs_[f.blob].piece_count[k];
+  }
+  const uint32_t* PeersOf(const Fetch& f, uint32_t k) const {
+    return &f.peers[size_t{k} * static_cast<size_t>(c_.peers_per_chunk)];
+  }
+  bool Linked(const Fetch& f, uint32_t k, uint32_t node) const;
+  void JoinSwarm(uint32_t fetch, uint32_t k);
+  void LeaveList(uint32_t fetch, uint32_t k);
+  std::vector<uint32_t> SelectPeers(const Fetch& f, uint32_t k, bool seeder);
+  void SamplePeers(const std::vector<uint32_t>& from, size_t want, uint32_t self, bool has_self,
+                   std::vector<uint32_t>& out);
+  void Announce(uint32_t fetch, uint32_t k, const char* route);
+  bool Connect(uint32_t fetch, uint32_t k, uint32_t node);
+  void AddLink(uint32_t fetch, uint32_t k, uint32_t node);
+  void DropLink(uint32_t fetch, uint32_t k, uint32_t node);
+  void OnLinked(uint32_t fetch, uint32_t k);
+  void CloseRedundant(uint32_t fetch, uint32_t k);
+  void DropIdleLinks(uint32_t fetch, uint32_t k);
+  void PeerWatch(uint32_t dl);
+  void WakeNeighbours(uint32_t fetch, uint32_t k, uint32_t piece);
+  uint32_t NeighbourSource(const Download& d, const Fetch& f, uint32_t k) const;
+  uint32_t NeighbourHolder(const Download& d, const Fetch& f, uint32_t k, uint32_t piece) const;
   void GotPiece(uint32_t fetch, uint32_t piece);
   void ChunkComplete(uint32_t fetch, uint32_t chunk);
   bool AllHeld(const Fetch& f) const { return f.complete_chunks == blobs_[f.blob].chunks; }
@@ -687,6 +731,10 @@ void Sim::OnUpstreamDone(uint32_t fetch, uint32_t k) {
     Blob& pb = blobs_[f.blob];
     pb.published[k] = 1;
     ++pb.swarm[k];  // the leaseholder seeds it
+    if (c_.peers_per_chunk > 0) {
+      JoinSwarm(fetch, k);
+      Announce(fetch, k, "seed-announce");
+    }
     WakeBackground(f.blob);
     DrainWakes();
     At(now_ + half_, [this, fetch] {
@@ -762,6 +810,7 @@ void Sim::FromPeers(uint32_t fetch, uint32_t k) {
   Fetch& f = fetches_[fetch];
   f.worker_on[k] = kDownloading;
   ++blobs_[f.blob].swarm[k];
+  if (c_.peers_per_chunk > 0) JoinSwarm(fetch, k);
   // The torrent is added and announced; the first request goes out once connections are up.
   Count("announce", true);
   At(now_ + rtt_ * (1 + c_.connect_rtts), [this, fetch, k] {
@@ -772,6 +821,14 @@ void Sim::FromPeers(uint32_t fetch, uint32_t k) {
     d.fetch = fetch;
     d.chunk = k;
     fetches_[fetch].download[k] = id;
+    if (c_.peers_per_chunk > 0) {
+      // The announce's answer (the tracker counted it above): connect to whom it names. Peers
+      // may have connected to us already, since we joined the swarm.
+      d.started = d.last_piece = now_;
+      if (fetches_[fetch].links[k] > 0) OnLinked(fetch, k);
+      Announce(fetch, k, nullptr);
+      PeerWatch(id);
+    }
     Fill(id);
     MaybeRecompute();
   });
@@ -929,18 +986,9 @@ void Sim::Fill(uint32_t id) {
   }
   int misses = 0;
   while (d->active < c_.max_sources && !needed.empty() && misses < 4) {
-    uint32_t best = kNone;
-    int best_load = std::numeric_limits<int>::max();
-    for (int t = 0; t < 12; ++t) {
-      uint32_t p = needed[rng_.Below(needed.size())];
-      const auto& h = b.holders[p];
-      uint32_t cand = h[rng_.Below(h.size())];
-      if (cand == f.node || uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load)
-        continue;
-      if (std::find(d->sources.begin(), d->sources.end(), cand) != d->sources.end()) continue;
-      best_load = uploads_[cand];
-      best = cand;
-    }
+    const bool neighbours = c_.peers_per_chunk > 0;
+    const uint32_t best = neighbours ? NeighbourSource(*d, f, k) : SampledSource(*d, f, needed);
+    if (best == kNone && neighbours) break;
     uint32_t p;
     if (best == kNone || !PickPiece(f, k, best, &p)) {
       ++misses;
@@ -975,17 +1023,8 @@ void Sim::Fill(uint32_t id) {
     }
     if (split == kNoFlow || largest < 2.0 * c_.split_min) break;
     const uint32_t p = flows_[split].piece;
-    const auto& h = b.holders[p];
-    uint32_t best = kNone;
-    int best_load = std::numeric_limits<int>::max();
-    for (size_t t = 0; t < std::min<size_t>(h.size(), 12); ++t) {
-      uint32_t cand = h.size() <= 12 ? h[t] : h[rng_.Below(h.size())];
-      if (cand == f.node || uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load)
-        continue;
-      if (std::find(d->sources.begin(), d->sources.end(), cand) != d->sources.end()) continue;
-      best_load = uploads_[cand];
-      best = cand;
-    }
+    const uint32_t best =
+        c_.peers_per_chunk > 0 ? NeighbourHolder(*d, f, k, p) : SampledHolder(*d, f, p);
     if (best == kNone) break;
     SimFlow& old = flows_[split];
     old.remaining = largest / 2;
@@ -1005,7 +1044,7 @@ void Sim::Fill(uint32_t id) {
       if (!f.have[p] && !f.inflight[p]) starved = true;
     }
   }
-  if (starved && !d->in_hungry) {
+  if (starved && !d->in_hungry && c_.peers_per_chunk == 0) {
     d->in_hungry = true;
     b.hungry[k].push_back(id);
   }
@@ -1021,7 +1060,46 @@ void Sim::Fill(uint32_t id) {
   }
 }
 
+// Without neighbours, a source for Fill: the least loaded of up to 12 sampled from the holders of
+// the pieces we need (kNone when none sampled has a free upload slot).
+uint32_t Sim::SampledSource(const Download& d, const Fetch& f,
+                            const std::vector<uint32_t>& needed) {
+  const Blob& b = blobs_[f.blob];
+  uint32_t best = kNone;
+  int best_load = std::numeric_limits<int>::max();
+  for (int t = 0; t < 12; ++t) {
+    uint32_t p = needed[rng_.Below(needed.size())];
+    const auto& h = b.holders[p];
+    uint32_t cand = h[rng_.Below(h.size())];
+    if (cand == f.node || uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load) continue;
+    if (std::find(d.sources.begin(), d.sources.end(), cand) != d.sources.end()) continue;
+    best_load = uploads_[cand];
+    best = cand;
+  }
+  return best;
+}
+
+// Without neighbours, a second source for a piece in flight (end game): the least loaded of up
+// to 12 of its holders that is not a source of ours yet.
+uint32_t Sim::SampledHolder(const Download& d, const Fetch& f, uint32_t p) {
+  const auto& h = blobs_[f.blob].holders[p];
+  uint32_t best = kNone;
+  int best_load = std::numeric_limits<int>::max();
+  for (size_t t = 0; t < std::min<size_t>(h.size(), 12); ++t) {
+    uint32_t cand = h.size() <= 12 ? h[t] : h[rng_.Below(h.size())];
+    if (cand == f.node || uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load) continue;
+    if (std::find(d.sources.begin(), d.sources.end(), cand) != d.sources.end()) continue;
+    best_load = uploads_[cand];
+    best = cand;
+  }
+  return best;
+}
+
 void Sim::WakeHungry(uint32_t blob, uint32_t k, uint32_t from, uint32_t piece) {
+  if (c_.peers_per_chunk > 0) {
+    WakeNeighbours(FetchOf(from, blob), k, piece);
+    return;
+  }
   Blob& b = blobs_[blob];
   auto& list = b.hungry[k];
   if (list.empty()) return;
@@ -1109,6 +1187,11 @@ void Sim::GotPiece(uint32_t fetch, uint32_t p) {
   f.have[p] = 1;
   b.holders[p].push_back(f.node);
   const uint32_t k = b.piece_chunk[p];
+  if (c_.peers_per_chunk > 0 && f.download[k] != kNone) {
+    Download& d = downloads_[f.download[k]];
+    d.last_piece = now_;
+    d.half_reasked = false;
+  }
   if (f.blob == largest_ && p == 0 && r_.first_byte_s[f.node] < 0) r_.first_byte_s[f.node] = now_;
   if (++f.have_count[k] < b.piece_count[k]) return;
   // The download of chunk k is complete (no piece of it is in flight any more).
@@ -1127,6 +1210,15 @@ void Sim::ChunkComplete(uint32_t fetch, uint32_t k) {
     r_.chunk0_all_s = std::max(r_.chunk0_all_s, now_);
   }
   if (f.download[k] != kNone) downloads_[f.download[k]].alive = false;
+  if (c_.peers_per_chunk > 0 && f.member_pos[k] != kNone) {
+    // A leecher turned seeder: the tracker lists it as one, its connections to seeders close,
+    // and libtorrent announces the completion (and connects to the leechers it gets).
+    if (f.download[k] != kNone) std::vector<uint32_t>().swap(downloads_[f.download[k]].tried);
+    LeaveList(fetch, k);
+    JoinSwarm(fetch, k);
+    CloseRedundant(fetch, k);
+    Announce(fetch, k, "seed-announce");
+  }
   if (f.blob == largest_) RecordPrefix(f);
   if (f.worker_on[k] == kDownloading) {
     f.worker_on[k] = kIdle;
@@ -1144,12 +1236,301 @@ void Sim::ChunkComplete(uint32_t fetch, uint32_t k) {
   WatcherKick(fetch);
 }
 
+// ---- neighbours (peers_per_chunk > 0)
+// ------------------------------------------------------------------
+
+bool Sim::Linked(const Fetch& f, uint32_t k, uint32_t node) const {
+  const uint32_t* p = PeersOf(f, k);
+  return std::find(p, p + f.links[k], node) != p + f.links[k];
+}
+
+// Into the chunk's swarm as a seeder when it holds the chunk, else as a leecher.
+void Sim::JoinSwarm(uint32_t fetch, uint32_t k) {
+  Fetch& f = fetches_[fetch];
+  if (f.member_pos[k] != kNone) return;
+  auto& list = Seeding(f, k) ? blobs_[f.blob].seeders[k] : blobs_[f.blob].leechers[k];
+  f.member_pos[k] = static_cast<uint32_t>(list.size());
+  list.push_back(f.node);
+}
+
+void Sim::LeaveList(uint32_t fetch, uint32_t k) {
+  Fetch& f = fetches_[fetch];
+  Blob& b = blobs_[f.blob];
+  const uint32_t pos = f.member_pos[k];
+  auto& list =
+      pos < b.seeders[k].size() && b.seeders[k][pos] == f.node ? b.seeders[k] : b.leechers[k];
+  const uint32_t moved = list.back();
+  list[pos] = moved;
+  list.pop_back();
+  if (moved != f.node) fetches_[FetchOf(moved, f.blob)].member_pos[k] = pos;
+  f.member_pos[k] = kNone;
+}
+
+// The tracker's SelectPeers (tracker/swarms/swarm_table.cc) with numwant max(1, P/2): a seeder
+// gets leechers only; a leecher a random mix, each seeder seeder_weight times as likely as a
+// leecher (randomised rounding of the expected count); never the asker.
+std::vector<uint32_t> Sim::SelectPeers(const Fetch& f, uint32_t k, bool seeder) {
+  static const double kSeederWeight = tracker::SwarmTableOptions{}.seeder_weight;
+  const Blob& b = blobs_[f.blob];
+  const auto& seeds = b.seeders[k];
+  const auto& leech = b.leechers[k];
+  const uint32_t pos = f.member_pos[k];
+  const bool in_seeds = pos < seeds.size() && seeds[pos] == f.node;
+  const bool in_leech = pos < leech.size() && leech[pos] == f.node;
+  const size_t s = seeds.size() - (in_seeds ? 1 : 0), l = leech.size() - (in_leech ? 1 : 0);
+  const size_t n = static_cast<size_t>(std::max(1, c_.peers_per_chunk / 2));
+  std::vector<uint32_t> out;
+  if (seeder) {
+    SamplePeers(leech, n, f.node, in_leech, out);
+  } else if (s + l <= n) {
+    SamplePeers(seeds, s, f.node, in_seeds, out);
+    SamplePeers(leech, l, f.node, in_leech, out);
+  } else {
+    const double weighted = kSeederWeight * static_cast<double>(s);
+    const double expected = static_cast<double>(n) * weighted / (weighted + static_cast<double>(l));
+    const double whole = std::floor(expected);
+    size_t take = static_cast<size_t>(whole);
+    if (rng_.Uniform() < expected - whole) ++take;
+    take = std::clamp(take, n > l ? n - l : 0, std::min(n, s));
+    SamplePeers(seeds, take, f.node, in_seeds, out);
+    SamplePeers(leech, n - take, f.node, in_leech, out);
+  }
+  for (size_t i = out.size(); i > 1; --i) std::swap(out[i - 1], out[rng_.Below(i)]);
+  return out;
+}
+
+// Appends want distinct members of from, other than self, chosen uniformly.
+void Sim::SamplePeers(const std::vector<uint32_t>& from, size_t want, uint32_t self, bool has_self,
+                      std::vector<uint32_t>& out) {
+  const size_t m = from.size() - (has_self ? 1 : 0);
+  want = std::min(want, m);
+  if (want == 0) return;
+  if (2 * want >= m) {
+    std::vector<uint32_t> pool;
+    for (uint32_t x : from) {
+      if (x != self) pool.push_back(x);
+    }
+    for (size_t i = 0; i < want; ++i) {
+      std::swap(pool[i], pool[i + rng_.Below(pool.size() - i)]);
+      out.push_back(pool[i]);
+    }
+    return;
+  }
+  const size_t start = out.size();
+  while (out.size() - start < want) {
+    const uint32_t x = from[rng_.Below(from.size())];
+    if (x == self ||
+        std::find(out.begin() + static_cast<std::ptrdiff_t>(start), out.end(), x) != out.end())
+      continue;
+    out.push_back(x);
+  }
+}
+
+// An announce of chunk k and its answer: connect to each peer named that we have not tried,
+// while we have a free slot. route: the request to count (nullptr: counted by the caller).
+void Sim::Announce(uint32_t fetch, uint32_t k, const char* route) {
+  if (route != nullptr) Count(route, true);
+  Fetch& f = fetches_[fetch];
+  const bool seeder = Seeding(f, k);
+  const std::vector<uint32_t> named = SelectPeers(f, k, seeder);
+  Download* d = !seeder && f.download[k] != kNone ? &downloads_[f.download[k]] : nullptr;
+  for (uint32_t node : named) {
+    if (f.links[k] >= c_.peers_per_chunk) break;
+    if (Linked(f, k, node)) continue;
+    if (d != nullptr) {
+      if (std::find(d->tried.begin(), d->tried.end(), node) != d->tried.end()) continue;
+      d->tried.push_back(node);
+    }
+    Connect(fetch, k, node);
+  }
+}
+
+// A connection attempt from fetch's node to node on chunk k: refused when node has P
+// connections on it; two seeders do not stay connected (never opened here).
+bool Sim::Connect(uint32_t fetch, uint32_t k, uint32_t node) {
+  const Fetch& f = fetches_[fetch];
+  const uint32_t other = FetchOf(node, f.blob);
+  const Fetch& g = fetches_[other];
+  if (f.links[k] >= c_.peers_per_chunk || (Seeding(f, k) && Seeding(g, k))) return false;
+  if (g.links[k] >= c_.peers_per_chunk) {
+    ++r_.refused;
+    return false;
+  }
+  AddLink(fetch, k, node);
+  AddLink(other, k, f.node);
+  ++r_.connections;
+  OnLinked(fetch, k);
+  OnLinked(other, k);
+  return true;
+}
+
+void Sim::AddLink(uint32_t fetch, uint32_t k, uint32_t node) {
+  Fetch& f = fetches_[fetch];
+  f.peers[size_t{k} * static_cast<size_t>(c_.peers_per_chunk) + f.links[k]] = node;
+  ++f.links[k];
+  r_.max_chunk_connections = std::max<int>(r_.max_chunk_connections, f.links[k]);
+}
+
+void Sim::DropLink(uint32_t fetch, uint32_t k, uint32_t node) {
+  Fetch& f = fetches_[fetch];
+  uint32_t* p = &f.peers[size_t{k} * static_cast<size_t>(c_.peers_per_chunk)];
+  uint32_t* end = p + f.links[k];
+  uint32_t* it = std::find(p, end, node);
+  if (it == end) return;
+  *it = *(end - 1);
+  *(end - 1) = kNone;
+  --f.links[k];
+}
+
+// A new connection of fetch's node on chunk k: its download (if one runs) looks for pieces.
+void Sim::OnLinked(uint32_t fetch, uint32_t k) {
+  const uint32_t id = fetches_[fetch].download[k];
+  if (id == kNone || !downloads_[id].alive) return;
+  Download& d = downloads_[id];
+  if (!d.linked) {
+    d.linked = true;
+    r_.longest_no_peer_s = std::max(r_.longest_no_peer_s, now_ - d.started);
+  }
+  if (d.active < c_.max_sources) Fill(id);
+}
+
+// libtorrent's close_redundant_connections: a node that completed chunk k drops its seeders.
+void Sim::CloseRedundant(uint32_t fetch, uint32_t k) {
+  const Fetch& f = fetches_[fetch];
+  const uint32_t* p = PeersOf(f, k);
+  std::vector<uint32_t> seeds;
+  for (uint32_t i = 0; i < f.links[k]; ++i) {
+    if (Seeding(fetches_[FetchOf(p[i], f.blob)], k)) seeds.push_back(p[i]);
+  }
+  for (uint32_t node : seeds) {
+    DropLink(fetch, k, node);
+    DropLink(FetchOf(node, f.blob), k, f.node);
+    ++r_.redundant_closed;
+  }
+}
+
+// A chunk given up after a stall: the connections without a flow on them close (the agent
+// removes the torrent and adds it again).
+void Sim::DropIdleLinks(uint32_t fetch, uint32_t k) {
+  const Fetch& f = fetches_[fetch];
+  const uint32_t* p = PeersOf(f, k);
+  std::vector<uint32_t> idle;
+  for (uint32_t i = 0; i < f.links[k]; ++i) {
+    const uint32_t id = fetches_[FetchOf(p[i], f.blob)].download[k];
+    if (id != kNone && downloads_[id].alive) {
+      const auto& src = downloads_[id].sources;
+      if (std::find(src.begin(), src.end(), f.node) != src.end()) continue;  // we feed it
+    }
+    idle.push_back(p[i]);
+  }
+  for (uint32_t node : idle) {
+    DropLink(fetch, k, node);
+    DropLink(FetchOf(node, f.blob), k, f.node);
+  }
+}
+
+// The agent's watch over a chunk download (ChunkFetcher::FromPeers), every reannounce_s while
+// it runs: with no connection, re-announce (and count it once past no_peer_limit_s); once per
+// new piece, re-announce after peer_stall_s / 2 without one; after peer_stall_s without one and
+// nothing in flight, give the chunk up and add it again.
+void Sim::PeerWatch(uint32_t id) {
+  At(now_ + c_.reannounce_s, [this, id] {
+    Download& d = downloads_[id];
+    if (!d.alive) return;
+    const uint32_t fetch = d.fetch, k = d.chunk;
+    const double idle = now_ - d.last_piece;
+    constexpr double kEps = 1e-9;
+    bool again = false;
+    if (fetches_[fetch].links[k] == 0) {
+      again = true;
+      if (!d.no_peer_counted && now_ - d.started >= c_.no_peer_limit_s - kEps) {
+        d.no_peer_counted = true;
+        ++r_.no_peer_stalls;
+      }
+    } else if (idle >= c_.peer_stall_s - kEps && d.active == 0) {
+      ++r_.peer_stalls;
+      DropIdleLinks(fetch, k);
+      d.tried.clear();
+      d.last_piece = now_;
+      d.half_reasked = false;
+      again = true;
+    } else if (idle >= c_.peer_stall_s / 2 - kEps && !d.half_reasked) {
+      d.half_reasked = true;
+      again = true;
+    }
+    if (again) {
+      ++r_.reannounces;
+      Announce(fetch, k, "reannounce");
+    }
+    PeerWatch(id);
+  });
+}
+
+// Fetch's node got piece (kNone: freed an upload slot) of chunk k: its neighbours' downloads
+// that lack the piece (or, for a slot, wait for one) look again.
+void Sim::WakeNeighbours(uint32_t fetch, uint32_t k, uint32_t piece) {
+  const Fetch& f = fetches_[fetch];
+  if (piece == kNone && uploads_[f.node] != c_.max_uploads - 1) return;
+  const uint32_t* p = PeersOf(f, k);
+  for (uint32_t i = 0; i < f.links[k]; ++i) {
+    const Fetch& g = fetches_[FetchOf(p[i], f.blob)];
+    const uint32_t id = g.download[k];
+    if (id == kNone) continue;
+    const Download& d = downloads_[id];
+    if (!d.alive || d.active >= c_.max_sources || d.active >= g.links[k]) continue;
+    if (piece != kNone && (g.have[piece] || g.inflight[piece])) continue;
+    if (std::find(d.sources.begin(), d.sources.end(), f.node) != d.sources.end()) continue;
+    Fill(id);
+  }
+}
+
+// With neighbours, a source for Fill: the least loaded connected peer, not a source of ours
+// yet, with a free upload slot and a piece we need that nobody brings us (kNone: none).
+uint32_t Sim::NeighbourSource(const Download& d, const Fetch& f, uint32_t k) const {
+  const Blob& b = blobs_[f.blob];
+  const uint32_t* p = PeersOf(f, k);
+  uint32_t best = kNone;
+  int best_load = std::numeric_limits<int>::max();
+  for (uint32_t i = 0; i < f.links[k]; ++i) {
+    const uint32_t cand = p[i];
+    if (uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load) continue;
+    if (std::find(d.sources.begin(), d.sources.end(), cand) != d.sources.end()) continue;
+    const Fetch& s = fetches_[FetchOf(cand, f.blob)];
+    bool useful = false;
+    for (uint32_t q = b.piece_off[k]; q < b.piece_off[k] + b.piece_count[k] && !useful; ++q)
+      useful = !f.have[q] && !f.inflight[q] && s.have[q];
+    if (!useful) continue;
+    best_load = uploads_[cand];
+    best = cand;
+  }
+  return best;
+}
+
+// With neighbours, a second source for piece p in flight (end game): the least loaded connected
+// holder of it that is not a source of ours yet.
+uint32_t Sim::NeighbourHolder(const Download& d, const Fetch& f, uint32_t k, uint32_t p) const {
+  const uint32_t* peers = PeersOf(f, k);
+  uint32_t best = kNone;
+  int best_load = std::numeric_limits<int>::max();
+  for (uint32_t i = 0; i < f.links[k]; ++i) {
+    const uint32_t cand = peers[i];
+    if (uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load) continue;
+    if (!fetches_[FetchOf(cand, f.blob)].have[p]) continue;
+    if (std::find(d.sources.begin(), d.sources.end(), cand) != d.sources.end()) continue;
+    best_load = uploads_[cand];
+    best = cand;
+  }
+  return best;
+}
+
 // ---- run
 // ----------------------------------------------------------------------------------------------
 
 SimResult Sim::Run() {
   auto wall0 = std::chrono::steady_clock::now();
   if (c_.nodes == 0 || c_.blobs.empty()) throw std::runtime_error("no nodes or no blobs");
+  if (c_.peers_per_chunk < 0 || c_.peers_per_chunk > 255)
+    throw std::runtime_error("peers per chunk: 0 to 255");
   rtt_ = c_.rtt_s;
   half_ = c_.rtt_s / 2;
   const double eff = c_.wire_efficiency;
@@ -1221,6 +1602,10 @@ SimResult Sim::Run() {
     b.published.assign(b.chunks, 0);
     b.swarm.assign(b.chunks, 0);
     b.hungry_cursor.assign(b.chunks, 0);
+    if (c_.peers_per_chunk > 0) {
+      b.seeders.resize(b.chunks);
+      b.leechers.resize(b.chunks);
+    }
     r_.layouts.push_back(LayoutInfo{c_.blobs[i], b.chunks, b.layout.chunk_size, b.layout.piece_size,
                                     b.layout.first_chunk_size});
     r_.image_bytes += static_cast<double>(c_.blobs[i]);
@@ -1244,6 +1629,11 @@ SimResult Sim::Run() {
       f.inflight.assign(b.piece_len.size(), 0);
       f.have_count.assign(b.chunks, 0);
       f.download.assign(b.chunks, kNone);
+      if (c_.peers_per_chunk > 0) {
+        f.member_pos.assign(b.chunks, kNone);
+        f.links.assign(b.chunks, 0);
+        f.peers.assign(size_t{b.chunks} * static_cast<size_t>(c_.peers_per_chunk), kNone);
+      }
       fetches_.push_back(std::move(f));
     }
   }

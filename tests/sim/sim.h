@@ -22,8 +22,29 @@
 // node fetches up to max_sources pieces of a chunk at once, each from a different holder, and in
 // end game a free slot takes half of the largest part in flight from another holder; an upload
 // slot limit per node stands in for libtorrent's connection limit. Not modelled: TCP slow start,
-// losses and RTT unfairness, blocks downloaded twice, peer stalls and bad reports, disk and CPU,
-// the neighbour lists of announces (sources are sampled from every holder of a piece).
+// losses and RTT unfairness, blocks downloaded twice, bad reports and re-fetches, disk and CPU.
+//
+// Neighbours (peers_per_chunk P > 0; with 0 every holder of a piece is a possible source). Each
+// chunk torrent of each node has at most P connections, incoming and outgoing, as the agent's
+// --peers-per-chunk sets libtorrent's per-torrent max_connections. A node joins a chunk's swarm
+// when it starts the download (a leecher) or publishes the chunk (a seeder); a leecher that
+// completes becomes a seeder. Every announce (the join, a leecher's re-announce, the seeder's
+// announce at publish and at completion) gets max(1, P/2) members as the tracker's SelectPeers
+// picks them (tracker/swarms/swarm_table.cc: at random, seeders weighted by seeder_weight, never
+// the asker; a seeder gets leechers only), and the node connects to each it has not tried yet
+// while it has a free slot. A target with P connections refuses; a refused or closed peer is not
+// tried again (libtorrent waits min_reconnect_time, 60 s, before retrying a peer). Connections
+// are symmetric and count against both ends; two seeders never stay connected (libtorrent's
+// close_redundant_connections): when a node completes, its connections to seeders close. A node
+// fetches a piece only from a connected neighbour that holds it, and a neighbour's new piece
+// wakes only its neighbours. The agent's watch over a chunk download (agent/chunk_fetcher.cc):
+// with no connection it re-announces every reannounce_s (1.25 s) until it has one; with no new
+// piece for peer_stall_s / 2 it re-announces once; with none for peer_stall_s it gives the chunk
+// up and adds it again (here: its idle connections close, it forgets whom it tried, and it
+// re-announces). Not modelled with neighbours: the agent's ReportBad after a stall and its
+// fall-back to upstream after 4 failures (the stalls are counted, see SimResult), libtorrent's
+// peer turnover, connection set-up time per connection (one connect_rtts per chunk, as before),
+// seeders' periodic re-announces (every 300 s, longer than the pulls simulated).
 
 #include <cstddef>
 #include <cstdint>
@@ -75,6 +96,12 @@ struct SimConfig {
   double client_start_s = 0.5;        // the client's start, manifest and config before blob GETs
   int max_sources = 8;                // pieces of one chunk a node fetches at once
   int max_uploads = 400;              // upload flows a node serves at once (connection limit)
+  // Connections per chunk torrent and node (the agent's --peers-per-chunk; see the neighbour
+  // model above). 0: no neighbour model, every holder of a piece is a possible source.
+  int peers_per_chunk = 0;
+  double reannounce_s = 1.25;    // a chunk download with no connection re-announces this often
+  double no_peer_limit_s = 2.5;  // the agent gives up a chunk with no connection for this long
+  double peer_stall_s = 15;      // ... or with no new piece for this long (--peer-stall-ms)
   // Bytes a peer connection keeps requested (16 blocks of 16 KiB): caps its rate at window/RTT.
   uint64_t request_window = 16 * 16 * 1024;
   uint64_t split_min = 64 * 1024;  // end game splits a part in flight only above 2x this
@@ -133,6 +160,16 @@ struct SimResult {
   std::vector<Sample> timeline;
   CallStats calls;
   uint64_t leases_granted = 0, leases_expired = 0;
+  // The neighbour model (peers_per_chunk > 0): connections made, attempts refused (the target
+  // had P), seed-to-seed connections closed, re-announces of chunk downloads (no connection, or
+  // no piece for peer_stall_s / 2); chunk downloads still without a connection no_peer_limit_s
+  // after they started (the agent would give them up and report them bad), and those with no
+  // new piece for peer_stall_s; the longest wait of a chunk download for its first connection;
+  // the most connections one node had on one chunk.
+  uint64_t connections = 0, refused = 0, redundant_closed = 0, reannounces = 0;
+  uint64_t no_peer_stalls = 0, peer_stalls = 0;
+  double longest_no_peer_s = 0;
+  int max_chunk_connections = 0;
   // The simulator's own cost.
   double wall_s = 0;
   uint64_t events = 0, piece_events = 0, recomputes = 0;

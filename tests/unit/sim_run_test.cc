@@ -112,5 +112,25 @@ TEST_CASE(
   for (double t : reserved.completion_s) CHECK(t >= S / 10e6 * 0.999);
 }
 
+TEST_CASE(
+    "sim run: with two peers per chunk no node ever has more than two connections on a chunk") {
+  // The neighbour model: each announce names one peer (P/2), a full peer refuses, seeders drop
+  // each other. Every node still completes, from upstream once and from its neighbours.
+  SimConfig c = Tiny(10, {24ull << 20, 3ull << 20});
+  c.node_mbit = 160;
+  c.peers_per_chunk = 2;
+  SimResult r = RunSim(c);
+  const double S = static_cast<double>((24ull << 20) + (3ull << 20));
+  CHECK(r.max_chunk_connections == 2);
+  CHECK(r.connections > 0);
+  CHECK(r.redundant_closed > 0);
+  CHECK(r.upstream_bytes == doctest::Approx(S));
+  CHECK(r.peer_bytes == doctest::Approx(9 * S));
+  CHECK(r.calls.requests.at("seed-announce") > 0);
+  for (double t : r.completion_s) CHECK(t >= S / 10e6 * 0.999);
+  // The same seed gives the same run.
+  CHECK(RunSim(c).completion_s == r.completion_s);
+}
+
 }  // namespace
 }  // namespace shoal::sim
