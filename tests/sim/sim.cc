@@ -329,6 +329,9 @@ class Sim {
   void WakeNeighbours(uint32_t fetch, uint32_t k, uint32_t piece);
   uint32_t NeighbourSource(const Download& d, const Fetch& f, uint32_t k) const;
   uint32_t NeighbourHolder(const Download& d, const Fetch& f, uint32_t k, uint32_t piece) const;
+  template <typename Serves>
+  uint32_t LeastLoadedNeighbour(const Download& d, const Fetch& f, uint32_t k,
+                                Serves serves) const;
   void GotPiece(uint32_t fetch, uint32_t piece);
   void ChunkComplete(uint32_t fetch, uint32_t chunk);
   bool AllHeld(const Fetch& f) const { return f.complete_chunks == blobs_[f.blob].chunks; }
@@ -1484,43 +1487,39 @@ void Sim::WakeNeighbours(uint32_t fetch, uint32_t k, uint32_t piece) {
   }
 }
 
-// With neighbours, a source for Fill: the least loaded connected peer, not a source of ours
-// yet, with a free upload slot and a piece we need that nobody brings us (kNone: none).
-uint32_t Sim::NeighbourSource(const Download& d, const Fetch& f, uint32_t k) const {
-  const Blob& b = blobs_[f.blob];
-  const uint32_t* p = PeersOf(f, k);
-  uint32_t best = kNone;
-  int best_load = std::numeric_limits<int>::max();
-  for (uint32_t i = 0; i < f.links[k]; ++i) {
-    const uint32_t cand = p[i];
-    if (uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load) continue;
-    if (std::find(d.sources.begin(), d.sources.end(), cand) != d.sources.end()) continue;
-    const Fetch& s = fetches_[FetchOf(cand, f.blob)];
-    bool useful = false;
-    for (uint32_t q = b.piece_off[k]; q < b.piece_off[k] + b.piece_count[k] && !useful; ++q)
-      useful = !f.have[q] && !f.inflight[q] && s.have[q];
-    if (!useful) continue;
-    best_load = uploads_[cand];
-    best = cand;
-  }
-  return best;
-}
-
-// With neighbours, a second source for piece p in flight (end game): the least loaded connected
-// holder of it that is not a source of ours yet.
-uint32_t Sim::NeighbourHolder(const Download& d, const Fetch& f, uint32_t k, uint32_t p) const {
+// With neighbours: the least loaded connected peer of chunk k with a free upload slot, not a
+// source of ours yet, for which `serves(fetch of that peer)` holds (kNone: none).
+template <typename Serves>
+uint32_t Sim::LeastLoadedNeighbour(const Download& d, const Fetch& f, uint32_t k,
+                                   Serves serves) const {
   const uint32_t* peers = PeersOf(f, k);
   uint32_t best = kNone;
   int best_load = std::numeric_limits<int>::max();
   for (uint32_t i = 0; i < f.links[k]; ++i) {
     const uint32_t cand = peers[i];
     if (uploads_[cand] >= c_.max_uploads || uploads_[cand] >= best_load) continue;
-    if (!fetches_[FetchOf(cand, f.blob)].have[p]) continue;
     if (std::find(d.sources.begin(), d.sources.end(), cand) != d.sources.end()) continue;
+    if (!serves(fetches_[FetchOf(cand, f.blob)])) continue;
     best_load = uploads_[cand];
     best = cand;
   }
   return best;
+}
+
+// A source for Fill: a neighbour with a piece we need that nobody brings us.
+uint32_t Sim::NeighbourSource(const Download& d, const Fetch& f, uint32_t k) const {
+  const Blob& b = blobs_[f.blob];
+  return LeastLoadedNeighbour(d, f, k, [&](const Fetch& s) {
+    for (uint32_t q = b.piece_off[k]; q < b.piece_off[k] + b.piece_count[k]; ++q) {
+      if (!f.have[q] && !f.inflight[q] && s.have[q]) return true;
+    }
+    return false;
+  });
+}
+
+// A second source for piece p in flight (end game): a neighbour that holds it.
+uint32_t Sim::NeighbourHolder(const Download& d, const Fetch& f, uint32_t k, uint32_t p) const {
+  return LeastLoadedNeighbour(d, f, k, [p](const Fetch& s) { return s.have[p]; });
 }
 
 // ---- run
