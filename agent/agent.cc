@@ -184,6 +184,7 @@ int RunAgent(const AgentConfig& config) {
   if (!trackers) return fail(trackers.error());
   TrackerClientOptions tracker_options;
   tracker_options.trackers = trackers.value();
+  tracker_options.udp_announce = config.tracker_announce == "udp";
   tracker_options.agent_id = config.agent_id.empty() ? DefaultAgentId() : config.agent_id;
   if (!config.tracker_token_file.empty()) {
     auto token = auth::ClientToken::Open(config.tracker_token_file);

@@ -157,6 +157,13 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_LEASE_WAIT_MS")
       ->check(CLI::Range(0, 10000))
       ->capture_default_str();
+  app.add_option("--tracker-announce", c.tracker_announce,
+                 "How chunk torrents announce to http:// replicas: udp (BEP 15 on the replica's "
+                 "port number, one datagram each way; needs the tracker's --udp-announce) or http "
+                 "(a TCP connection per announce). https:// replicas always get HTTPS")
+      ->envname("SHOAL_TRACKER_ANNOUNCE")
+      ->check(CLI::IsMember({"udp", "http"}))
+      ->capture_default_str();
   app.add_option("--tracker-grace-ms", c.tracker_grace_ms,
                  "How long tracker errors are retried before fetching from upstream directly")
       ->envname("SHOAL_TRACKER_GRACE_MS")

@@ -123,15 +123,26 @@ std::vector<std::string> TrackerClient::AnnounceUrls() const {
     // key rides in the query.
     u.target = options_.token ? "/announce?auth=" + auth::AnnounceKey(options_.token->Current())
                               : "/announce";
-    out.push_back(u.str());
+    if (options_.udp_announce && u.scheme == "http") {
+      const bool v6 = u.host.find(':') != std::string::npos;
+      out.push_back("udp://" + (v6 ? "[" + u.host + "]" : u.host) + ":" + std::to_string(u.port) +
+                    u.target);
+    } else {
+      out.push_back(u.str());
+    }
   }
   return out;
 }
 
 std::vector<std::string> TrackerClient::AnnounceUrls(const Digest& digest) const {
   std::vector<std::string> all = AnnounceUrls();
+  std::vector<size_t> order = Order(digest);
+  // Replicas that failed their last call go last: libtorrent tries the tiers in turn, and a
+  // dead one costs a whole announce timeout (a UDP announce, or TCP to a host that is down).
+  std::stable_partition(order.begin(), order.end(),
+                        [this](size_t r) { return !failing_since_[r].has_value(); });
   std::vector<std::string> out;
-  for (size_t i : Order(digest)) out.push_back(std::move(all[i]));
+  for (size_t i : order) out.push_back(std::move(all[i]));
   return out;
 }
 

@@ -115,6 +115,9 @@ struct TrackerClientOptions {
   // The cluster's agent token (sent as a bearer token; its announce key in AnnounceUrls), or
   // null for a tracker started with --insecure-open.
   std::shared_ptr<auth::ClientToken> token;
+  // Chunk torrents announce over UDP (BEP 15: udp://host:port/announce?auth=<key>, one datagram
+  // each way) to replicas given as http:// URLs; https:// replicas keep HTTPS announces.
+  bool udp_announce = false;
 };
 
 // How long to wait before asking the tracker again after the failed call e: a full tracker's
@@ -129,11 +132,13 @@ class TrackerClient {
 
   bool enabled() const { return !options_.trackers.empty(); }
   const std::string& agent_id() const { return options_.agent_id; }
-  // Announce URLs of every replica (base + "/announce?auth=<announce key>"), in the order of
-  // --tracker. They change when the token does (see token_generation).
+  // Announce URLs of every replica (base + "/announce?auth=<announce key>", as udp://host:port
+  // with udp_announce), in the order of --tracker. They change when the token does (see
+  // token_generation).
   std::vector<std::string> AnnounceUrls() const;
-  // The same URLs in Order(digest): a chunk torrent of that blob announces to its owner only,
-  // and to the next replica when the owner fails (one tier each; lib/swarm).
+  // The same URLs in Order(digest), those of replicas that failed their last call moved last: a
+  // chunk torrent of that blob announces to its owner only, and to the next replica when the
+  // owner fails (one tier each; lib/swarm).
   std::vector<std::string> AnnounceUrls(const Digest& digest) const;
   // Bumped when the token file gave a new token (re-checked every few seconds).
   uint64_t token_generation() const { return options_.token ? options_.token->generation() : 0; }

@@ -128,6 +128,11 @@ void Access::CountRefused(std::string_view route, Verdict verdict) {
       .Increment();
 }
 
+const std::vector<std::array<unsigned char, 32>>& Access::agent_secrets() const {
+  static const std::vector<std::array<unsigned char, 32>> kNone;
+  return agents_ ? agents_->derived_secrets() : kNone;
+}
+
 void Access::Reload() {
   if (agents_) agents_->Reload();
   if (operators_) operators_->Reload();

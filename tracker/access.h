@@ -6,7 +6,9 @@
 // /healthz, /metrics (aggregate counters only) and the status page's totals. Without token files
 // the tracker runs open only when started with --insecure-open.
 
+#include <array>
 #include <optional>
+#include <vector>
 #include <string>
 #include <string_view>
 
@@ -55,6 +57,10 @@ class Access {
   // Re-reads token files that changed (called from the upkeep timer).
   void Reload();
   bool open() const { return open_; }
+  // The agent tokens' derived secrets (auth::TokenSet::derived_secrets), the current token's
+  // first; empty for an open tracker. The same on every replica: UDP connection ids are keyed
+  // with them.
+  const std::vector<std::array<unsigned char, 32>>& agent_secrets() const;
   // "agent tokens: 2, operator tokens: 1" or "OPEN (--insecure-open)", for the startup log.
   std::string Describe() const;
 

@@ -49,6 +49,12 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
                "Use the announce's ip= parameter instead of the connection's source address "
                "(only behind a proxy that sets it; any client could claim any address)")
       ->envname("SHOAL_TRUST_IP_PARAM");
+  app.add_option("--udp-announce", c.udp_announce,
+                 "Also answer UDP tracker announces (BEP 15, the announce key in BEP 41's URL "
+                 "data) on --listen's port number: one datagram each way instead of a TCP "
+                 "connection per announce. Agents use them with --tracker-announce udp")
+      ->envname("SHOAL_UDP_ANNOUNCE")
+      ->capture_default_str();
   app.add_option("--agent-tokens-file", c.agent_tokens_file,
                  "File of the tokens agents present (one per line, # comments): announces "
                  "(by each token's announce key), chunk tables, leases, publishes, bad reports, "

@@ -20,6 +20,7 @@ struct TrackerConfig {
   size_t max_peers_per_swarm = 20'000;
   size_t max_peers = 4'000'000;
   bool trust_ip_param = false;  // believe the announce's ip= (only behind a trusted proxy)
+  bool udp_announce = true;     // also answer BEP 15 announces on UDP at --listen's port
   int max_connections = 32768;
   // Chunk tables and upstream leases (the blob API).
   uint64_t chunk_size_kib = 16384;     // 16 MiB chunks (the largest; smaller blobs get smaller)

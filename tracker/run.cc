@@ -29,6 +29,7 @@
 #include "tracker/prefetch/prefetch_api.h"
 #include "tracker/server.h"
 #include "tracker/swarms/service.h"
+#include "tracker/udp_server.h"
 
 namespace shoal::tracker {
 namespace asio = boost::asio;
@@ -205,14 +206,22 @@ int RunTracker(const TrackerConfig& config) {
   });
   auto port = server.Listen(listen.value().first, listen.value().second);
   if (!port) return fail(port.error());
+  // UDP announces on the same port number (bound before the port file tells anyone the port).
+  UdpServer udp(ioc, service, access.value(), registry);
+  if (config.udp_announce) {
+    auto udp_port = udp.Listen(listen.value().first, port.value());
+    if (!udp_port) return fail(udp_port.error());
+    udp.Start();
+  }
   if (!config.port_file.empty()) {
     Status written = WritePortFile(config.port_file, port.value());
     if (!written) return fail(written.error());
   }
   server.Start();
   spdlog::info(
-      "tracker listening on {}:{}; announce interval {} s, min interval {} s, peer ttl {} s",
-      listen.value().first, port.value(), options.announce_interval.count(),
+      "tracker listening on {}:{} (TCP{}); announce interval {} s, min interval {} s, peer ttl {} s",
+      listen.value().first, port.value(), config.udp_announce ? " and UDP" : "",
+      options.announce_interval.count(),
       options.min_interval.count(), service.table().options().peer_ttl.count());
   spdlog::info(
       "tracker id {}; chunks of up to {} KiB with {} KiB pieces (blobs below that x {} get smaller "
@@ -287,6 +296,7 @@ int RunTracker(const TrackerConfig& config) {
     if (ec) return;
     spdlog::info("signal {}: shutting down", sig);
     server.Stop();
+    udp.Stop();
     blobs.Shutdown();
     manifests.Shutdown();
     prefetch.Shutdown();

@@ -140,9 +140,17 @@ Result<TokenSet> TokenSet::Load(std::string path) {
 void TokenSet::Take(std::vector<std::string> tokens) {
   hashes_.clear();
   key_hashes_.clear();
+  derived_.clear();
+  static constexpr std::string_view kDerivedLabel = "shoal derived secret v1";
   for (const std::string& t : tokens) {
     hashes_.push_back(HashOf(t));
     key_hashes_.push_back(HashOf(AnnounceKey(t)));
+    Hash d{};
+    unsigned int len = 0;
+    HMAC(EVP_sha256(), t.data(), static_cast<int>(t.size()),
+         reinterpret_cast<const unsigned char*>(kDerivedLabel.data()), kDerivedLabel.size(),
+         d.data(), &len);
+    derived_.push_back(d);
   }
   for (std::string& t : tokens) OPENSSL_cleanse(t.data(), t.size());
 }

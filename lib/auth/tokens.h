@@ -67,6 +67,10 @@ class TokenSet {
   // set (logged). Returns whether the set changed.
   bool Reload();
   size_t size() const { return hashes_.size(); }
+  // A 32-byte secret per token, in file order, derived alike on every host holding the file
+  // (HMAC-SHA256 of a fixed label under the token): keys for MACs that every tracker replica
+  // must verify, such as UDP connection ids. The first is the current token's.
+  const std::vector<std::array<unsigned char, 32>>& derived_secrets() const { return derived_; }
   const std::string& path() const { return path_; }
 
  private:
@@ -79,6 +83,7 @@ class TokenSet {
   FileStamp stamp_;
   std::vector<Hash> hashes_;
   std::vector<Hash> key_hashes_;  // SHA-256 of each token's announce key
+  std::vector<Hash> derived_;     // derived_secrets()
 };
 
 }  // namespace shoal::auth

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include <algorithm>
+#include <thread>
 #include <climits>
 #include <cstdint>
 #include <limits>
@@ -525,9 +526,37 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       spdlog::debug("swarm: libtorrent counters at stop: {}", all);
     }
     session->pause();
+    WaitForUdpStoppedAnnounces();
     lt::session_proxy proxy = session->abort();  // also clears the alert notify function
     session.reset();
     // proxy's destructor waits for libtorrent's threads (network and disk) to finish.
+  }
+
+  // Torrents announce `stopped` as they pause. A UDP announce goes out through the session's
+  // UDP socket, which abort() closes at once (an HTTP one has a socket of its own), so wait until
+  // no UDP announce is in flight, at most stop_tracker_timeout (2 s).
+  void WaitForUdpStoppedAnnounces() {
+    auto udp = [](const std::string& url) { return url.rfind("udp://", 0) == 0; };
+    std::vector<lt::torrent_handle> handles;
+    for (const auto& [key, c] : chunks) {
+      if (std::any_of(c.trackers.begin(), c.trackers.end(), udp)) handles.push_back(c.handle);
+    }
+    if (handles.empty()) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (;;) {
+      bool in_flight = false;
+      for (const lt::torrent_handle& h : handles) {
+        for (const lt::announce_entry& ae : h.trackers()) {
+          if (!udp(ae.url)) continue;
+          for (const lt::announce_endpoint& ep : ae.endpoints) {
+            for (const lt::announce_infohash& ih : ep.info_hashes) in_flight |= ih.updating;
+          }
+        }
+        if (in_flight) break;
+      }
+      if (!in_flight || std::chrono::steady_clock::now() >= until) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
 
   void Stop() {

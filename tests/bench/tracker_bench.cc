@@ -70,6 +70,8 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/udp.hpp>
+#include <boost/endian/conversion.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -97,6 +99,7 @@ namespace fs = std::filesystem;
 using asio::awaitable;
 using asio::use_awaitable;
 using tcp = asio::ip::tcp;
+using udp = asio::ip::udp;
 using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 using std::chrono::milliseconds;
@@ -128,6 +131,7 @@ struct Options {
   bool pin = true;              // trackers on CPU 0, the generator on the others
   bool notrack = true;          // no conntrack entries for 127.10.0.0/16 (iptables raw)
   bool opentracker = true;
+  std::string transport = "http";  // announces over "http" (a connection each) or "udp" (BEP 15)
   std::string opentracker_bin = "/usr/bin/opentracker";
   std::string tracker_bin = SHOAL_TRACKER_BIN;
   std::vector<std::string> tracker_args;
@@ -352,6 +356,9 @@ struct Agent {
   std::vector<std::pair<std::unique_ptr<beast::tcp_stream>, Clock::time_point>> pool;
   Clock::time_point link_free{};  // the node link's FIFO
   uint32_t next_blob = 0;
+  // UDP announces: the connection id each tracker (0 shoal, 1 opentracker) handed this agent,
+  // and when; libtorrent reuses one for 60 s.
+  mutable std::array<std::pair<uint64_t, Clock::time_point>, 2> udp_ids{};
 };
 
 asio::ip::address_v4 AgentAddress(uint32_t i) {
@@ -366,6 +373,12 @@ struct Target {
   std::string host;           // Host header
   std::string announce_base;  // "/announce?auth=KEY&" or "/announce?"
   std::string bearer;         // Authorization for the blob API
+  // UDP announces (--transport udp): where, the BEP 41 URL data ("/announce?auth=KEY" or ""),
+  // and this tracker's slot in Agent::udp_ids.
+  bool udp = false;
+  udp::endpoint udp_ep;
+  std::string url_data;
+  size_t udp_slot = 0;
 };
 
 struct Reply {
@@ -515,6 +528,116 @@ uint64_t CompactPeers(const std::string& body) {
 
 enum class Event { kNone, kStarted, kCompleted };
 
+template <typename T>
+void PutBe(std::string& out, T v) {
+  v = boost::endian::native_to_big(v);
+  out.append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+uint32_t GetBe32(const std::string& in, size_t at) {
+  uint32_t v;
+  std::memcpy(&v, in.data() + at, 4);
+  return boost::endian::big_to_native(v);
+}
+
+// One datagram to `to` from a socket bound to `from`, and the answer with the same transaction
+// id (or a timeout). The socket lives in a shared_ptr: the timer's handler may run after this
+// coroutine is gone.
+awaitable<Reply> UdpRoundTrip(Gen& g, const asio::ip::address_v4& from, const udp::endpoint& to,
+                              const std::string& datagram, uint32_t transaction,
+                              milliseconds timeout) {
+  Reply r;
+  auto sock = std::make_shared<udp::socket>(g.ioc());
+  beast::error_code ec;
+  sock->open(udp::v4(), ec);
+  if (!ec) sock->bind(udp::endpoint(from, 0), ec);
+  if (ec) {
+    r.err = kErrLocal;
+    co_return r;
+  }
+  co_await sock->async_send_to(asio::buffer(datagram), to,
+                               asio::redirect_error(use_awaitable, ec));
+  if (ec) {
+    r.err = kErrIo;
+    co_return r;
+  }
+  asio::steady_timer timer(g.ioc());
+  timer.expires_after(timeout);
+  bool timed_out = false;
+  timer.async_wait([sock, &timed_out](beast::error_code tec) {
+    if (tec) return;
+    timed_out = true;
+    beast::error_code cec;
+    sock->cancel(cec);
+  });
+  std::string buf(2048, '\0');
+  for (;;) {
+    size_t n = co_await sock->async_receive(asio::buffer(buf),
+                                            asio::redirect_error(use_awaitable, ec));
+    if (ec) {
+      r.err = timed_out ? kErrTimeout : kErrIo;
+      break;
+    }
+    if (n < 8 || GetBe32(buf, 4) != transaction) continue;  // a late answer to another try
+    buf.resize(n);
+    r.answered = true;
+    r.status = 200;  // the caller tells an error answer (action 3) from the rest
+    r.body = std::move(buf);
+    break;
+  }
+  timer.cancel();
+  sock->close(ec);
+  co_return r;
+}
+
+// One announce over UDP as libtorrent 2.0.8 sends it: a connect first unless the agent holds an
+// id from this tracker younger than 60 s, then the announce (numwant 200, the key as BEP 41
+// URL data). The latency counts both round trips when there are two.
+awaitable<Reply> AnnounceUdp(Gen& g, const Target& t, const Agent& a, const Chunk& c,
+                             Event event, uint64_t left, milliseconds timeout) {
+  static thread_local std::mt19937 rng{std::random_device{}()};
+  auto& [id, at] = a.udp_ids[t.udp_slot];
+  if (at == Clock::time_point{} || Clock::now() - at > std::chrono::seconds(60)) {
+    const uint32_t tx = static_cast<uint32_t>(rng());
+    std::string connect;
+    PutBe<uint64_t>(connect, 0x41727101980ULL);
+    PutBe<uint32_t>(connect, 0);
+    PutBe<uint32_t>(connect, tx);
+    Reply r = co_await UdpRoundTrip(g, a.address, t.udp_ep, connect, tx, timeout);
+    if (!r.answered || GetBe32(r.body, 0) != 0 || r.body.size() < 16) co_return r;
+    uint64_t v;
+    std::memcpy(&v, r.body.data() + 8, 8);
+    id = boost::endian::big_to_native(v);
+    at = Clock::now();
+  }
+  const uint32_t tx = static_cast<uint32_t>(rng());
+  std::string d;
+  d.reserve(160);
+  PutBe<uint64_t>(d, id);
+  PutBe<uint32_t>(d, 1);
+  PutBe<uint32_t>(d, tx);
+  d += c.ih_bytes;
+  // The peer id: "-LT2080-" and the agent's number, as in the HTTP announces.
+  d += fmt::format("-LT2080-{:012d}", a.id);
+  PutBe<uint64_t>(d, c.length - left);  // downloaded
+  PutBe<uint64_t>(d, left);
+  PutBe<uint64_t>(d, 0);  // uploaded
+  PutBe<uint32_t>(d, event == Event::kCompleted ? 1 : event == Event::kStarted ? 2 : 0);
+  PutBe<uint32_t>(d, 0);  // ip
+  PutBe<uint32_t>(d, a.id * 2654435761u);  // key
+  PutBe<uint32_t>(d, 200);                 // num_want
+  PutBe<uint16_t>(d, 6881);
+  if (!t.url_data.empty()) {
+    d += char(2);
+    d += static_cast<char>(t.url_data.size());
+    d += t.url_data;
+  }
+  Reply r = co_await UdpRoundTrip(g, a.address, t.udp_ep, d, tx, timeout);
+  if (r.answered && GetBe32(r.body, 0) == 3) {
+    at = {};  // an error (say, an expired id): connect again next time
+  }
+  co_return r;
+}
+
 // One announce as libtorrent 2.0 sends it, on a connection of its own ("Connection: close").
 awaitable<void> Announce(Gen& g, const Target& t, const Agent& a, const Chunk& c, Event event,
                          uint64_t left, Clock::time_point since, milliseconds timeout) {
@@ -533,6 +656,21 @@ awaitable<void> Announce(Gen& g, const Target& t, const Agent& a, const Chunk& c
   if (event == Event::kStarted) target += "&event=started";
   if (event == Event::kCompleted) target += "&event=completed";
   target += "&numwant=200&compact=1&no_peer_id=1&supportcrypto=1&redundant=0";
+  Kind kind = event == Event::kStarted     ? kAnnStarted
+              : event == Event::kCompleted ? kAnnCompleted
+                                           : kAnnPeriodic;
+  KindStats& s = g.stats().k[kind];
+  if (t.udp) {
+    Reply r = co_await AnnounceUdp(g, t, a, c, event, left, timeout);
+    Record(s, r, since);
+    if (r.answered && GetBe32(r.body, 0) == 1 && r.body.size() >= 20) {
+      ++s.ok;
+      s.peers += (r.body.size() - 20) / 6;
+    } else if (r.answered) {
+      ++s.errors[kErrFailure];  // an error answer, or a connect's where an announce's was due
+    }
+    co_return;
+  }
   http::request<http::empty_body> req{http::verb::get, target, 11};
   req.set(http::field::host, t.host);
   req.set(http::field::user_agent, "libtorrent/2.0.8.0");
@@ -547,10 +685,6 @@ awaitable<void> Announce(Gen& g, const Target& t, const Agent& a, const Chunk& c
   }
   beast::error_code ec;
   stream.socket().close(ec);
-  Kind kind = event == Event::kStarted     ? kAnnStarted
-              : event == Event::kCompleted ? kAnnCompleted
-                                           : kAnnPeriodic;
-  KindStats& s = g.stats().k[kind];
   Record(s, r, since);
   if (r.answered && r.status == 200) {
     if (r.body.find("failure reason") != std::string::npos) {
@@ -797,7 +931,7 @@ class Bench {
   Gen& GenOf(const Agent& a) { return *gens_[a.id % gens_.size()]; }
   void AfterPhase(const Target& t, PhaseResult& r) {
     r.fd_waits = g_fd_waits.exchange(0);
-    if (t.name != "shoal") return;
+    if (t.name.rfind("shoal", 0) != 0) return;
     if (auto m = HttpGet("http://" + t.host + "/metrics"); m && m.value().status == 200) {
       r.peers_held = MetricSum(m.value().body, "shoal_tracker_peers");
     }
@@ -853,6 +987,13 @@ void Bench::StartShoal() {
   shoal_t_.host = "127.0.0.1:" + std::to_string(port);
   shoal_t_.announce_base = "/announce?auth=" + auth::AnnounceKey(Tokens().agent) + "&";
   shoal_t_.bearer = "Bearer " + Tokens().agent;
+  if (o_.transport == "udp") {
+    shoal_t_.name = "shoal udp";
+    shoal_t_.udp = true;
+    shoal_t_.udp_ep = udp::endpoint(asio::ip::make_address_v4("127.0.0.1"), static_cast<uint16_t>(port));
+    shoal_t_.url_data = "/announce?auth=" + auth::AnnounceKey(Tokens().agent);
+    shoal_t_.udp_slot = 0;
+  }
 }
 
 void Bench::StartOpentracker(const std::string& whitelist) {
@@ -863,7 +1004,11 @@ void Bench::StartOpentracker(const std::string& whitelist) {
                             fs::perms::others_read | fs::perms::others_exec);
   WriteFile(root + "/whitelist.txt", whitelist);
   uint16_t port = FreePort();
+  const uint16_t udp_port = o_.transport == "udp" ? FreePort() : 0;
   WriteFile(root + "/opentracker.conf", "listen.tcp 127.0.0.1:" + std::to_string(port) +
+                                            (udp_port != 0 ? "\nlisten.udp 127.0.0.1:" +
+                                                                 std::to_string(udp_port)
+                                                           : std::string()) +
                                             // Relative: opentracker reads it after its chroot.
                                             "\naccess.whitelist whitelist.txt\ntracker.rootdir " +
                                             root + "\n");
@@ -895,6 +1040,12 @@ void Bench::StartOpentracker(const std::string& whitelist) {
   ot_t_.ep = tcp::endpoint(asio::ip::make_address_v4("127.0.0.1"), port);
   ot_t_.host = "127.0.0.1:" + std::to_string(port);
   ot_t_.announce_base = "/announce?";
+  if (udp_port != 0) {
+    ot_t_.name = "opentracker udp";
+    ot_t_.udp = true;
+    ot_t_.udp_ep = udp::endpoint(asio::ip::make_address_v4("127.0.0.1"), udp_port);
+    ot_t_.udp_slot = 1;
+  }
 }
 
 // The image's chunk tables, from the tracker (as an agent creates them), and each chunk's torrent.
@@ -1569,7 +1720,7 @@ void Bench::Report() {
     };
     uint64_t ann = 0;
     for (PhaseResult& r : results_) {
-      if (r.server == "shoal") ann += AnnouncesOk(r.stats);
+      if (r.server.rfind("shoal", 0) == 0) ann += AnnouncesOk(r.stats);
     }
     std::printf(
         "   announces_total %.0f (generator counted %llu answered without failure), "
@@ -1779,6 +1930,12 @@ int Main(int argc, char** argv) {
                  "nf_conntrack_max with TIME_WAIT entries)")
       ->capture_default_str();
   app.add_option("--opentracker", o.opentracker, "Run opentracker under phases b and c too")
+      ->capture_default_str();
+  app.add_option("--transport", o.transport,
+                 "Announces over http (a TCP connection each, as libtorrent sends them) or udp "
+                 "(BEP 15, one datagram each way after a connect every 60 s; shoal's key as "
+                 "BEP 41 URL data): for shoal and opentracker alike")
+      ->check(CLI::IsMember({"http", "udp"}))
       ->capture_default_str();
   app.add_option("--opentracker-bin", o.opentracker_bin, "opentracker binary")
       ->capture_default_str();

@@ -263,6 +263,21 @@ test("tracker: StatefulSet with required anti-affinity, headless Service, PDB, n
   assert.equal(sts.spec.template.spec.securityContext.runAsNonRoot, true);
   assert.equal(c.ports[0].containerPort, 7070);
   assert.equal(envOf(c).SHOAL_TRUST_IP_PARAM, "true");
+  // UDP announces (BEP 15) on the same port number, declared on the pod and the Service, and
+  // the agents told to use them; off, neither side opens or uses UDP.
+  assert.deepEqual(c.ports.map((p) => [p.name, p.containerPort, p.protocol]),
+    [["http", 7070, "TCP"], ["announce-udp", 7070, "UDP"]]);
+  assert.deepEqual(svc.spec.ports.map((p) => [p.name, p.port, p.protocol]),
+    [["http", 7070, "TCP"], ["announce-udp", 7070, "UDP"]]);
+  assert.equal(envOf(c).SHOAL_UDP_ANNOUNCE, "true");
+  assert.equal(envOf(find(objs, "DaemonSet").spec.template.spec.containers[0]).SHOAL_TRACKER_ANNOUNCE, "udp");
+  {
+    const off = render(["--set", "tracker.udpAnnounce=false"]);
+    const offSts = find(off, "StatefulSet");
+    assert.deepEqual(offSts.spec.template.spec.containers[0].ports.map((p) => p.protocol), ["TCP"]);
+    assert.equal(envOf(offSts.spec.template.spec.containers[0]).SHOAL_UDP_ANNOUNCE, "false");
+    assert.equal(envOf(find(off, "DaemonSet").spec.template.spec.containers[0]).SHOAL_TRACKER_ANNOUNCE, "http");
+  }
   // The replicas share the cluster's upstream cap (each grants maxUpstreamFetchers / replicas).
   assert.equal(envOf(c).SHOAL_MAX_UPSTREAM_FETCHERS, "9");
   assert.equal(envOf(c).SHOAL_TRACKER_REPLICAS, "3");

@@ -57,6 +57,10 @@ struct Tracker {
   std::string base;  // http://127.0.0.1:<port>
   std::string key;   // the test cluster's announce key (announce and scrape take ?auth=<key>)
   std::string AnnounceUrl() const { return base + "/announce?auth=" + key; }
+  // The same over UDP (BEP 15 on the HTTP port's number, the key as BEP 41 URL data).
+  std::string UdpAnnounceUrl() const {
+    return "udp://127.0.0.1:" + std::to_string(process->port()) + "/announce?auth=" + key;
+  }
 };
 
 Tracker StartTracker(const TempDir& /*dir*/) {
@@ -440,9 +444,11 @@ TEST_CASE("swarm session: a corrupt seeder's bad piece fails its hash and a good
   bad.Stop();
 }
 
-TEST_CASE("swarm session: a downloader seeds what it downloaded to the next one") {
-  TempDir dir("shoal-swarm-chain");
-  Tracker tracker = StartTracker(dir);
+namespace {
+
+// A seeds, B downloads from A, A leaves, C downloads from B: every chunk torrent announces to
+// `url` (started, completed, stopped and regular announces).
+void SeedChain(const TempDir& dir, const Tracker& tracker, const std::string& url) {
   const std::string blob = RandomBytes(kLayout.blob_size, 3);
   const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout);
   WriteBlobFile(dir.Sub("a.blob"), blob, 0);
@@ -453,7 +459,7 @@ TEST_CASE("swarm session: a downloader seeds what it downloaded to the next one"
   a.Start();
   for (uint32_t k = 0; k < torrents.size(); ++k) {
     a.AddChunk(torrents[k], k, dir.Sub("a.blob"), kLayout.chunk_begin(k), true,
-               tracker.AnnounceUrl());
+               url);
   }
   WaitForSeeders(tracker, torrents);
 
@@ -461,7 +467,7 @@ TEST_CASE("swarm session: a downloader seeds what it downloaded to the next one"
   b.Start();
   for (uint32_t k = 0; k < torrents.size(); ++k) {
     b.AddChunk(torrents[k], k, dir.Sub("b.blob"), kLayout.chunk_begin(k), false,
-               tracker.AnnounceUrl());
+               url);
   }
   REQUIRE(WaitUntil([&] { return b.AllComplete(4); }, seconds(15), milliseconds(10)));
   CHECK(ReadFile(dir.Sub("b.blob")) == blob);
@@ -483,7 +489,7 @@ TEST_CASE("swarm session: a downloader seeds what it downloaded to the next one"
   c.Start();
   for (uint32_t k = 0; k < torrents.size(); ++k) {
     c.AddChunk(torrents[k], k, dir.Sub("c.blob"), kLayout.chunk_begin(k), false,
-               tracker.AnnounceUrl());
+               url);
   }
   bool done = WaitUntil([&] { return c.AllComplete(4); }, seconds(15), milliseconds(10));
   REQUIRE_MESSAGE(done, "C did not finish; errors: " << c.Errors() << "tracker:\n"
@@ -495,6 +501,33 @@ TEST_CASE("swarm session: a downloader seeds what it downloaded to the next one"
 
   c.Stop();
   b.Stop();
+}
+
+}  // namespace
+
+TEST_CASE("swarm session: a downloader seeds what it downloaded to the next one") {
+  TempDir dir("shoal-swarm-chain");
+  Tracker tracker = StartTracker(dir);
+  SeedChain(dir, tracker, tracker.AnnounceUrl());
+  CHECK(tracker.process->Metric("shoal_tracker_http_requests_total", {{"route", "announce"}}) > 0);
+}
+
+TEST_CASE("swarm session: over UDP announces (BEP 15) a downloader seeds what it downloaded to the "
+          "next one, with no announce over HTTP") {
+  TempDir dir("shoal-swarm-chain-udp");
+  Tracker tracker = StartTracker(dir);
+  SeedChain(dir, tracker, tracker.UdpAnnounceUrl());
+  const double udp_ok = tracker.process->Metric("shoal_tracker_udp_requests_total",
+                                                {{"action", "announce"}, {"result", "ok"}});
+  // Every chunk torrent: A's, B's and C's first announces, B's completed and A's stopped (sent
+  // before A's session closed its UDP socket).
+  CHECK(udp_ok >= 5.0 * kLayout.chunk_count());
+  CHECK(tracker.process->Metric("shoal_tracker_announces_total", {{"event", "stopped"}}) >=
+        kLayout.chunk_count());
+  CHECK(tracker.process->Metric("shoal_tracker_http_requests_total", {{"route", "announce"}}) ==
+        0);
+  CHECK(tracker.process->Metric("shoal_tracker_udp_requests_total",
+                                {{"result", "bad_connection_id"}}) == 0);
 }
 
 TEST_CASE("swarm session: with two peers per chunk no session holds more, and six leechers get "

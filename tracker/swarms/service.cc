@@ -49,14 +49,22 @@ std::string TrackerService::Announce(std::string_view query, const boost::asio::
     }
     return EncodeFailure(request.error().message);
   }
-  const AnnounceRequest& req = request.value();
+  auto outcome = Register(request.value(), remote, now);
+  if (!outcome) return EncodeFailure(outcome.error().message);
+  return EncodeAnnounceReply(outcome.value().reply, outcome.value().interval,
+                             options_.min_interval, outcome.value().warning);
+}
+
+Result<AnnounceOutcome> TrackerService::Register(const AnnounceRequest& req,
+                                                 const boost::asio::ip::address& remote,
+                                                 TimePoint now) {
   boost::asio::ip::address address = remote;
   if (options_.trust_ip_param && !req.ip.empty()) {
     boost::system::error_code ec;
     address = boost::asio::ip::make_address(req.ip, ec);
     if (ec) {
       metrics_.rejected_invalid.Increment();
-      return EncodeFailure("ip \"" + req.ip + "\" is not an IP address");
+      return MakeError(ErrorCode::kInvalidArgument, "ip \"" + req.ip + "\" is not an IP address");
     }
   }
   PeerEndpoint from = PeerEndpoint::FromAddress(address, req.port);
@@ -64,17 +72,17 @@ std::string TrackerService::Announce(std::string_view query, const boost::asio::
   if (!reply) {
     metrics_.rejected_full.Increment();
     spdlog::warn("announce from {}: {}", from.ToString(), reply.error().message);
-    return EncodeFailure(reply.error().message);
+    return reply.error();
   }
   metrics_.CountAnnounce(req.event);
-  std::string_view warning;
+  AnnounceOutcome out;
   if (!reply.value().registered) {
     metrics_.unregistered.Increment();
-    warning = "swarm is full: this peer was not registered";
+    out.warning = "swarm is full: this peer was not registered";
   }
   auto jitter_max = static_cast<int64_t>(options_.announce_interval.count() *
                                          std::max(0.0, options_.interval_jitter));
-  auto interval =
+  out.interval =
       options_.announce_interval +
       std::chrono::seconds(
           jitter_max > 0 ? std::uniform_int_distribution<int64_t>(0, jitter_max)(jitter_rng_) : 0);
@@ -83,7 +91,8 @@ std::string TrackerService::Announce(std::string_view query, const boost::asio::
                   AnnounceEventName(req.event), from.ToString(), req.left,
                   reply.value().peers.size());
   }
-  return EncodeAnnounceReply(reply.value(), interval, options_.min_interval, warning);
+  out.reply = std::move(reply.value());
+  return out;
 }
 
 std::string TrackerService::Scrape(std::string_view query) {

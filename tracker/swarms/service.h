@@ -39,6 +39,13 @@ std::chrono::seconds LongestInterval(std::chrono::seconds announce_interval,
 // How long a silent peer is kept: two of the longest intervals handed out, plus a minute.
 std::chrono::seconds PeerTtl(std::chrono::seconds announce_interval, double interval_jitter);
 
+// An announce the table took: what to answer and the interval to hand out.
+struct AnnounceOutcome {
+  AnnounceReply reply;
+  std::chrono::seconds interval{0};  // announce_interval plus this announce's jitter
+  std::string_view warning;          // non-empty when the peer was not registered (swarm full)
+};
+
 // Not thread-safe: used from the server's single io_context thread.
 class TrackerService {
  public:
@@ -51,6 +58,11 @@ class TrackerService {
   // `failure reason` for a malformed query or a full tracker (HTTP status 200 either way).
   std::string Announce(std::string_view query, const boost::asio::ip::address& remote,
                        TimePoint now);
+  // One announce already parsed (from HTTP or UDP) from `remote`, counted. Errors:
+  // kInvalidArgument for an `ip` that is not an address (only with trust_ip_param), and the
+  // table's error when the tracker is full; both carry the text to send back.
+  Result<AnnounceOutcome> Register(const AnnounceRequest& req,
+                                   const boost::asio::ip::address& remote, TimePoint now);
   // The bencoded body answering GET /scrape?<query>, or a `failure reason`.
   std::string Scrape(std::string_view query);
   // A plain-text page: totals and settings, and with detail the largest swarms (info-hashes).

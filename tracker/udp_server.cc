@@ -1,0 +1,180 @@
+#include "tracker/udp_server.h"
+
+#include <utility>
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/buffer.hpp>
+#include <boost/asio/ip/address.hpp>
+
+namespace shoal::tracker {
+namespace asio = boost::asio;
+using asio::ip::udp;
+
+namespace {
+
+// Datagrams answered per wake-up before other work on the thread gets a turn.
+constexpr int kBatch = 256;
+
+constexpr std::array<std::string_view, 6> kResultNames = {
+    "ok", "invalid", "bad_connection_id", "refused", "failed", "unverified"};
+
+}  // namespace
+
+UdpServer::UdpServer(asio::io_context& ioc, TrackerService& service, Access& access,
+                     prometheus::Registry& registry)
+    : socket_(ioc), service_(service), access_(access) {
+  auto& family = prometheus::BuildCounter()
+                     .Name("shoal_tracker_udp_requests_total")
+                     .Help("UDP tracker datagrams (BEP 15), by action and result: ok, invalid "
+                           "(malformed), bad_connection_id (an id this cluster did not issue), "
+                           "refused (no accepted announce key), failed (tracker full), "
+                           "unverified (an open tracker answered an unknown id, in as many "
+                           "bytes as it was sent)")
+                     .Register(registry);
+  for (UdpAction a : {UdpAction::kConnect, UdpAction::kAnnounce, UdpAction::kScrape,
+                      UdpAction::kError}) {
+    for (size_t r = 0; r < kResults; ++r) {
+      counted_[static_cast<size_t>(a)][r] = &family.Add(
+          {{"action", std::string(UdpActionName(a))}, {"result", std::string(kResultNames[r])}});
+    }
+  }
+  send_failures_ = &prometheus::BuildCounter()
+                        .Name("shoal_tracker_udp_send_failures_total")
+                        .Help("UDP answers the socket would not take (buffer full), dropped")
+                        .Register(registry)
+                        .Add({});
+}
+
+Result<uint16_t> UdpServer::Listen(const std::string& address, uint16_t port) {
+  boost::system::error_code ec;
+  auto ip = asio::ip::make_address(address, ec);
+  if (ec) return MakeError(ErrorCode::kInvalidArgument, "bad listen address \"" + address + "\"");
+  udp::endpoint ep(ip, port);
+  socket_.open(ep.protocol(), ec);
+  if (!ec) socket_.bind(ep, ec);
+  if (!ec) socket_.non_blocking(true, ec);
+  if (ec) {
+    return MakeError(ErrorCode::kIo, "cannot bind UDP " + address + ":" + std::to_string(port) +
+                                         ": " + ec.message());
+  }
+  return socket_.local_endpoint().port();
+}
+
+void UdpServer::Start() { WaitReadable(); }
+
+void UdpServer::Stop() {
+  stopped_ = true;
+  boost::system::error_code ec;
+  socket_.close(ec);
+}
+
+void UdpServer::WaitReadable() {
+  socket_.async_wait(udp::socket::wait_read, [this](boost::system::error_code ec) {
+    if (ec || stopped_) return;
+    Drain();
+    WaitReadable();
+  });
+}
+
+void UdpServer::Drain() {
+  for (int i = 0; i < kBatch; ++i) {
+    udp::endpoint from;
+    boost::system::error_code ec;
+    size_t n = socket_.receive_from(asio::buffer(buffer_), from, 0, ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return;
+    if (ec) {
+      // An ICMP error for an earlier answer, or a closed socket: nothing to answer.
+      if (ec == asio::error::bad_descriptor) return;
+      continue;
+    }
+    std::optional<std::string> answer =
+        Answer(std::string_view(buffer_.data(), n), from, TrackerClock::now());
+    if (!answer) continue;
+    socket_.send_to(asio::buffer(*answer), from, 0, ec);
+    if (ec) send_failures_->Increment();
+  }
+}
+
+void UdpServer::Count(UdpAction action, Result_ result) {
+  counted_[static_cast<size_t>(action)][result]->Increment();
+}
+
+std::optional<std::string> UdpServer::Refusal(std::string_view url_data) {
+  if (access_.open()) return std::nullopt;
+  const size_t q = url_data.find('?');
+  const std::string_view query = q == std::string_view::npos ? "" : url_data.substr(q + 1);
+  const std::string_view key = AnnounceKeyOf(query);
+  if (key.empty()) {
+    access_.CountRefused("announce", Access::Verdict::kMissing);
+    return "this tracker needs an agent's announce key: udp://<tracker>/announce?auth=<key>";
+  }
+  if (!access_.CheckAnnounceKey(key)) {
+    access_.CountRefused("announce", Access::Verdict::kInvalid);
+    return RefusalText(Access::Verdict::kInvalid, Role::kAgent);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> UdpServer::Answer(std::string_view datagram, const udp::endpoint& from,
+                                             TimePoint now) {
+  const PeerEndpoint sender = PeerEndpoint::FromAddress(from.address(), from.port());
+  const auto wall = std::chrono::system_clock::now();
+  const auto& secrets = access_.agent_secrets();
+  // A sender whose id this cluster issued in the last minutes receives at its address; anyone
+  // else may be forging it, so what they get back is never larger than what they sent.
+  auto cap = [&](bool verified) { return verified ? kMaxUdpAnswerBytes : datagram.size(); };
+  auto parsed = ParseUdpRequest(datagram);
+  if (!parsed) {
+    Count(UdpAction::kError, kInvalid);
+    if (datagram.size() < 16) return std::nullopt;
+    uint64_t id = 0;
+    uint32_t transaction = 0;  // bytes 12-15 in every request
+    for (size_t i = 0; i < 8; ++i) id = (id << 8) | static_cast<uint8_t>(datagram[i]);
+    for (size_t i = 12; i < 16; ++i)
+      transaction = (transaction << 8) | static_cast<uint8_t>(datagram[i]);
+    return EncodeUdpError(transaction, parsed.error().message,
+                          cap(ids_.Valid(secrets, id, sender, wall)));
+  }
+  UdpRequest& req = parsed.value();
+  if (req.action == UdpAction::kConnect) {
+    Count(UdpAction::kConnect, kOk);
+    return EncodeUdpConnect(req.transaction_id, ids_.Issue(secrets, sender, wall));
+  }
+  const bool verified = ids_.Valid(secrets, req.connection_id, sender, wall);
+  if (!verified && !access_.open()) {
+    // libtorrent keeps an id for 60 s and would time out on silence: tell it at once.
+    Count(req.action, kBadConnectionId);
+    return EncodeUdpError(req.transaction_id,
+                          "connection id not issued by this cluster's trackers in the last "
+                          "minutes: connect again",
+                          datagram.size());
+  }
+  if (req.action == UdpAction::kScrape) {
+    if (!access_.open()) {
+      access_.CountRefused("scrape", Access::Verdict::kMissing);
+      Count(UdpAction::kScrape, kRefused);
+      return EncodeUdpError(req.transaction_id,
+                            "a UDP scrape carries no announce key: scrape over HTTP with "
+                            "/scrape?auth=<key>");
+    }
+    std::vector<SwarmCounts> counts;
+    for (const InfoHash& h : req.scrape) counts.push_back(service_.table().Counts(h));
+    service_.metrics().scrapes.Increment();
+    Count(UdpAction::kScrape, kOk);
+    return EncodeUdpScrape(req.transaction_id, counts);  // 12 bytes per 20 asked for
+  }
+  if (std::optional<std::string> refusal = Refusal(req.url_data)) {
+    Count(UdpAction::kAnnounce, kRefused);
+    return EncodeUdpError(req.transaction_id, *refusal);
+  }
+  auto outcome = service_.Register(req.announce, from.address(), now);
+  if (!outcome) {
+    Count(UdpAction::kAnnounce, kFailed);
+    return EncodeUdpError(req.transaction_id, outcome.error().message, cap(verified));
+  }
+  Count(UdpAction::kAnnounce, verified ? kOk : kUnverified);
+  return EncodeUdpAnnounce(req.transaction_id, outcome.value().reply, outcome.value().interval,
+                           sender.is_v6(), cap(verified));
+}
+
+}  // namespace shoal::tracker
