@@ -5,6 +5,7 @@
 #include <csignal>
 
 #include <fstream>
+#include <map>
 #include <thread>
 
 #include <sys/stat.h>
@@ -34,6 +35,7 @@
 #include "agent/swarm_metrics.h"
 #include "agent/swarm_setup.h"
 #include "agent/tracker_client.h"
+#include "agent/udp_probe.h"
 #include "lib/auth/tokens.h"
 #include "lib/core/fd_limit.h"
 #include "lib/core/log.h"
@@ -53,22 +55,47 @@ namespace asio = boost::asio;
 
 namespace {
 
-// Follows the agent token's file: when it gives a new token, every chunk torrent announces
-// with the new announce key (the old one stops working once the trackers drop the old token).
-asio::awaitable<void> FollowToken(asio::io_context& ioc, TrackerClient& tracker,
-                                  swarm::Swarm& swarm) {
+// UDP announces to a replica that timed out within one check, while its HTTP API answered, before
+// its announces move to HTTP.
+constexpr uint64_t kUdpTimeoutsBeforeHttp = 3;
+
+// Follows the announce URLs every chunk torrent must carry: when the agent token's file gives a
+// new token, every chunk torrent announces with the new announce key (the old one stops working
+// once the trackers drop the old token); when a replica's UDP announces keep timing out while
+// its HTTP API answers (UDP blocked on the way), they move to HTTP.
+asio::awaitable<void> FollowAnnounceUrls(asio::io_context& ioc, TrackerClient& tracker,
+                                         swarm::Swarm& swarm) {
   uint64_t seen = tracker.token_generation();
+  std::map<std::string, uint64_t> timeouts_seen;
   asio::steady_timer timer(ioc);
   for (;;) {
     timer.expires_after(std::chrono::seconds(5));
     boost::system::error_code ec;
     co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return;
-    std::vector<std::string> urls = tracker.AnnounceUrls();  // re-reads a changed file
-    if (tracker.token_generation() == seen) continue;
-    seen = tracker.token_generation();
-    spdlog::info("agent token rotated: chunk torrents announce with its new key");
-    swarm.ReplaceTrackers(urls);
+    bool moved = false;
+    const std::map<std::string, uint64_t> timeouts = swarm.UdpAnnounceTimeouts();
+    const std::vector<std::string> before = tracker.AnnounceUrls();
+    for (size_t r = 0; r < tracker.replicas(); ++r) {
+      if (!tracker.AnnouncesOverUdp(r)) continue;
+      const std::string base = before[r].substr(0, before[r].find('?'));
+      auto it = timeouts.find(base);
+      const uint64_t now_count = it == timeouts.end() ? 0 : it->second;
+      const uint64_t grew = now_count - timeouts_seen[base];
+      timeouts_seen[base] = now_count;
+      if (grew >= kUdpTimeoutsBeforeHttp &&
+          tracker.AnsweredWithin(r, std::chrono::seconds(30))) {
+        tracker.AnnounceOverHttp(r, "UDP announces to it time out while its HTTP API answers");
+        moved = true;
+      }
+    }
+    std::vector<std::string> urls = tracker.AnnounceUrls();  // re-reads a changed token file
+    if (tracker.token_generation() != seen) {
+      seen = tracker.token_generation();
+      spdlog::info("agent token rotated: chunk torrents announce with its new key");
+      moved = true;
+    }
+    if (moved) swarm.ReplaceTrackers(urls);
   }
 }
 
@@ -201,6 +228,15 @@ int RunAgent(const AgentConfig& config) {
   std::unique_ptr<SeedBook> seeds;
   std::unique_ptr<SwarmMetrics> swarm_metrics;
   if (tracker.enabled()) {
+    // UDP announces: a replica whose UDP port does not answer while its TCP port does (UDP
+    // blocked on the way) gets HTTP announces from the start (agent/udp_probe.h).
+    for (size_t r = 0; r < tracker.replicas(); ++r) {
+      if (!tracker.AnnouncesOverUdp(r)) continue;
+      if (ProbeUdpAnnounce(tracker_options.trackers[r], 3, std::chrono::milliseconds(300)) ==
+          UdpReach::kTcpOnly) {
+        tracker.AnnounceOverHttp(r, "its UDP announce port does not answer, its TCP port does");
+      }
+    }
     auto swarm_options =
         MakeSwarmOptions(config, tracker_options.trackers.front(), tracker.agent_id());
     if (!swarm_options) return fail(swarm_options.error());
@@ -252,8 +288,8 @@ int RunAgent(const AgentConfig& config) {
                      asio::detached);
     });
     asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
-    if (tracker_options.token)
-      asio::co_spawn(ioc, FollowToken(ioc, tracker, *swarm), asio::detached);
+    if (tracker_options.token || tracker_options.udp_announce)
+      asio::co_spawn(ioc, FollowAnnounceUrls(ioc, tracker, *swarm), asio::detached);
   } else {
     spdlog::info("no --tracker: every blob comes from upstream, no peer-to-peer");
   }

@@ -107,6 +107,8 @@ TrackerClient::TrackerClient(asio::any_io_executor executor, TrackerClientOption
       options_(std::move(options)),
       tracker_ids_(options_.trackers.size()),
       failing_since_(options_.trackers.size()),
+      answered_at_(options_.trackers.size()),
+      http_announces_(options_.trackers.size(), false),
       failing_noted_(options_.trackers.size()) {
   http::ClientConfig config;
   config.connect_timeout = options_.connect_timeout;
@@ -117,13 +119,13 @@ TrackerClient::TrackerClient(asio::any_io_executor executor, TrackerClientOption
 
 std::vector<std::string> TrackerClient::AnnounceUrls() const {
   std::vector<std::string> out;
-  for (const auto& t : options_.trackers) {
-    http::Url u = t;
+  for (size_t r = 0; r < options_.trackers.size(); ++r) {
+    http::Url u = options_.trackers[r];
     // libtorrent sends no headers (and on loopback allows no other path): the token's announce
     // key rides in the query.
     u.target = options_.token ? "/announce?auth=" + auth::AnnounceKey(options_.token->Current())
                               : "/announce";
-    if (options_.udp_announce && u.scheme == "http") {
+    if (AnnouncesOverUdp(r)) {
       const bool v6 = u.host.find(':') != std::string::npos;
       out.push_back("udp://" + (v6 ? "[" + u.host + "]" : u.host) + ":" + std::to_string(u.port) +
                     u.target);
@@ -173,7 +175,13 @@ bool TrackerClient::Reaches(const std::vector<size_t>& order, size_t replica) co
 }
 
 std::vector<size_t> TrackerClient::ReplicasOf(const std::vector<std::string>& announce_urls) const {
-  auto base = [](std::string_view url) { return url.substr(0, url.find('?')); };
+  // Without scheme and query: a replica's URL moves from udp:// to http:// (AnnounceOverHttp)
+  // and its key changes with the token.
+  auto base = [](std::string_view url) {
+    url = url.substr(0, url.find('?'));
+    size_t scheme = url.find("://");
+    return scheme == std::string_view::npos ? url : url.substr(scheme + 3);
+  };
   const std::vector<std::string> ours = AnnounceUrls();
   std::vector<size_t> out;
   for (const std::string& url : announce_urls) {
@@ -278,6 +286,24 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::Call(const Digest& digest
                       "no tracker answered (" + (last ? last->message : std::string("?")) + ")");
 }
 
+bool TrackerClient::AnnouncesOverUdp(size_t replica) const {
+  return options_.udp_announce && options_.trackers[replica].scheme == "http" &&
+         !http_announces_[replica];
+}
+
+void TrackerClient::AnnounceOverHttp(size_t replica, std::string_view why) {
+  if (!AnnouncesOverUdp(replica)) return;
+  http_announces_[replica] = true;
+  spdlog::error(
+      "tracker {}: {}; announcing to it over HTTP from now on (let UDP port {} through to the "
+      "trackers, or run the agents with --tracker-announce http)",
+      options_.trackers[replica].str(), why, options_.trackers[replica].port);
+}
+
+bool TrackerClient::AnsweredWithin(size_t replica, std::chrono::milliseconds within) const {
+  return answered_at_[replica] && Clock::now() - *answered_at_[replica] <= within;
+}
+
 bool TrackerClient::Unreachable(std::chrono::milliseconds grace) const {
   return all_failing_since_ && Clock::now() - *all_failing_since_ >= grace;
 }
@@ -289,6 +315,7 @@ size_t TrackerClient::healthy_replicas() const {
 
 void TrackerClient::NoteHealth(size_t replica, bool ok) {
   if (ok) {
+    answered_at_[replica] = Clock::now();
     failing_since_[replica].reset();
     if (all_failing_since_) {
       spdlog::info(

@@ -140,6 +140,13 @@ class TrackerClient {
   // chunk torrent of that blob announces to its owner only, and to the next replica when the
   // owner fails (one tier each; lib/swarm).
   std::vector<std::string> AnnounceUrls(const Digest& digest) const;
+  // From now on `replica`'s announce URL is its http:// one: UDP does not reach it while TCP
+  // does (a firewall that lets TCP through but not UDP), as `why` says. Logged.
+  void AnnounceOverHttp(size_t replica, std::string_view why);
+  // Whether replica's announce URL is udp:// now.
+  bool AnnouncesOverUdp(size_t replica) const;
+  // Whether a call to replica succeeded within `within`.
+  bool AnsweredWithin(size_t replica, std::chrono::milliseconds within) const;
   // Bumped when the token file gave a new token (re-checked every few seconds).
   uint64_t token_generation() const { return options_.token ? options_.token->generation() : 0; }
   // Replica indexes in the rendezvous order for digest (owner first).
@@ -275,6 +282,8 @@ class TrackerClient {
   std::vector<std::string> tracker_ids_;  // per replica, last seen
   // Per replica: since when its calls fail (nullopt: its last call was answered).
   std::vector<std::optional<Clock::time_point>> failing_since_;
+  std::vector<std::optional<Clock::time_point>> answered_at_;  // per replica, last good call
+  std::vector<bool> http_announces_;  // per replica: UDP does not reach it (AnnounceOverHttp)
   // Since when every replica fails (nullopt: one answers).
   std::optional<Clock::time_point> all_failing_since_;
   bool probing_ = false;

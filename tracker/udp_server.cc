@@ -1,5 +1,6 @@
 #include "tracker/udp_server.h"
 
+#include <algorithm>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -14,6 +15,8 @@ namespace {
 
 // Datagrams answered per wake-up before other work on the thread gets a turn.
 constexpr int kBatch = 256;
+// How long a key of a token dropped from the file still verifies ids: past the ids' own life.
+constexpr std::chrono::minutes kRetiredKeyTtl{3};
 
 constexpr std::array<std::string_view, 6> kResultNames = {
     "ok", "invalid", "bad_connection_id", "refused", "failed", "unverified"};
@@ -99,6 +102,23 @@ void UdpServer::Count(UdpAction action, Result_ result) {
   counted_[static_cast<size_t>(action)][result]->Increment();
 }
 
+const std::vector<UdpSecret>& UdpServer::Keys(TimePoint now) {
+  const auto& current = access_.agent_secrets();
+  const bool expired = !retired_.empty() && retired_.front().second <= now;
+  if (current == current_ && !expired) return keys_;
+  for (const UdpSecret& k : current_) {
+    if (std::find(current.begin(), current.end(), k) == current.end())
+      retired_.emplace_back(k, now + kRetiredKeyTtl);
+  }
+  std::erase_if(retired_, [&](const auto& r) {
+    return r.second <= now || std::find(current.begin(), current.end(), r.first) != current.end();
+  });
+  current_ = current;
+  keys_ = current_;
+  for (const auto& [k, until] : retired_) keys_.push_back(k);
+  return keys_;
+}
+
 std::optional<std::string> UdpServer::Refusal(std::string_view url_data) {
   if (access_.open()) return std::nullopt;
   const size_t q = url_data.find('?');
@@ -119,7 +139,7 @@ std::optional<std::string> UdpServer::Answer(std::string_view datagram, const ud
                                              TimePoint now) {
   const PeerEndpoint sender = PeerEndpoint::FromAddress(from.address(), from.port());
   const auto wall = std::chrono::system_clock::now();
-  const auto& secrets = access_.agent_secrets();
+  const std::vector<UdpSecret>& secrets = Keys(now);
   // A sender whose id this cluster issued in the last minutes receives at its address; anyone
   // else may be forging it, so what they get back is never larger than what they sent.
   auto cap = [&](bool verified) { return verified ? kMaxUdpAnswerBytes : datagram.size(); };

@@ -7,6 +7,8 @@
 // from the same TrackerService and Access as HTTP ones.
 
 #include <array>
+#include <utility>
+#include <vector>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,11 +55,18 @@ class UdpServer {
   void Count(UdpAction action, Result_ result);
   // The refusal text when url_data carries no accepted announce key, or nullopt.
   std::optional<std::string> Refusal(std::string_view url_data);
+  // The keys connection ids are checked with: the agent tokens' (current first), then those of
+  // tokens dropped from the file in the last kRetiredKeyTtl (libtorrent keeps an id 60 s, so a
+  // rotation must not void the ids handed out just before it).
+  const std::vector<UdpSecret>& Keys(TimePoint now);
 
   boost::asio::ip::udp::socket socket_;
   TrackerService& service_;
   Access& access_;
   UdpConnectionIds ids_;
+  std::vector<UdpSecret> current_;                            // the tokens' keys last seen
+  std::vector<std::pair<UdpSecret, TimePoint>> retired_;      // dropped keys, until when
+  std::vector<UdpSecret> keys_;                               // current_ then retired_
   // shoal_tracker_udp_requests_total{action, result}
   std::array<std::array<prometheus::Counter*, kResults>, 4> counted_{};
   prometheus::Counter* send_failures_ = nullptr;

@@ -220,6 +220,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   uint64_t peers_banned = 0;
   uint64_t announce_replies = 0;
   uint64_t announce_errors = 0;
+  // UDP announces that timed out, by tracker URL without its query (UdpAnnounceTimeouts).
+  std::map<std::string, uint64_t> udp_timeouts;
   uint64_t peer_tls_refused = 0;
   bool announces_failing = false;  // the last announce of this session failed
   std::mt19937 rng{std::random_device{}()};  // ReannounceVia's spread
@@ -290,6 +292,11 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       std::string reason = tr->failure_reason();
       std::string msg = reason.empty() ? tr->error.message() : reason;
       ++announce_errors;
+      if (const std::string url = tr->tracker_url();
+          (tr->error == lt::errors::timed_out || tr->error == boost::asio::error::timed_out) &&
+          url.rfind("udp://", 0) == 0) {
+        ++udp_timeouts[url.substr(0, url.find('?'))];
+      }
       if (c) {
         ++c->announces.errors;
         c->announces.last_error = msg;
@@ -751,8 +758,17 @@ void Swarm::Reannounce(const Sha1& info_hash) {
   it->second.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
 }
 
+std::map<std::string, uint64_t> Swarm::UdpAnnounceTimeouts() const { return impl_->udp_timeouts; }
+
 void Swarm::ReplaceTrackers(const std::vector<std::string>& urls) {
-  auto base = [](const std::string& url) { return std::string_view(url).substr(0, url.find('?')); };
+  // The URL without its scheme and query: a replica's announce URL moves from udp:// to http://
+  // when UDP does not reach it, and its key (the query) changes when the token rotates.
+  auto base = [](const std::string& url) {
+    std::string_view v(url);
+    v = v.substr(0, v.find('?'));
+    size_t scheme = v.find("://");
+    return scheme == std::string_view::npos ? v : v.substr(scheme + 3);
+  };
   for (auto& [key, chunk] : impl_->chunks) {
     std::vector<lt::announce_entry> entries;
     for (std::string& url : chunk.trackers) {

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -208,10 +209,13 @@ class Swarm {
   // its peer lists, or a dead one's chunks move to the next tier. Returns how many.
   size_t ReannounceWhere(const std::function<bool(const std::vector<std::string>& urls)>& pick,
                          std::chrono::seconds spread);
-  // Replaces each chunk's announce URLs with those of `urls` that differ from them only after
-  // the '?' (each chunk keeps its order of tiers), and re-announces: the agent's token, and
-  // with it the announce key in the URLs' query, rotated.
+  // Replaces each chunk's announce URLs with those of `urls` that differ from them only in the
+  // scheme or after the '?' (each chunk keeps its order of tiers), and re-announces: the
+  // agent's token, and with it the announce key in the URLs' query, rotated; or a replica's
+  // announces moved from udp:// to http://.
   void ReplaceTrackers(const std::vector<std::string>& urls);
+  // UDP announces that timed out so far, by tracker URL without its query.
+  std::map<std::string, uint64_t> UdpAnnounceTimeouts() const;
   // Announces one chunk now, to learn peers that joined since (no-op when absent).
   void Reannounce(const Sha1& info_hash);
   // Holds the session's downloads from peers to bytes_per_s (> 0), or back to the configured

@@ -137,6 +137,10 @@ TEST_CASE("swarm: a cold pull on 5 agents at once crosses from upstream about on
   MESSAGE("upstream blob bytes " << upstream << " for an image of " << total << " blob bytes");
   CHECK(upstream <= 1.1 * total);
   CHECK(upstream >= total);
+  // Chunk torrents announced over UDP (the agents' default), none over HTTP.
+  CHECK(w.tracker->Metric("shoal_tracker_udp_requests_total",
+                          {{"action", "announce"}, {"result", "ok"}}) > 0);
+  CHECK(w.tracker->Metric("shoal_tracker_http_requests_total", {{"route", "announce"}}) == 0);
   // Four agents got (nearly) everything from peers.
   CHECK(w.Sum("shoal_swarm_peer_bytes_total") >= 3.0 * total);
   CHECK(w.Sum("shoal_swarm_fallback_total") == 0);
@@ -381,6 +385,23 @@ TEST_CASE("swarm: the tracker restarted mid-pull: the pull completes") {
     }
   }
   CHECK(partial > 0);
+}
+
+TEST_CASE("swarm: with UDP to the tracker blocked, agents announce over HTTP from the start and "
+          "the swarm carries the pull") {
+  // A tracker without UDP announces: its UDP port answers nothing, its TCP port does, as behind
+  // a firewall that lets TCP through but not UDP.
+  SwarmWorld w({"--udp-announce", "false", "--max-upstream-fetchers", "4"});
+  for (int i = 0; i < 3; ++i) w.AddAgent();
+  w.PullAll("tcp-only");
+  CHECK(w.Sum("shoal_swarm_fallback_total") == 0);
+  CHECK(static_cast<double>(w.proxy->BlobBytes()) <= 1.1 * w.image.total_blob_bytes);
+  CHECK(w.Sum("shoal_swarm_peer_bytes_total") > 0);
+  CHECK(w.tracker->Metric("shoal_tracker_http_requests_total", {{"route", "announce"}}) > 0);
+  for (auto& a : w.agents) {
+    CHECK(a->Log().find("its UDP announce port does not answer, its TCP port does") !=
+          std::string::npos);
+  }
 }
 
 TEST_CASE("swarm: with no tracker answering, agents fetch straight from upstream") {
