@@ -60,6 +60,18 @@ Result<uint16_t> UdpServer::Listen(const std::string& address, uint16_t port) {
     return MakeError(ErrorCode::kIo, "cannot bind UDP " + address + ":" + std::to_string(port) +
                                          ": " + ec.message());
   }
+  // A burst of announces (a cold pull's chunk publishes) waits in the socket's receive buffer
+  // while the thread answers others; a full buffer drops datagrams and libtorrent re-sends only
+  // after seconds. Ask for 4 MiB (the kernel caps it at net.core.rmem_max).
+  boost::system::error_code opt_ec;
+  socket_.set_option(asio::socket_base::receive_buffer_size(4 << 20), opt_ec);
+  asio::socket_base::receive_buffer_size got;
+  socket_.get_option(got, opt_ec);
+  if (!opt_ec && got.value() < (4 << 20)) {
+    spdlog::info("UDP announce socket: {} KiB receive buffer (net.core.rmem_max caps it; 4 MiB "
+                 "absorbs larger bursts)",
+                 got.value() / 1024);
+  }
   return socket_.local_endpoint().port();
 }
 

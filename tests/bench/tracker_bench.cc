@@ -18,6 +18,12 @@
 // agent's bearer token over keep-alive connections (the agent's HTTP client pools up to 8 idle
 // connections per host; a long-poll holds a connection of its own).
 //
+// --transport udp sends every announce as the agent does by default instead (BEP 15, as
+// libtorrent 2.0.8's udp_tracker_connection does): a connect first unless the agent holds a
+// connection id from that tracker younger than 60 s, then one announce datagram (numwant 200,
+// shoal's announce key as BEP 41 URL data) from a socket bound to the agent's address;
+// opentracker gets the same datagrams on a UDP port of its own.
+//
 // Phases (each bounded in time and count):
 //   a  cold cluster-wide pull (shoal only): every agent creates the chunk tables, its upstream
 //      worker long-polls for work (POST .../work?wait_ms=5000), leased agents "fetch" the chunk
