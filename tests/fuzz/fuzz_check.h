@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 // Aborts with the condition's text when cond is false. Works in every build type.
@@ -16,6 +17,21 @@
   } while (0)
 
 namespace shoal::fuzz {
+
+// Replaces every `from` in text with `to`, left to right, never inside what it put in (seeds use
+// placeholders such as "@KEY@" for values a target makes at start).
+inline void ReplaceAll(std::string& text, std::string_view from, std::string_view to) {
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+}
+
+// A fresh directory /tmp/<prefix>-XXXXXX for a target's files (token files); aborts on failure.
+inline std::string MakeTempDir(std::string_view prefix) {
+  std::string tmpl = "/tmp/" + std::string(prefix) + "-XXXXXX";
+  const char* dir = ::mkdtemp(tmpl.data());
+  FUZZ_CHECK(dir != nullptr);
+  return dir;
+}
 
 // True if every byte is printable ASCII: error messages may echo hostile input only escaped.
 inline bool IsPrintable(std::string_view text) {

@@ -77,19 +77,11 @@ struct World {
   }
 };
 
-void ReplaceAll(std::string& text, std::string_view from, std::string_view to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
-    text.replace(at, from.size(), to);
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);
-  char tmpl[] = "/tmp/shoal-fuzz-first-read-XXXXXX";
-  const char* dir = ::mkdtemp(tmpl);
-  FUZZ_CHECK(dir != nullptr);
-  g_dir = dir;
+  g_dir = fuzz::MakeTempDir("shoal-fuzz-first-read");
   std::ofstream(g_dir + "/agent") << kAgentToken << "\n";
   std::ofstream(g_dir + "/operator") << kOperatorToken << "\n";
   return 0;
@@ -98,9 +90,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static World* first = new World();  // tables grow across inputs, as in a running tracker
   std::string input(reinterpret_cast<const char*>(data), size);
-  ReplaceAll(input, "@KEY@", auth::AnnounceKey(kAgentToken));
-  ReplaceAll(input, "@OP@", kOperatorToken);
-  ReplaceAll(input, "@AGENT@", kAgentToken);
+  fuzz::ReplaceAll(input, "@KEY@", auth::AnnounceKey(kAgentToken));
+  fuzz::ReplaceAll(input, "@OP@", kOperatorToken);
+  fuzz::ReplaceAll(input, "@AGENT@", kAgentToken);
   const auto remote = boost::asio::ip::make_address("198.18.0.7");
 
   std::optional<std::string> out = first->router->AnswerFirstRead(input, remote);

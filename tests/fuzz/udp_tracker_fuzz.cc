@@ -64,19 +64,11 @@ uint32_t U32(std::string_view s, size_t at) {
   return boost::endian::big_to_native(v);
 }
 
-void ReplaceAll(std::string& text, std::string_view from, std::string_view to) {
-  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
-    text.replace(at, from.size(), to);
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);
-  char tmpl[] = "/tmp/shoal-fuzz-udp-XXXXXX";
-  const char* dir = ::mkdtemp(tmpl);
-  FUZZ_CHECK(dir != nullptr);
-  g_dir = dir;
+  g_dir = fuzz::MakeTempDir("shoal-fuzz-udp");
   std::ofstream(g_dir + "/agent") << kAgentToken << "\n";
   return 0;
 }
@@ -98,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     input.replace(0, 4, c->substr(8));
     with_id = true;
   }
-  ReplaceAll(input, "@KEY@", auth::AnnounceKey(kAgentToken));
+  fuzz::ReplaceAll(input, "@KEY@", auth::AnnounceKey(kAgentToken));
 
   auto parsed = ParseUdpRequest(input);
   std::optional<std::string> out = world->server->Answer(input, from, now);
