@@ -204,15 +204,20 @@ int RunTracker(const TrackerConfig& config) {
         std::chrono::seconds(30);
     return BuildClusterView(in, now).dump();
   });
-  auto port = server.Listen(listen.value().first, listen.value().second);
-  if (!port) return fail(port.error());
   // UDP announces on the same port number (bound before the port file tells anyone the port).
+  // With port 0 the number the kernel picked for TCP may be taken for UDP: pick again.
   UdpServer udp(ioc, service, access.value(), registry);
-  if (config.udp_announce) {
+  Result<uint16_t> port = MakeError(ErrorCode::kInternal, "not bound");
+  for (int attempt = 1;; ++attempt) {
+    port = server.Listen(listen.value().first, listen.value().second);
+    if (!port) return fail(port.error());
+    if (!config.udp_announce) break;
     auto udp_port = udp.Listen(listen.value().first, port.value());
-    if (!udp_port) return fail(udp_port.error());
-    udp.Start();
+    if (udp_port) break;
+    if (listen.value().second != 0 || attempt == 10) return fail(udp_port.error());
+    server.Unlisten();
   }
+  if (config.udp_announce) udp.Start();
   if (!config.port_file.empty()) {
     Status written = WritePortFile(config.port_file, port.value());
     if (!written) return fail(written.error());

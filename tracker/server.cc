@@ -142,6 +142,11 @@ Server::Server(asio::io_context& ioc, TrackerService& service, BlobApi& blobs,
       options_(std::move(options)),
       acceptor_(ioc) {}
 
+void Server::Unlisten() {
+  beast::error_code ec;
+  acceptor_.close(ec);
+}
+
 Result<uint16_t> Server::Listen(const std::string& address, uint16_t port) {
   beast::error_code ec;
   auto addr = asio::ip::make_address(address, ec);

@@ -49,6 +49,8 @@ class Server {
   // Binds address:port (port 0 picks a free one) and returns the bound port. Errors:
   // kInvalidArgument for a bad address, kIo when binding fails.
   Result<uint16_t> Listen(const std::string& address, uint16_t port);
+  // Closes what Listen bound, before Start (to bind another port).
+  void Unlisten();
   // Starts accepting connections.
   void Start();
   // Stops accepting; connections waiting for a request's header close at once, busy ones after

@@ -57,6 +57,8 @@ Result<uint16_t> UdpServer::Listen(const std::string& address, uint16_t port) {
   if (!ec) socket_.bind(ep, ec);
   if (!ec) socket_.non_blocking(true, ec);
   if (ec) {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
     return MakeError(ErrorCode::kIo, "cannot bind UDP " + address + ":" + std::to_string(port) +
                                          ": " + ec.message());
   }
