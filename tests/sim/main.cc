@@ -53,6 +53,7 @@ int Main(int argc, char** argv) {
            min_chunk_kib = c.table.min_chunk_size >> 10;
   int head_start_ms = 500, lease_ttl_s = 15;
   double rtt_ms = 1, registry_ms = 5, client_start_ms = 500, quantum_ms = 1, lease_wait_ms = 5000;
+  double ready_interval_ms = 0;
   uint64_t request_window_kib = 256;
   std::vector<uint64_t> seeds = {1};
   std::string json_path;
@@ -139,6 +140,10 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--lease-wait-ms", lease_wait_ms, "agent long-poll wait (--lease-wait-ms)")
       ->capture_default_str();
+  app.add_option("--ready-interval-ms", ready_interval_ms,
+                 "a blob's ready watcher polls no sooner than this after its last poll (0: at "
+                 "once, as the agent does)")
+      ->capture_default_str();
   app.add_option("--rtt-ms", rtt_ms, "Round trip between any two hosts")->capture_default_str();
   app.add_option("--registry-latency-ms", registry_ms,
                  "The registry's time to its first body byte after a GET arrives")
@@ -212,6 +217,7 @@ int Main(int argc, char** argv) {
   c.client_start_s = client_start_ms / 1000;
   c.quantum_s = quantum_ms / 1000;
   c.lease_wait_s = lease_wait_ms / 1000;
+  c.ready_interval_s = ready_interval_ms / 1000;
   c.request_window = request_window_kib << 10;
   c.split_min = split_min_kib << 10;
   c.blobs = blobs;

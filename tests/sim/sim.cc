@@ -97,6 +97,8 @@ struct Fetch {
   std::vector<uint32_t> download;    // per chunk: its download from peers, or kNone
   uint32_t complete_chunks = 0, contiguous = 0, next = 0;
   bool watcher_busy = false;
+  bool watcher_waits = false;        // a kick is scheduled for the end of ready_interval
+  double ready_sent = -1e18;         // when the watcher's last poll went out
   bool upstream_stopped = false;
   // With neighbours (empty without): per chunk, our index in the blob's seeders or leechers
   // (kNone: not in the swarm), our connections, and P slots of connected nodes.
@@ -765,6 +767,17 @@ void Sim::WatcherKick(uint32_t fetch) {
   if (f.watcher_busy || f.done) return;
   std::vector<uint32_t> wanted = ReadyWanted(f);
   if (wanted.empty()) return;  // kicked again when a chunk's state changes
+  if (c_.ready_interval_s > 0 && now_ < f.ready_sent + c_.ready_interval_s) {
+    if (!f.watcher_waits) {
+      f.watcher_waits = true;
+      At(f.ready_sent + c_.ready_interval_s, [this, fetch] {
+        fetches_[fetch].watcher_waits = false;
+        WatcherKick(fetch);
+      });
+    }
+    return;
+  }
+  f.ready_sent = now_;
   f.watcher_busy = true;
   const double sent = now_;
   Count("ready", true);
