@@ -71,6 +71,25 @@ TEST_CASE("sim run: a blob of many chunks is fetched upstream once and reaches e
   }
 }
 
+TEST_CASE("sim run: a ready watcher that waits between polls asks less and still completes") {
+  SimConfig c = Tiny(5, {40ull << 20, 3ull << 20});
+  c.node_mbit = 160;
+  const double S = static_cast<double>((40ull << 20) + (3ull << 20));
+  SimResult eager = RunSim(c);
+  c.ready_interval_s = 0.5;
+  SimResult patient = RunSim(c);
+  REQUIRE(eager.calls.requests.count("ready") == 1);
+  REQUIRE(patient.calls.requests.count("ready") == 1);
+  CHECK(patient.calls.requests.at("ready") < eager.calls.requests.at("ready"));
+  CHECK(patient.upstream_bytes == doctest::Approx(S));
+  CHECK(patient.peer_bytes == doctest::Approx(4 * S));
+  REQUIRE(patient.completion_s.size() == c.nodes);
+  // At most one interval later per node than polling at once, here a few chunks' time.
+  for (size_t n = 0; n < c.nodes; ++n) {
+    CHECK(patient.completion_s[n] <= eager.completion_s[n] + 1.0);
+  }
+}
+
 TEST_CASE("sim run: background streams take ready chunks out of order, and every node completes") {
   SimConfig c = Tiny(5, {40ull << 20, 3ull << 20});
   c.node_mbit = 160;
