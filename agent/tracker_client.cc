@@ -1,5 +1,7 @@
 #include "agent/tracker_client.h"
 
+#include "lib/swarm/session.h"
+
 #include "lib/auth/tokens.h"
 
 #include <algorithm>
@@ -175,13 +177,9 @@ bool TrackerClient::Reaches(const std::vector<size_t>& order, size_t replica) co
 }
 
 std::vector<size_t> TrackerClient::ReplicasOf(const std::vector<std::string>& announce_urls) const {
-  // Without scheme and query: a replica's URL moves from udp:// to http:// (AnnounceOverHttp)
-  // and its key changes with the token.
-  auto base = [](std::string_view url) {
-    url = url.substr(0, url.find('?'));
-    size_t scheme = url.find("://");
-    return scheme == std::string_view::npos ? url : url.substr(scheme + 3);
-  };
+  // A replica's URL moves from udp:// to http:// (AnnounceOverHttp) and its key changes with
+  // the token.
+  auto base = [](std::string_view url) { return swarm::AnnounceUrlBase(url); };
   const std::vector<std::string> ours = AnnounceUrls();
   std::vector<size_t> out;
   for (const std::string& url : announce_urls) {

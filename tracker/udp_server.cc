@@ -160,14 +160,10 @@ std::optional<std::string> UdpServer::Answer(std::string_view datagram, const ud
   auto parsed = ParseUdpRequest(datagram);
   if (!parsed) {
     Count(UdpAction::kError, kInvalid);
-    if (datagram.size() < 16) return std::nullopt;
-    uint64_t id = 0;
-    uint32_t transaction = 0;  // bytes 12-15 in every request
-    for (size_t i = 0; i < 8; ++i) id = (id << 8) | static_cast<uint8_t>(datagram[i]);
-    for (size_t i = 12; i < 16; ++i)
-      transaction = (transaction << 8) | static_cast<uint8_t>(datagram[i]);
-    return EncodeUdpError(transaction, parsed.error().message,
-                          cap(ids_.Valid(secrets, id, sender, wall)));
+    std::optional<UdpHeader> head = PeekUdpHeader(datagram);
+    if (!head) return std::nullopt;
+    return EncodeUdpError(head->transaction_id, parsed.error().message,
+                          cap(ids_.Valid(secrets, head->connection_id, sender, wall)));
   }
   UdpRequest& req = parsed.value();
   if (req.action == UdpAction::kConnect) {

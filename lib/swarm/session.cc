@@ -758,17 +758,18 @@ void Swarm::Reannounce(const Sha1& info_hash) {
   it->second.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
 }
 
+std::string_view AnnounceUrlBase(std::string_view url) {
+  url = url.substr(0, url.find('?'));
+  size_t scheme = url.find("://");
+  return scheme == std::string_view::npos ? url : url.substr(scheme + 3);
+}
+
 std::map<std::string, uint64_t> Swarm::UdpAnnounceTimeouts() const { return impl_->udp_timeouts; }
 
 void Swarm::ReplaceTrackers(const std::vector<std::string>& urls) {
   // The URL without its scheme and query: a replica's announce URL moves from udp:// to http://
   // when UDP does not reach it, and its key (the query) changes when the token rotates.
-  auto base = [](const std::string& url) {
-    std::string_view v(url);
-    v = v.substr(0, v.find('?'));
-    size_t scheme = v.find("://");
-    return scheme == std::string_view::npos ? v : v.substr(scheme + 3);
-  };
+  auto base = [](const std::string& url) { return AnnounceUrlBase(url); };
   for (auto& [key, chunk] : impl_->chunks) {
     std::vector<lt::announce_entry> entries;
     for (std::string& url : chunk.trackers) {

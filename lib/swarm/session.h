@@ -167,6 +167,10 @@ struct SwarmStats {
   std::vector<ChunkStats> chunks;
 };
 
+// An announce URL without its scheme and query: the same tracker whether it is announced to
+// over udp:// or http:// and whatever announce key the query carries.
+std::string_view AnnounceUrlBase(std::string_view url);
+
 class Swarm {
  public:
   // `ioc` must outlive the Swarm; see the threading note above.

@@ -93,6 +93,16 @@ std::string_view UdpActionName(UdpAction action) {
   return "error";
 }
 
+std::optional<UdpHeader> PeekUdpHeader(std::string_view datagram) {
+  Reader r(datagram);
+  if (!r.Has(16)) return std::nullopt;
+  UdpHeader h;
+  h.connection_id = r.Read<uint64_t>();
+  r.Read<uint32_t>();  // the action
+  h.transaction_id = r.Read<uint32_t>();
+  return h;
+}
+
 Result<UdpRequest> ParseUdpRequest(std::string_view datagram) {
   Reader r(datagram);
   if (!r.Has(16)) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -39,6 +40,14 @@ struct UdpRequest {
   std::string url_data;         // announce only: BEP 41 URL data, "/announce?auth=<key>"
   std::vector<InfoHash> scrape;  // scrape only: 1..kMaxUdpScrapeHashes, duplicates kept
 };
+
+// The ids every request starts with: the connection id (bytes 0-7) and the transaction id
+// (bytes 12-15), read even from a datagram that does not parse; nullopt below 16 bytes.
+struct UdpHeader {
+  uint64_t connection_id = 0;
+  uint32_t transaction_id = 0;
+};
+std::optional<UdpHeader> PeekUdpHeader(std::string_view datagram);
 
 // Parses one request datagram. Errors: kInvalidArgument naming the problem (too short, wrong
 // protocol id, unknown action, bad event, left negative, port 0, malformed or truncated
