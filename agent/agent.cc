@@ -35,7 +35,7 @@
 #include "agent/swarm_metrics.h"
 #include "agent/swarm_setup.h"
 #include "agent/tracker_client.h"
-#include "agent/udp_probe.h"
+#include "lib/http/udp_probe.h"
 #include "lib/auth/tokens.h"
 #include "lib/core/fd_limit.h"
 #include "lib/core/log.h"
@@ -229,11 +229,11 @@ int RunAgent(const AgentConfig& config) {
   std::unique_ptr<SwarmMetrics> swarm_metrics;
   if (tracker.enabled()) {
     // UDP announces: a replica whose UDP port does not answer while its TCP port does (UDP
-    // blocked on the way) gets HTTP announces from the start (agent/udp_probe.h).
+    // blocked on the way) gets HTTP announces from the start (lib/http/udp_probe.h).
     for (size_t r = 0; r < tracker.replicas(); ++r) {
       if (!tracker.AnnouncesOverUdp(r)) continue;
-      if (ProbeUdpAnnounce(tracker_options.trackers[r], 3, std::chrono::milliseconds(300)) ==
-          UdpReach::kTcpOnly) {
+      if (http::ProbeUdpAnnounce(tracker_options.trackers[r], 3, std::chrono::milliseconds(300)) ==
+          http::UdpReach::kTcpOnly) {
         tracker.AnnounceOverHttp(r, "its UDP announce port does not answer, its TCP port does");
       }
     }
@@ -303,6 +303,7 @@ int RunAgent(const AgentConfig& config) {
   fetch_options.window = config.range_streams;
   fetch_options.head_streams = config.head_streams;
   fetch_options.lease_wait = std::chrono::milliseconds(config.lease_wait_ms);
+  fetch_options.ready_interval = std::chrono::milliseconds(config.ready_interval_ms);
   fetch_options.tracker_grace = std::chrono::milliseconds(config.tracker_grace_ms);
   fetch_options.tracker_busy_grace = std::chrono::milliseconds(config.tracker_busy_grace_ms);
   fetch_options.peer_stall = std::chrono::milliseconds(config.peer_stall_ms);

@@ -447,6 +447,7 @@ std::vector<uint32_t> ChunkFetcher::ReadyWanted() const {
 
 awaitable<void> ChunkFetcher::ReadyWatcher() {
   auto self = shared_from_this();
+  Clock::time_point last_poll{};
   while (!fetch_->ended()) {
     if (std::all_of(origin_.begin(), origin_.end(), [](Origin o) { return o != Origin::kNone; }))
       co_return;
@@ -456,7 +457,13 @@ awaitable<void> ChunkFetcher::ReadyWatcher() {
       co_await watch_wanted_.Wait(std::chrono::milliseconds(500));
       continue;
     }
+    if (const auto next = last_poll + s_.options.ready_interval; Clock::now() < next) {
+      // --ready-interval-ms: let more chunks become ready, then ask for them in one call.
+      co_await SleepFor(std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()));
+      continue;  // what is wanted may have changed meanwhile
+    }
     auto started = Clock::now();
+    last_poll = started;
     auto answer = co_await s_.tracker->Ready(fetch_->digest(), wanted, source_,
                                              s_.options.lease_wait);
     if (fetch_->ended()) co_return;

@@ -41,6 +41,8 @@ struct ChunkFetchOptions {
   // bound in order, 1.64x with one head stream; docs/benchmarks.md).
   int head_streams = 1;
   std::chrono::milliseconds lease_wait{5000};
+  // The blob's ready watcher polls the tracker no sooner than this after its last poll.
+  std::chrono::milliseconds ready_interval{0};
   std::chrono::milliseconds tracker_grace{10000};  // tracker errors tolerated before going direct
   // A full tracker (503 + Retry-After) is waited for this long before going direct.
   std::chrono::milliseconds tracker_busy_grace{30000};

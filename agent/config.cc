@@ -157,6 +157,14 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_LEASE_WAIT_MS")
       ->check(CLI::Range(0, 10000))
       ->capture_default_str();
+  app.add_option("--ready-interval-ms", c.ready_interval_ms,
+                 "A blob's ready watcher asks the tracker which of its chunks are ready no sooner "
+                 "than this after its last ask (0: at once). Larger values batch more chunks into "
+                 "one call: fewer tracker requests in a cold pull, each chunk's torrent up to this "
+                 "much later")
+      ->envname("SHOAL_READY_INTERVAL_MS")
+      ->check(CLI::Range(0, 5000))
+      ->capture_default_str();
   app.add_option("--tracker-announce", c.tracker_announce,
                  "How chunk torrents announce to http:// replicas: udp (BEP 15 on the replica's "
                  "port number, one datagram each way; needs the tracker's --udp-announce) or http "

@@ -561,6 +561,31 @@ struct ShoalCluster {
   }
 };
 
+// The tracker's /metrics text ("" if it does not answer).
+std::string TrackerMetrics(const Endpoint& tracker_ep) {
+  const std::string url = "http://" + tracker_ep.ip + ":" + std::to_string(kTrackerPort) + "/metrics";
+  auto r = InNetns(tracker_ep.ns, [&] { return HttpGet(url, {}, std::chrono::seconds(10)); });
+  return r && r.value().status == 200 ? r.value().body : "";
+}
+
+// The requests a tracker answered between two /metrics texts, by kind: announces over UDP and
+// over HTTP, UDP connects, and each blob API route (lease, work, ready, renew, publish, ...).
+std::map<std::string, double> TrackerRequests(const std::string& before, const std::string& after) {
+  std::map<std::string, double> out;
+  auto delta = [&](const char* metric, const std::map<std::string, std::string>& labels) {
+    return MetricSum(after, metric, labels) - MetricSum(before, metric, labels);
+  };
+  out["announce (udp)"] = delta("shoal_tracker_udp_requests_total", {{"action", "announce"}});
+  out["connect (udp)"] = delta("shoal_tracker_udp_requests_total", {{"action", "connect"}});
+  out["announce (http)"] = delta("shoal_tracker_http_requests_total", {{"route", "announce"}});
+  for (const char* route : {"create_blob", "get_blob", "lease", "work", "ready", "release",
+                            "renew", "publish", "bad"}) {
+    out[route] = delta("shoal_tracker_blob_api_requests_total", {{"route", route}});
+  }
+  std::erase_if(out, [](const auto& kv) { return kv.second <= 0; });
+  return out;
+}
+
 // The chunk layout the tracker gave `digest` ("" if it cannot say), e.g. "1 MiB first chunk,
 // then doubling to 4 MiB chunks of 512 KiB pieces: 67 chunks".
 std::string LayoutOf(const Endpoint& tracker_ep, const Digest& digest) {
@@ -830,6 +855,8 @@ struct Measured {
   std::map<std::string, double> wait;  // run-queue wait (runnable, no CPU) per group, seconds
   std::vector<LinkSample> links;       // the switch's veth ends over time
   double pressure_s = 0;               // PSI cpu "some": time some task waited for a CPU
+  // shoal: the requests the tracker answered during the pulls, by kind (TrackerRequests)
+  std::map<std::string, double> tracker_requests;
   double Ours() const {
     double s = 0;
     for (const auto& [k, v] : cpu) s += v;
@@ -1205,6 +1232,7 @@ json MeasuredJson(const Context& c, const Measured& m) {
       {"timeline", TimelineJson(m, m.nodes.size())},
       {"run_queue_wait_s", m.wait},
       {"cpu_pressure_pct", m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0},
+      {"tracker_requests", m.tracker_requests},
       {"nodes", nodes}};
 }
 
@@ -1604,6 +1632,7 @@ int Main(int argc, char** argv) {
       }
       std::vector<std::string> before;
       for (const auto& a : cl.agents) before.push_back(a.Metrics());
+      const std::string tracker_before = TrackerMetrics(*tracker_ep);
       groups = {{"agents", cl.AgentPids()},
                 {"tracker", {cl.tracker->pid()}},
                 {"upstream registry", {registry_pid}}};
@@ -1629,6 +1658,7 @@ int Main(int argc, char** argv) {
         m.nodes[i].stalls = delta("shoal_swarm_peer_stalls_total");
         m.nodes[i].fallbacks = delta("shoal_swarm_fallback_total");
       }
+      m.tracker_requests = TrackerRequests(tracker_before, TrackerMetrics(*tracker_ep));
       big_layout = LayoutOf(*tracker_ep, c.img.big);
       auto stopped = cl.Stop();
       notes.insert(notes.end(), stopped.begin(), stopped.end());
@@ -1824,6 +1854,18 @@ int Main(int argc, char** argv) {
         "CPU pressure %.0f%% of the time: %s\n",
         m.name.c_str(), 100 * ours, ours * cores, cores, 100 * std::max(0.0, busy - ours),
         100 * psi, reading);
+  }
+  for (const auto& m : runs) {
+    if (m.tracker_requests.empty()) continue;
+    double total = 0;
+    std::string kinds;
+    for (const auto& [kind, n] : m.tracker_requests) {
+      total += n;
+      kinds += (kinds.empty() ? "" : ", ") + kind + " " + std::to_string(std::llround(n));
+    }
+    std::printf("  tracker requests during %s: %.0f (%.0f per node): %s\n", m.name.c_str(),
+                total, total / static_cast<double>(std::max<size_t>(1, m.nodes.size())),
+                kinds.c_str());
   }
   if (problem_count > 0) {
     std::printf("\nagent/tracker log lines at warn or error level: %zu; the first ones:\n",

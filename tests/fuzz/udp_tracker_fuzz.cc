@@ -8,6 +8,7 @@
 // an error answer's text is printable. An accepted announce has port != 0 and left < 2^63, and an
 // announce answer carries whole 6-byte peers.
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -78,7 +79,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const udp::endpoint from(boost::asio::ip::make_address("198.18.0.7"), 40000);
   const auto now = TrackerClock::now();
   std::string input(reinterpret_cast<const char*>(data), size);
-  bool with_id = false;
   if (input.starts_with("@ID@")) {
     // The id a connect hands this sender, as the 8 bytes it would echo.
     std::string connect;
@@ -88,9 +88,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto c = world->server->Answer(connect, from, now);
     FUZZ_CHECK(c && c->size() == 16);
     input.replace(0, 4, c->substr(8));
-    with_id = true;
   }
   fuzz::ReplaceAll(input, "@KEY@", auth::AnnounceKey(kAgentToken));
+  // Whether the datagram carries an id this cluster issued to the sender, by "@ID@" or because
+  // libFuzzer learnt one from the comparisons: such a sender has shown it receives at its address.
+  bool with_id = false;
+  if (std::optional<UdpHeader> head = PeekUdpHeader(input)) {
+    static const UdpConnectionIds ids;  // checks under the agent tokens' keys, as the server does
+    with_id = ids.Valid(world->access->agent_secrets(), head->connection_id,
+                        PeerEndpoint::FromAddress(from.address(), from.port()),
+                        std::chrono::system_clock::now());
+  }
 
   auto parsed = ParseUdpRequest(input);
   std::optional<std::string> out = world->server->Answer(input, from, now);

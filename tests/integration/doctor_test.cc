@@ -127,7 +127,8 @@ TEST_CASE("doctor: a well set-up node is all ok (exit 0), in JSON and in text") 
   CHECK(d.code == 0);
   CHECK(d.report["status"] == "ok");
   for (const char* check :
-       {"kubelet", "dockerd", "containerd", "crio", "arp", "cache", "agent", "tracker"}) {
+       {"kubelet", "dockerd", "containerd", "crio", "arp", "cache", "agent", "tracker",
+        "tracker-udp"}) {
     CAPTURE(check);
     CHECK(d.Status(check) == "ok");
   }
@@ -273,6 +274,14 @@ TEST_CASE("doctor: each misconfiguration on its own is found, with its fix and e
        "does not answer", "warn"},
       {"every tracker down", [](GoodNode& n, auto&) { n.tracker->Stop(); }, "tracker",
        "no tracker replica answers", "fail"},
+      {"a tracker that answers HTTP but not UDP (agents fall back to HTTP announces)",
+       [](GoodNode& n, std::vector<std::string>& a) {
+         auto t = TrackerProcess::Start({"--udp-announce", "false"});
+         REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+         n.tracker = std::move(t.value());
+         a[5] = n.tracker->Url();
+       },
+       "tracker-udp", "is not answered while its TCP port is", "warn"},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);

@@ -404,6 +404,27 @@ TEST_CASE("swarm: with UDP to the tracker blocked, agents announce over HTTP fro
   }
 }
 
+TEST_CASE("swarm: with --ready-interval-ms, agents ask for ready chunks at most that often and "
+          "the swarm carries the pull") {
+  SwarmWorld w({"--max-upstream-fetchers", "4"});
+  constexpr int kIntervalMs = 1000;
+  for (int i = 0; i < 3; ++i) w.AddAgent({"--ready-interval-ms", std::to_string(kIntervalMs)});
+  const auto started = std::chrono::steady_clock::now();
+  w.PullAll("batched");
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                          .count();
+  CHECK(w.Sum("shoal_swarm_fallback_total") == 0);
+  CHECK(static_cast<double>(w.proxy->BlobBytes()) <= 1.1 * w.image.total_blob_bytes);
+  CHECK(w.Sum("shoal_swarm_peer_bytes_total") > 0);
+  // Each blob's watcher polls at most once per interval (and once more as it starts).
+  const double ready =
+      w.tracker->Metric("shoal_tracker_blob_api_requests_total", {{"route", "ready"}});
+  const double blobs = static_cast<double>(w.image.layer_digests.size() + 1);
+  const double bound = w.agents.size() * blobs * (took * 1000 / kIntervalMs + 1);
+  MESSAGE("ready polls " << ready << " in " << took << " s, at most " << bound);
+  CHECK(ready <= bound);
+}
+
 TEST_CASE("swarm: with no tracker answering, agents fetch straight from upstream") {
   SwarmWorld w;
   uint16_t dead = FreePort();

@@ -1,4 +1,4 @@
-#include "agent/udp_probe.h"
+#include "lib/http/udp_probe.h"
 
 #include <poll.h>
 
@@ -13,7 +13,7 @@
 #include <boost/asio/ip/udp.hpp>
 #include <boost/endian/conversion.hpp>
 
-namespace shoal::agent {
+namespace shoal::http {
 namespace asio = boost::asio;
 
 namespace {
@@ -86,7 +86,7 @@ bool TcpOpens(asio::io_context& ioc, const asio::ip::tcp::endpoint& to,
 
 }  // namespace
 
-UdpReach ProbeUdpAnnounce(const http::Url& tracker, int tries, std::chrono::milliseconds wait) {
+UdpReach ProbeUdpAnnounce(const Url& tracker, int tries, std::chrono::milliseconds wait) {
   asio::io_context ioc;
   boost::system::error_code ec;
   asio::ip::udp::resolver resolver(ioc);
@@ -98,4 +98,4 @@ UdpReach ProbeUdpAnnounce(const http::Url& tracker, int tries, std::chrono::mill
   return TcpOpens(ioc, tcp_ep, wait) ? UdpReach::kTcpOnly : UdpReach::kNeither;
 }
 
-}  // namespace shoal::agent
+}  // namespace shoal::http
