@@ -29,6 +29,9 @@ SwarmMetrics::SwarmMetrics(prometheus::Registry& registry)
                                "Peer connections that ended in their TLS handshake: no "
                                "certificate or one not from the cluster's peer CA, or a plain "
                                "client on the TLS port")),
+      stall_reannounces_(MakeCounter(registry, "shoal_swarm_stall_reannounces_total",
+                                     "Re-announces of downloading chunks that got no payload "
+                                     "from their peers for a while (asking for more peers)")),
       announces_(prometheus::BuildCounter()
                      .Name("shoal_swarm_announces_total")
                      .Help("Tracker announces of chunk torrents, by result (ok, error)")
@@ -73,6 +76,7 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   AddDelta(tls_refused_, s.peer_tls_refused, last_.peer_tls_refused);
   AddDelta(announces_ok_, s.announce_replies, last_.announce_replies);
   AddDelta(announces_error_, s.announce_errors, last_.announce_errors);
+  AddDelta(stall_reannounces_, s.stall_reannounces, last_.stall_reannounces);
   AddDelta(hashed_memory_, s.piece_bytes_hashed_from_memory, last_.piece_bytes_hashed_from_memory);
   AddDelta(hashed_file_, s.piece_bytes_read_back, last_.piece_bytes_read_back);
   torrents_.Set(static_cast<double>(s.torrents));
@@ -87,6 +91,7 @@ void SwarmMetrics::Update(const swarm::SwarmStats& s) {
   last_.peer_tls_refused = s.peer_tls_refused;
   last_.announce_replies = s.announce_replies;
   last_.announce_errors = s.announce_errors;
+  last_.stall_reannounces = s.stall_reannounces;
   last_.piece_bytes_hashed_from_memory = s.piece_bytes_hashed_from_memory;
   last_.piece_bytes_read_back = s.piece_bytes_read_back;
 }

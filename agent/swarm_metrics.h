@@ -25,6 +25,7 @@ class SwarmMetrics {
   prometheus::Counter& hash_failures_;
   prometheus::Counter& banned_;
   prometheus::Counter& tls_refused_;
+  prometheus::Counter& stall_reannounces_;  // shoal_swarm_stall_reannounces_total
   prometheus::Family<prometheus::Counter>& announces_;  // shoal_swarm_announces_total{result}
   prometheus::Counter& announces_ok_;
   prometheus::Counter& announces_error_;

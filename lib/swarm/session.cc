@@ -106,6 +106,9 @@ lt::settings_pack MakeSettings(const SwarmOptions& o) {
   s.set_int(lt::settings_pack::choking_algorithm, lt::settings_pack::fixed_slots_choker);
   // high_performance_seed gives up on a peer after one failure; LAN peers restart and come back.
   s.set_int(lt::settings_pack::max_failcount, 3);
+  // Close mutually idle connections sooner (SwarmOptions::idle_peer_timeout_s). libtorrent does
+  // so only when the torrent is within 5 of its connection limit, always true for a few peers.
+  s.set_int(lt::settings_pack::inactivity_timeout, std::max(1, o.idle_peer_timeout_s));
   // Bounded memory for blocks on their way to the blob file (range_disk_io reads this).
   s.set_int(lt::settings_pack::max_queued_disk_bytes, o.max_queued_disk_bytes);
   // There is no read cache to suggest pieces from.
@@ -195,6 +198,11 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     bool errored = false;
     bool has_cert = false;  // peer TLS: this agent's certificate given (the torrent resumed)
     ChunkAnnounces announces;
+    // Stall re-announces (ReannounceStalled): payload seen at the last check, when to check
+    // next, and the wait after the next re-announce.
+    int64_t payload_seen = 0;
+    std::chrono::steady_clock::time_point stall_check_at;
+    std::chrono::milliseconds stall_backoff{0};
     std::vector<std::string> trackers;  // its announce URLs, tier i = trackers[i]
     std::function<void(uint32_t, uint64_t, uint64_t)> on_piece;
     std::function<void()> on_complete;
@@ -220,6 +228,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   uint64_t peers_banned = 0;
   uint64_t announce_replies = 0;
   uint64_t announce_errors = 0;
+  uint64_t stall_reannounces = 0;
   // UDP announces that timed out, by tracker URL without its query (UdpAnnounceTimeouts).
   std::map<std::string, uint64_t> udp_timeouts;
   uint64_t peer_tls_refused = 0;
@@ -511,12 +520,47 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   void SampleStats() {
     if (!session) return;
     session->post_session_stats();
+    ReannounceStalled();
     stats_timer.expires_after(std::chrono::seconds(1));
     std::weak_ptr<Impl> weak = weak_from_this();
     stats_timer.async_wait([weak](const boost::system::error_code& ec) {
       if (ec) return;
       if (auto self = weak.lock()) self->SampleStats();
     });
+  }
+
+  // Every downloading chunk with no payload since its last check and a free connection slot
+  // announces again (SwarmOptions::stall_reannounce_ms). A chunk whose slots are all taken
+  // waits: idle connections close after idle_peer_timeout_s, and the next check finds room.
+  void ReannounceStalled() {
+    using std::chrono::milliseconds;
+    if (options.stall_reannounce_ms <= 0) return;
+    const milliseconds base(options.stall_reannounce_ms);
+    const milliseconds most = std::max(base, milliseconds(options.min_announce_interval_s * 1000));
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& [key, c] : chunks) {
+      if (c.complete || c.errored || c.trackers.empty() || now < c.stall_check_at) continue;
+      if (options.tls && !c.has_cert) continue;  // paused until it has the certificate
+      lt::torrent_status st = c.handle.status({});
+      if (st.is_seeding || st.is_finished) continue;
+      if (st.total_payload_download != c.payload_seen) {
+        c.payload_seen = st.total_payload_download;
+        c.stall_backoff = base;
+        c.stall_check_at = now + base;
+        continue;
+      }
+      if (options.peers_per_chunk > 0 && st.num_peers >= options.peers_per_chunk) {
+        c.stall_check_at = now + milliseconds(1000);
+        continue;
+      }
+      c.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+      ++stall_reannounces;
+      spdlog::debug("swarm: chunk {} got no payload since its last check, {} peers: "
+                    "re-announcing (next check in {} ms)",
+                    c.name, st.num_peers, c.stall_backoff.count());
+      c.stall_check_at = now + c.stall_backoff;
+      c.stall_backoff = std::min(most, c.stall_backoff * 2);
+    }
   }
 
   void StopSession() {
@@ -666,6 +710,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       h.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
     }
     c.handle = h;
+    c.stall_backoff = std::chrono::milliseconds(std::max(0, options.stall_reannounce_ms));
+    c.stall_check_at = std::chrono::steady_clock::now() + c.stall_backoff;
     spdlog::debug("swarm: added chunk {} ({}, {} pieces, {})", c.name, Sha1Hex(key), pieces,
                   spec.seed ? "seeding" : "downloading");
     by_handle[h] = key;
@@ -696,6 +742,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     out.peers_banned = peers_banned;
     out.announce_replies = announce_replies;
     out.announce_errors = announce_errors;
+    out.stall_reannounces = stall_reannounces;
     out.peer_tls_refused = peer_tls_refused;
     out.piece_bytes_hashed_from_memory = disk_stats->bytes_hashed_from_memory.load();
     out.piece_bytes_read_back = disk_stats->bytes_read_back.load();

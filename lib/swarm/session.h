@@ -72,6 +72,15 @@ struct SwarmOptions {
   int request_queue_blocks = 16;
   // Lower bound on the re-announce interval, in seconds (the tracker's interval wins if larger).
   int min_announce_interval_s = 30;
+  // A downloading chunk that received no payload for this long, and has a free connection slot,
+  // re-announces for more peers; again after twice as long while it stays idle, up to
+  // min_announce_interval_s. Otherwise a chunk whose few peers have nothing it needs (they
+  // joined when it did) would wait for the tracker's interval. 0: off.
+  int stall_reannounce_ms = 3000;
+  // A peer connection on which neither side wanted anything for this long is closed
+  // (libtorrent's inactivity_timeout; high_performance_seed has 20 s), freeing the slot for a
+  // peer with data: with a few peers per chunk, idle peers can fill a chunk's every slot.
+  int idle_peer_timeout_s = 5;
   // Alerts libtorrent keeps before dropping; piece alerts must not be lost (we resync if they
   // are, see Swarm), so this is generous.
   int alert_queue_size = 100000;
@@ -154,6 +163,8 @@ struct SwarmStats {
   uint64_t peers_banned = 0;      // peers banned for sending bad data
   uint64_t announce_replies = 0;  // tracker announces answered
   uint64_t announce_errors = 0;   // tracker announces that failed
+  // Re-announces of downloading chunks that got no payload for stall_reannounce_ms.
+  uint64_t stall_reannounces = 0;
   // Peer connections that ended in their TLS handshake (no certificate, one from another CA, a
   // plain BitTorrent client on the TLS port): with peer TLS on, every outsider's attempt.
   uint64_t peer_tls_refused = 0;

@@ -206,6 +206,22 @@ struct World {
   PrintedMount Mounts(const std::string& key, const std::string& snapshotter = "shoal") {
     return ParseMount(Snap({"mounts", dir.Sub("target"), key}, snapshotter));
   }
+  // After an agent restart: containerd's gRPC connection to the old socket reconnects with
+  // backoff, and calls fail fast meanwhile (a kubelet retries its PullImage). Waits until a
+  // Prepare reaches the agent again (a list of an empty namespace would not), then removes it.
+  void WaitUntilContainerdReconnects() {
+    REQUIRE_MESSAGE(WaitUntil(
+                        [&] {
+                          return containerd
+                              ->Ctr({"-n", "probe", "snapshots", "--snapshotter", "shoal",
+                                     "prepare", "probe"},
+                                    std::chrono::seconds(10))
+                              .has_value();
+                        },
+                        std::chrono::seconds(30), std::chrono::milliseconds(250)),
+                    (agent->LogTail() + "\n" + containerd->LogTail()));
+    Ctr({"-n", "probe", "snapshots", "--snapshotter", "shoal", "rm", "probe"});
+  }
   // `ctr <args>`; REQUIREs success and returns the output.
   std::string Ctr(std::vector<std::string> args) {
     auto out = containerd->Ctr(args, std::chrono::seconds(60));
@@ -674,6 +690,7 @@ TEST_CASE(
   REQUIRE_MESSAGE(regenerated.has_value(), regenerated.error().ToString());
   const uint64_t upstream_before = w.proxy->BlobBytes();
   CHECK(upstream_before == built.value().total_blob_bytes);
+  w.WaitUntilContainerdReconnects();
 
   auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/pre:1");
   REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
@@ -749,7 +766,6 @@ TEST_CASE(
     "snapshotter: an agent killed while it extracts a prefetch's layers keeps the finished "
     "ones and deletes the cut one, and the CRI pull still gets the same tree") {
   World w(true, /*cri=*/true);
-  auto containerd_ok = [](const Result<std::string>& r) { return r.has_value(); };
   ImageSpec spec;
   spec.layers.push_back(LayerSpec{Compression::kGzip, 8, {}, 2301});
   spec.layers.push_back(LayerSpec{Compression::kGzip, 6, {}, 2302});
@@ -802,17 +818,7 @@ TEST_CASE(
   auto regenerated = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
                                "gcr.io", "-o", w.hosts_dir});
   REQUIRE_MESSAGE(regenerated.has_value(), regenerated.error().ToString());
-  // containerd's gRPC connection to the killed agent reconnects with backoff (a kubelet retries
-  // its PullImage meanwhile): wait until it answers again.
-  // (A Prepare reaches the agent; a list of an empty namespace would not.)
-  REQUIRE(WaitUntil(
-      [&] {
-        return containerd_ok(w.containerd->Ctr(
-            {"-n", "probe", "snapshots", "--snapshotter", "shoal", "prepare", "probe"},
-            std::chrono::seconds(10)));
-      },
-      std::chrono::seconds(30), std::chrono::milliseconds(250)));
-  w.Ctr({"-n", "probe", "snapshots", "--snapshotter", "shoal", "rm", "probe"});
+  w.WaitUntilContainerdReconnects();
 
   auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/cut:1");
   REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
