@@ -799,7 +799,12 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
         peers_reasked = true;
         s_.swarm->Reannounce(torrent.value().info_hash);
       }
-      if (ann->connected == 0 && !state->any_piece &&
+      // A peer that took our connection and closed it (its slots for this chunk were full)
+      // means the swarm is alive: wait for a slot (the swarm re-announces for other peers)
+      // rather than report the chunk bad, which makes the tracker drop it and the cluster
+      // fetch it from upstream again. --peer-stall-ms still bounds the wait.
+      const bool peers_busy = Clock::now() - ann->last_peer_closed < no_peer_limit;
+      if (ann->connected == 0 && !state->any_piece && !peers_busy &&
           Clock::now() - last_connected > no_peer_limit && ann->replies > 0) {
         s_.metrics.stalls.Increment();
         state->error = MakeError(ErrorCode::kUnavailable,

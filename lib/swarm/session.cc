@@ -86,7 +86,8 @@ lt::settings_pack MakeSettings(const SwarmOptions& o) {
   s.set_int(lt::settings_pack::alert_mask,
             lt::alert_category::error | lt::alert_category::status |
                 lt::alert_category::piece_progress | lt::alert_category::peer |
-                lt::alert_category::tracker | lt::alert_category::storage);
+                lt::alert_category::tracker | lt::alert_category::storage |
+                lt::alert_category::connect);
   s.set_int(lt::settings_pack::alert_queue_size, o.alert_queue_size);
   // Trackers: re-announce at least this often. Each chunk lists its blob's owner replica first
   // and the others after it, one tier each (ChunkSpec::tracker_urls): only the first tier that
@@ -375,6 +376,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       }
     } else if (auto* nc = lt::alert_cast<lt::torrent_need_cert_alert>(a)) {
       OnNeedCert(nc->handle);
+    } else if (auto* pd = lt::alert_cast<lt::peer_disconnected_alert>(a)) {
+      OnPeerDisconnected(*pd);
     } else if (auto* pe = lt::alert_cast<lt::peer_error_alert>(a)) {
       OnPeerError(*pe);
     } else if (auto* perf = lt::alert_cast<lt::performance_alert>(a)) {
@@ -393,6 +396,16 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     handle.resume();
     handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
     spdlog::debug("swarm: gave chunk {} this agent's peer certificate", c->name);
+  }
+
+  // A connection that had got past connecting and closed (see ChunkAnnounces::last_peer_closed).
+  void OnPeerDisconnected(const lt::peer_disconnected_alert& a) {
+    if (a.op == lt::operation_t::connect || a.op == lt::operation_t::sock_open ||
+        a.op == lt::operation_t::sock_bind || a.op == lt::operation_t::getpeername ||
+        a.op == lt::operation_t::ssl_handshake) {
+      return;
+    }
+    if (Chunk* c = Find(a.handle)) c->announces.last_peer_closed = std::chrono::steady_clock::now();
   }
 
   void OnPeerError(const lt::peer_error_alert& a) {

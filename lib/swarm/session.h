@@ -129,6 +129,10 @@ struct ChunkAnnounces {
   int errors = 0;         // announces that failed (unreachable tracker, refused, timed out)
   int peers_offered = 0;  // peers in the latest answer
   int connected = 0;      // peer connections now
+  // The latest peer connection that got past connecting and was then closed: a peer whose
+  // every slot for this chunk was taken closes us after the handshake. Unlike a failed connect
+  // (a dead or unreachable peer), it says the swarm is alive. Default: none yet.
+  std::chrono::steady_clock::time_point last_peer_closed{};
   std::string last_error;
   // The latest error says this host cannot route to the tracker (no route, unreachable
   // network, address not available), not that the tracker refused or timed out.

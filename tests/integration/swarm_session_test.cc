@@ -531,16 +531,29 @@ TEST_CASE("swarm session: over UDP announces (BEP 15) a downloader seeds what it
                                 {{"result", "bad_connection_id"}}) == 0);
 }
 
+// A tracker, a random blob of kLayout cut into chunk torrents, and the blob in seed.blob.
+struct SeededBlob {
+  SeededBlob(const char* name, uint32_t seed)
+      : dir(name),
+        tracker(StartTracker(dir)),
+        blob(RandomBytes(kLayout.blob_size, seed)),
+        torrents(BuildTorrents(blob, kLayout)),
+        chunks(static_cast<uint32_t>(torrents.size())) {
+    WriteBlobFile(dir.Sub("seed.blob"), blob, 0);
+  }
+  TempDir dir;
+  Tracker tracker;
+  std::string blob;
+  std::vector<ChunkTorrent> torrents;
+  uint32_t chunks;
+};
+
 TEST_CASE("swarm session: a leecher whose announce found no peer re-announces when it gets no "
           "payload, and reaches a seeder that came later") {
   // The seeder makes no outgoing connections (a libtorrent override), so the leecher must
   // learn of it from the tracker: libtorrent alone would wait for the announce interval.
-  TempDir dir("shoal-swarm-stall");
-  Tracker tracker = StartTracker(dir);
-  const std::string blob = RandomBytes(kLayout.blob_size, 6);
-  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout);
-  const auto chunks = static_cast<uint32_t>(torrents.size());
-  WriteBlobFile(dir.Sub("seed.blob"), blob, 0);
+  SeededBlob w("shoal-swarm-stall", 6);
+  auto& [dir, tracker, blob, torrents, chunks] = w;
 
   auto run = [&](int stall_reannounce_ms, const std::string& name, seconds limit) {
     swarm::SwarmOptions options = LoopbackOptions();
@@ -597,14 +610,62 @@ TEST_CASE("swarm session: a leecher whose announce found no peer re-announces wh
   }
 }
 
+TEST_CASE("swarm session: a peer with every slot taken closes a newcomer's connection, and the "
+          "newcomer's chunk records it as a live but busy swarm") {
+  SeededBlob w("shoal-swarm-busy", 7);
+  auto& [dir, tracker, blob, torrents, chunks] = w;
+  swarm::SwarmOptions one = LoopbackOptions();
+  one.peers_per_chunk = 1;
+  Node seeder(one);
+  seeder.Start();
+  seeder.AddChunk(torrents[0], 0, dir.Sub("seed.blob"), kLayout.chunk_begin(0), true,
+                  tracker.AnnounceUrl());
+  WaitForSeeders(tracker, {torrents[0]});
+  // A slow leecher holds the seeder's one slot for the whole test (8 MiB at 200 kB/s).
+  swarm::SwarmOptions slow = one;
+  slow.libtorrent_settings = {"download_rate_limit=200000"};
+  Node holder(slow);
+  holder.Start();
+  CreateSparseFile(dir.Sub("holder.blob"), kLayout.blob_size);
+  holder.AddChunk(torrents[0], 0, dir.Sub("holder.blob"), kLayout.chunk_begin(0), false,
+                  tracker.AnnounceUrl());
+  auto connected = [&](Node& n) {
+    return n.Call([&] { return n.swarm().Announces(torrents[0].info_hash)->connected; });
+  };
+  REQUIRE(WaitUntil([&] { return connected(holder) == 1; }, seconds(10), milliseconds(20)));
+
+  Node newcomer(one);
+  newcomer.Start();
+  CreateSparseFile(dir.Sub("new.blob"), kLayout.blob_size);
+  newcomer.AddChunk(torrents[0], 0, dir.Sub("new.blob"), kLayout.chunk_begin(0), false,
+                    tracker.AnnounceUrl());
+  // Both peers the newcomer can learn of have their one slot taken: whichever it reaches
+  // closes a connection (the newcomer's, or by libtorrent's peer rank the one it had), so a
+  // leecher saw a peer close after connecting, and no session ever held two peers.
+  auto closed = [&](Node& n) {
+    return n.Call([&] {
+      return n.swarm().Announces(torrents[0].info_hash)->last_peer_closed !=
+             std::chrono::steady_clock::time_point{};
+    });
+  };
+  int most = 0;
+  bool seen = WaitUntil(
+      [&] {
+        for (Node* n : {&seeder, &holder, &newcomer}) most = std::max(most, connected(*n));
+        return closed(newcomer) || closed(holder);
+      },
+      seconds(15), milliseconds(20));
+  CHECK(seen);
+  CHECK(most <= 1);
+  newcomer.Stop();
+  holder.Stop();
+  seeder.Stop();
+}
+
 TEST_CASE("swarm session: with two peers per chunk no session holds more, and six leechers get "
           "the blob through each other") {
-  TempDir dir("shoal-swarm-degree");
-  Tracker tracker = StartTracker(dir);
-  const std::string blob = RandomBytes(kLayout.blob_size, 5);
-  const std::vector<ChunkTorrent> torrents = BuildTorrents(blob, kLayout);
-  const auto chunks = static_cast<uint32_t>(torrents.size());
-  WriteBlobFile(dir.Sub("seed.blob"), blob, 0);
+  SeededBlob w("shoal-swarm-degree", 5);
+  auto& [dir, tracker, blob, torrents, chunks] = w;
   swarm::SwarmOptions options = LoopbackOptions();
   options.peers_per_chunk = 2;
 
