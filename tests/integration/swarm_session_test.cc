@@ -553,7 +553,12 @@ TEST_CASE("swarm session: a leecher whose announce found no peer re-announces wh
   // The seeder makes no outgoing connections (a libtorrent override), so the leecher must
   // learn of it from the tracker: libtorrent alone would wait for the announce interval.
   SeededBlob w("shoal-swarm-stall", 6);
-  auto& [dir, tracker, blob, torrents, chunks] = w;
+  // Named references, not a structured binding: clang 14 cannot capture those in lambdas.
+  TempDir& dir = w.dir;
+  Tracker& tracker = w.tracker;
+  const std::string& blob = w.blob;
+  const std::vector<ChunkTorrent>& torrents = w.torrents;
+  const uint32_t chunks = w.chunks;
 
   auto run = [&](int stall_reannounce_ms, const std::string& name, seconds limit) {
     swarm::SwarmOptions options = LoopbackOptions();
@@ -613,7 +618,9 @@ TEST_CASE("swarm session: a leecher whose announce found no peer re-announces wh
 TEST_CASE("swarm session: a peer with every slot taken closes a newcomer's connection, and the "
           "newcomer's chunk records it as a live but busy swarm") {
   SeededBlob w("shoal-swarm-busy", 7);
-  auto& [dir, tracker, blob, torrents, chunks] = w;
+  TempDir& dir = w.dir;
+  Tracker& tracker = w.tracker;
+  const std::vector<ChunkTorrent>& torrents = w.torrents;
   swarm::SwarmOptions one = LoopbackOptions();
   one.peers_per_chunk = 1;
   Node seeder(one);
@@ -665,7 +672,12 @@ TEST_CASE("swarm session: a peer with every slot taken closes a newcomer's conne
 TEST_CASE("swarm session: with two peers per chunk no session holds more, and six leechers get "
           "the blob through each other") {
   SeededBlob w("shoal-swarm-degree", 5);
-  auto& [dir, tracker, blob, torrents, chunks] = w;
+  // Named references, not a structured binding: clang 14 cannot capture those in lambdas.
+  TempDir& dir = w.dir;
+  Tracker& tracker = w.tracker;
+  const std::string& blob = w.blob;
+  const std::vector<ChunkTorrent>& torrents = w.torrents;
+  const uint32_t chunks = w.chunks;
   swarm::SwarmOptions options = LoopbackOptions();
   options.peers_per_chunk = 2;
 
