@@ -13,8 +13,10 @@
 #include <random>
 
 #include <spdlog/spdlog.h>
+#include <boost/asio/error.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <libtorrent/add_torrent_params.hpp>
 #include <libtorrent/alert_types.hpp>
@@ -405,6 +407,13 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
         a.op == lt::operation_t::ssl_handshake) {
       return;
     }
+    // Our own closes (the idle timeout, redundant or surplus connections) are not the swarm
+    // telling us it is busy; counting them would let a chunk wait --peer-stall-ms for nothing.
+    const bool remote = ClosedByRemote(a.error);
+    spdlog::debug("swarm: peer {} {} the connection ({}: {}, reason {})", Endpoint(a.endpoint),
+                  remote ? "closed" : "lost", lt::operation_name(a.op), a.error.message(),
+                  static_cast<int>(a.reason));
+    if (!remote) return;
     if (Chunk* c = Find(a.handle)) c->announces.last_peer_closed = std::chrono::steady_clock::now();
   }
 
@@ -547,15 +556,25 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   // waits: idle connections close after idle_peer_timeout_s, and the next check finds room.
   void ReannounceStalled() {
     using std::chrono::milliseconds;
-    if (options.stall_reannounce_ms <= 0) return;
+    if (options.stall_reannounce_ms <= 0 || !session) return;
     const milliseconds base(options.stall_reannounce_ms);
     const milliseconds most = std::max(base, milliseconds(options.min_announce_interval_s * 1000));
     const auto now = std::chrono::steady_clock::now();
-    for (auto& [key, c] : chunks) {
-      if (c.complete || c.errored || c.trackers.empty() || now < c.stall_check_at) continue;
-      if (options.tls && !c.has_cert) continue;  // paused until it has the certificate
-      lt::torrent_status st = c.handle.status({});
-      if (st.is_seeding || st.is_finished) continue;
+    auto due = [&](const Chunk& c) {
+      if (c.complete || c.errored || c.trackers.empty() || now < c.stall_check_at) return false;
+      return !options.tls || c.has_cert;  // without the certificate it is paused
+    };
+    if (std::none_of(chunks.begin(), chunks.end(), [&](const auto& kv) { return due(kv.second); })) {
+      return;
+    }
+    // One call into libtorrent's thread for every chunk, not one per chunk.
+    std::vector<lt::torrent_status> statuses = session->get_torrent_status(
+        [](const lt::torrent_status& st) { return !st.is_seeding && !st.is_finished; }, {});
+    for (const lt::torrent_status& st : statuses) {
+      auto key = by_handle.find(st.handle);
+      if (key == by_handle.end()) continue;
+      Chunk& c = chunks.at(key->second);
+      if (!due(c)) continue;
       if (st.total_payload_download != c.payload_seen) {
         c.payload_seen = st.total_payload_download;
         c.stall_backoff = base;
@@ -816,6 +835,12 @@ void Swarm::Reannounce(const Sha1& info_hash) {
   auto it = impl_->chunks.find(info_hash);
   if (it == impl_->chunks.end()) return;
   it->second.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+}
+
+bool ClosedByRemote(const boost::system::error_code& ec) {
+  namespace ae = boost::asio::error;
+  return ec == ae::eof || ec == ae::connection_reset || ec == ae::broken_pipe ||
+         ec == ae::connection_aborted || ec == boost::asio::ssl::error::stream_truncated;
 }
 
 std::string_view AnnounceUrlBase(std::string_view url) {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/system/error_code.hpp>
 
 #include "lib/core/error.h"
 #include "lib/swarm/chunk_torrent.h"
@@ -185,6 +186,11 @@ struct SwarmStats {
 // An announce URL without its scheme and query: the same tracker whether it is announced to
 // over udp:// or http:// and whatever announce key the query carries.
 std::string_view AnnounceUrlBase(std::string_view url);
+
+// Whether a peer connection that ended with ec was closed by the remote end (EOF, reset, broken
+// pipe, a TLS stream cut short), not by this session's own rules (idle, redundant, over a
+// limit, a protocol error), which libtorrent reports with its own error category.
+bool ClosedByRemote(const boost::system::error_code& ec);
 
 class Swarm {
  public:

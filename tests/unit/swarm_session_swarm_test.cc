@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/error.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <libtorrent/error_code.hpp>
 
 #include "lib/swarm/chunk_torrent.h"
 #include "lib/swarm/file_range.h"
@@ -178,6 +181,25 @@ TEST_CASE("swarm: the counter sampler runs every second and stops with the sessi
   for (uint64_t w : s.wasted) CHECK(w == 0);
   CHECK(kWasteReasons.size() == s.wasted.size());
   swarm.Stop();
+}
+
+TEST_CASE("swarm: a peer close counts as the remote's only for socket ends, not for libtorrent's "
+          "own reasons") {
+  namespace ae = boost::asio::error;
+  CHECK(ClosedByRemote(ae::eof));
+  CHECK(ClosedByRemote(ae::connection_reset));
+  CHECK(ClosedByRemote(ae::broken_pipe));
+  CHECK(ClosedByRemote(boost::asio::ssl::error::stream_truncated));
+  // This session's own decisions: idle, redundant, over the connection limit, shutting down.
+  CHECK_FALSE(ClosedByRemote(lt::errors::timed_out_inactivity));
+  CHECK_FALSE(ClosedByRemote(lt::errors::timed_out_no_interest));
+  CHECK_FALSE(ClosedByRemote(lt::errors::upload_upload_connection));
+  CHECK_FALSE(ClosedByRemote(lt::errors::too_many_connections));
+  CHECK_FALSE(ClosedByRemote(lt::errors::torrent_removed));
+  // Never connected: a dead or unreachable peer says nothing about a busy swarm.
+  CHECK_FALSE(ClosedByRemote(ae::connection_refused));
+  CHECK_FALSE(ClosedByRemote(ae::timed_out));
+  CHECK_FALSE(ClosedByRemote(boost::system::error_code{}));
 }
 
 }  // namespace shoal::swarm
