@@ -81,6 +81,13 @@ void AddTrackerFlags(CLI::App& app, TrackerConfig& c) {
       ->envname("SHOAL_BAD_REPORTS_PER_MINUTE")
       ->check(CLI::Range(1u, 100000u))
       ->capture_default_str();
+  app.add_option("--bad-report-quorum", c.bad_report_quorum,
+                 "Distinct source addresses whose bad-chunk reports drop a ready chunk (one "
+                 "report suffices once the chunk's swarm has no seeder left); 1 trusts any "
+                 "agent token holder to force upstream re-fetches")
+      ->envname("SHOAL_BAD_REPORT_QUORUM")
+      ->check(CLI::Range(1u, 1000u))
+      ->capture_default_str();
   app.add_option("--max-connections", c.max_connections, "Open HTTP connections at most")
       ->envname("SHOAL_MAX_CONNECTIONS")
       ->check(CLI::Range(1, 1'000'000))

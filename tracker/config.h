@@ -53,6 +53,7 @@ struct TrackerConfig {
   std::string peer_ca_cert;          // published chunk torrents must carry this CA (PEM file)
   bool insecure_open = false;        // no token files: anyone who reaches the tracker may call it
   uint32_t bad_reports_per_minute = 6;  // per source address; a burst of as many is allowed
+  uint32_t bad_report_quorum = 2;       // distinct source addresses that drop a ready chunk
   std::string log_format = "json";
   std::string log_level = "info";
 };

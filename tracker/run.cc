@@ -111,6 +111,7 @@ int RunTracker(const TrackerConfig& config) {
   blob_options.table.lease_ttl = std::chrono::seconds(config.lease_ttl_s);
   blob_options.table.max_blobs = config.max_blobs;
   blob_options.bad_reports_per_minute = config.bad_reports_per_minute;
+  blob_options.table.bad_report_quorum = config.bad_report_quorum;
   if (!config.peer_ca_cert.empty()) {
     auto pem = tls::ReadCertPemFile(config.peer_ca_cert);
     if (!pem) return fail(pem.error());

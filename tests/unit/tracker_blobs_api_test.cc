@@ -140,11 +140,23 @@ TEST_CASE("tracker blobs api: create, lease, publish and read a table") {
   CHECK(lost["error"].get<std::string>().find("lease lost") == 0);
 
   auto info_hash = swarm::ParseChunkTorrent(metainfo, 100, kPiece).value().info_hash;
-  auto [s8, dropped] =
-      a.Call(http::verb::post, kBlob + "/chunks/2/bad", "",
-             json{{"agent", "node-2"}, {"info_hash", swarm::Sha1Hex(info_hash)}}.dump());
-  CHECK(s8 == 200);
+  // Bad reports: one source is counted, a second one drops the chunk.
+  const std::string bad = json{{"agent", "node-2"}, {"info_hash", swarm::Sha1Hex(info_hash)}}.dump();
+  auto report_from = [&](const char* ip) {
+    BlobResponse r = a.api.HandleNow(BlobRequest{http::verb::post, kBlob + "/chunks/2/bad", "",
+                                                 bad, boost::asio::ip::make_address(ip)},
+                                     kT0);
+    CHECK(r.status == 200);
+    return json::parse(r.body);
+  };
+  json counted = report_from("10.0.0.2");
+  CHECK(counted["dropped"] == false);
+  CHECK(counted["reporters"] == 1);
+  CHECK(counted["needed"] == 2);
+  CHECK(report_from("10.0.0.2")["reporters"] == 1);
+  json dropped = report_from("10.0.0.3");
   CHECK(dropped["dropped"] == true);
+  CHECK(dropped["reporters"] == 2);
 }
 
 TEST_CASE("tracker blobs api: one ready poll answers every ready chunk it names, and never grants") {

@@ -384,7 +384,8 @@ TEST_CASE("tracker blobs: re-publishing without a lease rebuilds a table, the fi
   CHECK(t.totals().ready == 1);
 }
 
-TEST_CASE("tracker blobs: a bad report with the ready info-hash drops the metainfo") {
+TEST_CASE("tracker blobs: bad reports with the ready info-hash from two sources drop the "
+          "metainfo, and one source alone does not") {
   BlobTable t(Options(), 1);
   Events events;
   events.Attach(t);
@@ -393,17 +394,69 @@ TEST_CASE("tracker blobs: a bad report with the ready info-hash drops the metain
   swarm::Sha1 hash = p.value().published->info_hash;
   swarm::Sha1 other = hash;
   other[0] ^= 1;
-  CHECK_FALSE(t.ReportBad(D('a'), 0, other, kT0).value());
-  CHECK_FALSE(t.ReportBad(D('a'), 1, hash, kT0).value());
-  CHECK_FALSE(t.ReportBad(D('z'), 0, hash, kT0).value());
-  CHECK(t.ReportBad(D('a'), 9, hash, kT0).error().code == BlobErrc::kInvalid);
+  auto report = [&](uint32_t k, const swarm::Sha1& h, std::string_view from) {
+    return t.ReportBad(D('a'), k, h, from, kT0);
+  };
+  // No match: another info-hash, a chunk that is not ready, an unknown blob.
+  CHECK(report(0, other, "10.0.0.2").value().needed == 0);
+  CHECK(report(1, hash, "10.0.0.2").value().needed == 0);
+  CHECK(t.ReportBad(D('z'), 0, hash, "10.0.0.2", kT0).value().needed == 0);
+  CHECK(report(9, hash, "10.0.0.2").error().code == BlobErrc::kInvalid);
+  // One source, however often it reports, is counted once.
+  for (int i = 0; i < 3; ++i) {
+    BadReportAnswer a = report(0, hash, "10.0.0.2").value();
+    CHECK_FALSE(a.dropped);
+    CHECK(a.reporters == 1);
+    CHECK(a.needed == 2);
+  }
   CHECK(StateOf(t, D('a'), 0, kT0) == ChunkState::kReady);
-  CHECK(t.ReportBad(D('a'), 0, hash, kT0).value());
+  CHECK(events.Count(BlobEvent::kDropped) == 0);
+  // A second source agrees: dropped, and leased again.
+  BadReportAnswer second = report(0, hash, "10.0.0.3").value();
+  CHECK(second.dropped);
+  CHECK(second.reporters == 2);
   CHECK(events.Count(BlobEvent::kDropped) == 1);
   CHECK(StateOf(t, D('a'), 0, kT0) == ChunkState::kNone);
   CHECK(t.totals().ready == 0);
   CHECK(MustLease(t, D('a'), 0, "n2", kT0).kind == LeaseAnswer::Kind::kGranted);
-  CHECK_FALSE(t.ReportBad(D('a'), 0, hash, kT0).value());
+  CHECK_FALSE(report(0, hash, "10.0.0.4").value().dropped);
+}
+
+TEST_CASE("tracker blobs: a re-published chunk starts its bad-report count afresh, and a quorum "
+          "of 1 drops on the first report") {
+  BlobTable t(Options(), 1);
+  auto p = t.Publish(D('a'), 0, "n1", "", Source(), Metainfo(kChunk, 1), kT0);
+  REQUIRE(p.has_value());
+  const swarm::Sha1 hash = p.value().published->info_hash;
+  CHECK(t.ReportBad(D('a'), 0, hash, "10.0.0.2", kT0).value().reporters == 1);
+  CHECK(t.ReportBad(D('a'), 0, hash, "10.0.0.3", kT0).value().dropped);
+  REQUIRE(t.Publish(D('a'), 0, "n1", "", Source(), Metainfo(kChunk, 1), kT0).has_value());
+  BadReportAnswer fresh = t.ReportBad(D('a'), 0, hash, "10.0.0.3", kT0).value();
+  CHECK_FALSE(fresh.dropped);
+  CHECK(fresh.reporters == 1);
+
+  BlobTableOptions one = Options();
+  one.bad_report_quorum = 1;
+  BlobTable u(one, 1);
+  auto q = u.Publish(D('a'), 0, "n1", "", Source(), Metainfo(kChunk, 1), kT0);
+  REQUIRE(q.has_value());
+  CHECK(u.ReportBad(D('a'), 0, q.value().published->info_hash, "10.0.0.2", kT0).value().dropped);
+}
+
+TEST_CASE("tracker blobs: one bad report drops a ready chunk whose swarm lost every seeder") {
+  BlobTable t(Options(), 1);
+  std::optional<TimePoint> lost_at;
+  t.SetSeedersLostProbe([&lost_at](const swarm::Sha1&) { return lost_at; });
+  auto p = t.Publish(D('a'), 0, "n1", "", Source(), Metainfo(kChunk, 0), kT0);
+  REQUIRE(p.has_value());
+  const swarm::Sha1 hash = p.value().published->info_hash;
+  // Seeders live (as far as the tracker knows): one report is only counted.
+  CHECK_FALSE(t.ReportBad(D('a'), 0, hash, "10.0.0.2", kT0).value().dropped);
+  lost_at = kT0 + std::chrono::seconds(1);  // n1 died; no seeder since
+  BadReportAnswer a = t.ReportBad(D('a'), 0, hash, "10.0.0.2", kT0 + std::chrono::seconds(2))
+                          .value();
+  CHECK(a.dropped);
+  CHECK(StateOf(t, D('a'), 0, kT0 + std::chrono::seconds(2)) == ChunkState::kNone);
 }
 
 TEST_CASE("tracker blobs: release needs the holder and its lease id") {

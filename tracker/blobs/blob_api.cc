@@ -313,13 +313,28 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
                                  call.remote, options_.bad_reports_per_minute),
                      route);
       }
-      auto dropped = table_.ReportBad(call.digest, call.k, call.info_hash, now);
-      if (!dropped) return Failure(dropped.error(), route);
-      if (dropped.value()) {
-        spdlog::warn("chunk {} of {}: metainfo {} reported bad by agent {}; dropped", call.k,
-                     call.digest.str(), swarm::Sha1Hex(call.info_hash), call.agent);
+      // Reporters are told apart by address: an agent token holder can name any agent.
+      const std::string& source = call.remote;
+      auto report = table_.ReportBad(call.digest, call.k, call.info_hash, source, now);
+      if (!report) return Failure(report.error(), route);
+      const BadReportAnswer& r = report.value();
+      if (r.dropped) {
+        spdlog::warn("chunk {} of {}: metainfo {} reported bad by agent {} ({}), {} of {} "
+                     "sources; dropped",
+                     call.k, call.digest.str(), swarm::Sha1Hex(call.info_hash), call.agent,
+                     source, r.reporters, r.needed);
+      } else if (r.needed > 0) {
+        spdlog::info("chunk {} of {}: metainfo {} reported bad by agent {} ({}), {} of {} "
+                     "sources; kept until more agree or its seeders are gone",
+                     call.k, call.digest.str(), swarm::Sha1Hex(call.info_hash), call.agent,
+                     source, r.reporters, r.needed);
       }
-      return Json(200, route, json{{"dropped", dropped.value()}});
+      json j{{"dropped", r.dropped}};
+      if (r.needed > 0) {
+        j["reporters"] = r.reporters;
+        j["needed"] = r.needed;
+      }
+      return Json(200, route, std::move(j));
     }
     case BlobRoute::kUnknown:
       break;

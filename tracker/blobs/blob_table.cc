@@ -390,17 +390,25 @@ BlobResult<void> BlobTable::Release(const Digest& digest, uint32_t k, std::strin
   return boost::outcome_v2::success();
 }
 
-BlobResult<bool> BlobTable::ReportBad(const Digest& digest, uint32_t k,
-                                      const swarm::Sha1& info_hash, TimePoint now) {
+BlobResult<BadReportAnswer> BlobTable::ReportBad(const Digest& digest, uint32_t k,
+                                                 const swarm::Sha1& info_hash,
+                                                 std::string_view reporter, TimePoint now) {
   ExpireLeases(now);
   Blob* blob = Touch(digest);
-  if (blob == nullptr) return false;
+  if (blob == nullptr) return BadReportAnswer{};
   auto found = ChunkOf(digest, *blob, k);
   if (!found) return found.error();
   Chunk& chunk = *found.value();
-  if (!chunk.published || chunk.published->info_hash != info_hash) return false;
+  if (!chunk.published || chunk.published->info_hash != info_hash) return BadReportAnswer{};
+  // KeepReady drops a chunk whose swarm lost its seeders: one report is then enough.
+  if (!KeepReady(digest, *blob, chunk)) return BadReportAnswer{true, 1, 1};
+  const uint32_t needed = std::max<uint32_t>(1, options_.bad_report_quorum);
+  auto& seen = chunk.bad_reporters;
+  if (std::find(seen.begin(), seen.end(), reporter) == seen.end()) seen.emplace_back(reporter);
+  const auto reporters = static_cast<uint32_t>(seen.size());
+  if (reporters < needed) return BadReportAnswer{false, reporters, needed};
   Unpublish(digest, *blob, chunk);
-  return true;
+  return BadReportAnswer{true, reporters, needed};
 }
 
 bool BlobTable::KeepReady(const Digest& digest, Blob& blob, Chunk& chunk) {
@@ -414,6 +422,7 @@ bool BlobTable::KeepReady(const Digest& digest, Blob& blob, Chunk& chunk) {
 
 void BlobTable::Unpublish(const Digest& digest, Blob& blob, Chunk& chunk) {
   chunk.published.reset();
+  chunk.bad_reporters.clear();
   --blob.ready;
   --totals_.ready;
   Emit(BlobEvent::kDropped, digest);

@@ -62,6 +62,10 @@ struct BlobTableOptions {
   size_t max_blobs = 100'000;                    // tables kept; beyond, the LRU lease-free one goes
   uint32_t max_chunks_per_blob = 1u << 20;       // larger blobs are refused (bounds one table)
   size_t max_chunks = 4u << 20;                  // chunks over all tables, also evicts LRU tables
+  // A ready chunk is dropped on bad reports from this many distinct sources (the caller's
+  // address: a client cannot forge it), or on one report once its swarm lost every seeder
+  // (SetSeedersLostProbe). One agent alone cannot make the cluster fetch a chunk again.
+  uint32_t bad_report_quorum = 2;
   // The root certificate published chunk torrents must carry: the cluster's peer CA (canonical
   // PEM), or empty when agents run plain peers (then SSL torrents are refused).
   std::string root_cert;
@@ -96,6 +100,15 @@ struct PublishedChunk {
   swarm::Sha1 info_hash{};
   std::string agent;         // who published it
   TimePoint published_at{};  // when this publication was accepted
+};
+
+// What a bad report did: dropped the chunk, or counted it (reporters: distinct reporters of
+// this publication so far, needed: how many drop it). All zero when the report did not match
+// a ready chunk (unknown blob, not ready, another info-hash).
+struct BadReportAnswer {
+  bool dropped = false;
+  uint32_t reporters = 0;
+  uint32_t needed = 0;
 };
 
 struct ChunkView {
@@ -248,10 +261,13 @@ class BlobTable {
   // lease_id is the chunk's live lease held by agent, kInvalid for k out of range.
   BlobResult<void> Release(const Digest& digest, uint32_t k, std::string_view agent,
                            std::string_view lease_id, TimePoint now);
-  // Drops chunk k's metainfo if it is ready with info_hash, so the chunk is leased again;
-  // returns whether it did (false for an unknown blob). Errors: kInvalid for k out of range.
-  BlobResult<bool> ReportBad(const Digest& digest, uint32_t k, const swarm::Sha1& info_hash,
-                             TimePoint now);
+  // Counts reporter's bad report against chunk k if it is ready with info_hash, and drops its
+  // metainfo (so the chunk is leased again) once bad_report_quorum distinct reporters said so
+  // or its swarm has lost every seeder since it was published. Errors: kInvalid for k out of
+  // range.
+  BlobResult<BadReportAnswer> ReportBad(const Digest& digest, uint32_t k,
+                                        const swarm::Sha1& info_hash, std::string_view reporter,
+                                        TimePoint now);
 
   // Ends every lease whose expiry has passed; returns how many. O(expired * log leases).
   size_t ExpireLeases(TimePoint now);
@@ -288,6 +304,7 @@ class BlobTable {
   struct Chunk {
     std::shared_ptr<const PublishedChunk> published;
     std::unique_ptr<LeaseRecord> lease;
+    std::vector<std::string> bad_reporters;  // of this publication, distinct, < the quorum
   };
   struct Blob {
     BlobSource source;
