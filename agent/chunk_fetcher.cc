@@ -769,11 +769,15 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
       // No announce answered because this host cannot route to the tracker: the announces
       // failed with no route (after half the limit), or none was sent at all (libtorrent skips
       // a tracker no listen socket can reach; after all of it). A tracker that refuses or
-      // times out is restarting or down for every agent: that is waited out as before.
+      // times out is restarting or down for every agent: that is waited out as before. So is
+      // an announce sent and not answered yet: a UDP datagram lost on a full link is only
+      // known after libtorrent's receive timeout (5 s), and then the swarm asks again; taking
+      // it for a cut-off sent the rest of the blob straight upstream.
       const bool no_reply =
           ann->replies == 0 &&
           ((ann->errors > 0 && ann->unroutable && Clock::now() - added > no_peer_limit / 2) ||
-           (ann->errors == 0 && ann->connected == 0 && Clock::now() - added > no_peer_limit));
+           (ann->errors == 0 && ann->sent == 0 && ann->connected == 0 &&
+            Clock::now() - added > no_peer_limit));
       // Only ours to fix if the tracker's HTTP API answers us meanwhile: when it does not
       // either, the tracker is restarting or down, which every agent sees at once, and going
       // to upstream then would send the whole cluster there.

@@ -337,6 +337,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
                       Redacted(tr->tracker_url()), c ? c->name : tr->torrent_name(),
                       tr->times_in_row, msg);
       }
+    } else if (auto* ta = lt::alert_cast<lt::tracker_announce_alert>(a)) {
+      if (Chunk* c = Find(ta->handle)) ++c->announces.sent;
     } else if (auto* tw = lt::alert_cast<lt::tracker_warning_alert>(a)) {
       spdlog::warn("swarm: tracker {} warns about chunk {}: {}", Redacted(tw->tracker_url()),
                    tw->torrent_name(), tw->warning_message());

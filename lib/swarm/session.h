@@ -126,6 +126,7 @@ struct ChunkHandle {
 
 // What the trackers said about one chunk since it was added, and its peer connections now.
 struct ChunkAnnounces {
+  int sent = 0;           // announces libtorrent sent (a UDP one may still be in flight, or lost)
   int replies = 0;        // announces answered
   int errors = 0;         // announces that failed (unreachable tracker, refused, timed out)
   int peers_offered = 0;  // peers in the latest answer

@@ -6,7 +6,10 @@
 
 #include <utility>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -613,6 +616,43 @@ TEST_CASE("swarm session: a leecher whose announce found no peer re-announces wh
     CHECK_FALSE(done);
     CHECK(reannounces == 0);
   }
+}
+
+TEST_CASE("swarm session: an announce to a UDP tracker that never answers counts as sent, and "
+          "as neither answered nor failed until libtorrent's receive timeout") {
+  // What a datagram lost on a full link looks like to the agent: the chunk fetcher must wait
+  // for it (libtorrent times it out and the swarm asks again), not take it for a host that
+  // cannot reach the tracker, which sent the rest of the blob straight upstream.
+  SeededBlob w("shoal-swarm-lost-announce", 8);
+  int hole = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(hole >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(hole, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(hole, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::string url = "udp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/announce";
+
+  Node leecher(LoopbackOptions());
+  leecher.Start();
+  CreateSparseFile(w.dir.Sub("l.blob"), kLayout.blob_size);
+  const auto started = std::chrono::steady_clock::now();
+  leecher.AddChunk(w.torrents[0], 0, w.dir.Sub("l.blob"), kLayout.chunk_begin(0), false, url);
+  const Sha1 ih = w.torrents[0].info_hash;
+  auto announces = [&] { return leecher.Call([&] { return *leecher.swarm().Announces(ih); }); };
+  REQUIRE(WaitUntil([&] { return announces().sent >= 1; }, seconds(5), milliseconds(20)));
+  swarm::ChunkAnnounces in_flight = announces();
+  CHECK(in_flight.replies == 0);
+  CHECK(in_flight.errors == 0);
+  // libtorrent's receive timeout (5 s) turns it into an error: a tracker that times out.
+  REQUIRE(WaitUntil([&] { return announces().errors >= 1; }, seconds(10), milliseconds(50)));
+  CHECK(std::chrono::steady_clock::now() - started >= seconds(4));
+  swarm::ChunkAnnounces failed = announces();
+  CHECK(failed.replies == 0);
+  CHECK_FALSE(failed.unroutable);
+  leecher.Stop();
+  ::close(hole);
 }
 
 TEST_CASE("swarm session: a peer with every slot taken closes a newcomer's connection, and the "
