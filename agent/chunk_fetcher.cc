@@ -751,6 +751,7 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
   };
   if (auto st = co_await AddChunkRetrying(k, torrent.value(), std::move(spec)); !st) co_return st;
   const Clock::time_point added = state->progress;
+  const uint64_t replies_when_added = s_.swarm->AnnounceReplies();
   Clock::time_point reannounced = state->progress;
   // Without a connected peer a chunk cannot progress: a seeder that died (kill -9 sends no stop
   // announce, so the tracker still lists it) or announces that fail are seen within seconds,
@@ -767,16 +768,20 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
     if (auto ann = s_.swarm->Announces(torrent.value().info_hash)) {
       if (ann->connected > 0) last_connected = Clock::now();
       // No announce answered because this host cannot route to the tracker: the announces
-      // failed with no route (after half the limit), or none was sent at all (libtorrent skips
-      // a tracker no listen socket can reach; after all of it). A tracker that refuses or
-      // times out is restarting or down for every agent: that is waited out as before. So is
-      // an announce sent and not answered yet: a UDP datagram lost on a full link is only
-      // known after libtorrent's receive timeout (5 s), and then the swarm asks again; taking
-      // it for a cut-off sent the rest of the blob straight upstream.
+      // failed with no route (after half the limit), or none was answered at all, neither this
+      // chunk's nor any other's since it was added (libtorrent skips a tracker no listen socket
+      // can reach, or sends a datagram that goes nowhere; after all of it). A tracker that
+      // refuses or times out is restarting or down for every agent: that is waited out as
+      // before. So is this chunk's announce alone going unanswered while others' are: a UDP
+      // datagram lost on a full link is only known after libtorrent's receive timeout (5 s),
+      // and then the swarm asks again; taking it for a cut-off sent the rest of the blob
+      // straight upstream.
+      const bool none_answered =
+          ann->sent == 0 || s_.swarm->AnnounceReplies() == replies_when_added;
       const bool no_reply =
           ann->replies == 0 &&
           ((ann->errors > 0 && ann->unroutable && Clock::now() - added > no_peer_limit / 2) ||
-           (ann->errors == 0 && ann->sent == 0 && ann->connected == 0 &&
+           (ann->errors == 0 && none_answered && ann->connected == 0 &&
             Clock::now() - added > no_peer_limit));
       // Only ours to fix if the tracker's HTTP API answers us meanwhile: when it does not
       // either, the tracker is restarting or down, which every agent sees at once, and going
@@ -794,7 +799,10 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
         state->error = MakeError(
             ErrorCode::kUnavailable,
             "no tracker answered the chunk's announces (" +
-                (ann->last_error.empty() ? std::string("none was sent") : ann->last_error) + ")");
+                (!ann->last_error.empty() ? ann->last_error
+                 : ann->sent == 0         ? std::string("none was sent")
+                                          : std::string("nor any other chunk's since")) +
+                ")");
         break;
       }
       if (ann->connected == 0 && !state->any_piece && !peers_reasked && ann->replies > 0 &&

@@ -821,6 +821,7 @@ void Swarm::Stop() { impl_->Stop(); }
 Result<ChunkHandle> Swarm::AddChunk(ChunkSpec spec) { return impl_->AddChunk(std::move(spec)); }
 void Swarm::RemoveChunk(const Sha1& info_hash) { impl_->RemoveChunk(info_hash); }
 bool Swarm::HasChunk(const Sha1& info_hash) const { return impl_->chunks.count(info_hash) > 0; }
+uint64_t Swarm::AnnounceReplies() const { return impl_->announce_replies; }
 SwarmStats Swarm::Stats() { return impl_->Stats(); }
 std::optional<ChunkAnnounces> Swarm::Announces(const Sha1& info_hash) const {
   auto it = impl_->chunks.find(info_hash);

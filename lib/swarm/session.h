@@ -226,6 +226,8 @@ class Swarm {
   // right away may fail with kInternal (duplicate) for a moment.
   void RemoveChunk(const Sha1& info_hash);
   bool HasChunk(const Sha1& info_hash) const;
+  // Tracker announces answered so far, over every chunk (cheap: no call into libtorrent).
+  uint64_t AnnounceReplies() const;
 
   SwarmStats Stats();
   // Announces every chunk to its trackers now.
