@@ -403,7 +403,7 @@ BlobResult<BadReportAnswer> BlobTable::ReportBad(const Digest& digest, uint32_t 
   // KeepReady drops a chunk whose swarm lost its seeders: one report is then enough.
   if (!KeepReady(digest, *blob, chunk)) return BadReportAnswer{true, 1, 1};
   const uint32_t needed = std::max<uint32_t>(1, options_.bad_report_quorum);
-  auto& seen = chunk.bad_reporters;
+  auto& seen = blob->bad_reporters[k];
   if (std::find(seen.begin(), seen.end(), reporter) == seen.end()) seen.emplace_back(reporter);
   const auto reporters = static_cast<uint32_t>(seen.size());
   if (reporters < needed) return BadReportAnswer{false, reporters, needed};
@@ -422,7 +422,7 @@ bool BlobTable::KeepReady(const Digest& digest, Blob& blob, Chunk& chunk) {
 
 void BlobTable::Unpublish(const Digest& digest, Blob& blob, Chunk& chunk) {
   chunk.published.reset();
-  chunk.bad_reporters.clear();
+  blob.bad_reporters.erase(static_cast<uint32_t>(&chunk - blob.chunks.data()));
   --blob.ready;
   --totals_.ready;
   Emit(BlobEvent::kDropped, digest);

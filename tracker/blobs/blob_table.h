@@ -304,7 +304,6 @@ class BlobTable {
   struct Chunk {
     std::shared_ptr<const PublishedChunk> published;
     std::unique_ptr<LeaseRecord> lease;
-    std::vector<std::string> bad_reporters;  // of this publication, distinct, < the quorum
   };
   struct Blob {
     BlobSource source;
@@ -316,6 +315,9 @@ class BlobTable {
     TimePoint created;
     std::optional<TimePoint> completed;
     std::list<Digest>::iterator lru;  // its entry in lru_
+    // Distinct bad reporters of a ready chunk's publication (fewer than the quorum), only for
+    // chunks someone reported: nothing for the others.
+    std::map<uint32_t, std::vector<std::string>> bad_reporters;
   };
 
   // The table, created at `now` if absent (evicting as needed), moved to the front of the LRU
