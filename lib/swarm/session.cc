@@ -404,17 +404,16 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
 
   // A connection that had got past connecting and closed (see ChunkAnnounces::last_peer_closed).
   void OnPeerDisconnected(const lt::peer_disconnected_alert& a) {
-    if (a.op == lt::operation_t::connect || a.op == lt::operation_t::sock_open ||
+    const bool never_connected =
+        a.op == lt::operation_t::connect || a.op == lt::operation_t::sock_open ||
         a.op == lt::operation_t::sock_bind || a.op == lt::operation_t::getpeername ||
-        a.op == lt::operation_t::ssl_handshake) {
-      return;
-    }
+        a.op == lt::operation_t::ssl_handshake;
     // Our own closes (the idle timeout, redundant or surplus connections) are not the swarm
     // telling us it is busy; counting them would let a chunk wait --peer-stall-ms for nothing.
-    const bool remote = ClosedByRemote(a.error);
-    spdlog::debug("swarm: peer {} {} the connection ({}: {}, reason {})", Endpoint(a.endpoint),
-                  remote ? "closed" : "lost", lt::operation_name(a.op), a.error.message(),
-                  static_cast<int>(a.reason));
+    const bool remote = !never_connected && ClosedByRemote(a.error);
+    spdlog::debug("swarm: peer {} {} the connection ({}: {})", Endpoint(a.endpoint),
+                  remote ? "closed" : never_connected ? "never completed" : "lost",
+                  lt::operation_name(a.op), a.error.message());
     if (!remote) return;
     if (Chunk* c = Find(a.handle)) c->announces.last_peer_closed = std::chrono::steady_clock::now();
   }
