@@ -318,16 +318,13 @@ BlobResponse BlobApi::Execute(const BlobCall& call, TimePoint now) {
       auto report = table_.ReportBad(call.digest, call.k, call.info_hash, source, now);
       if (!report) return Failure(report.error(), route);
       const BadReportAnswer& r = report.value();
-      if (r.dropped) {
-        spdlog::warn("chunk {} of {}: metainfo {} reported bad by agent {} ({}), {} of {} "
-                     "sources; dropped",
-                     call.k, call.digest.str(), swarm::Sha1Hex(call.info_hash), call.agent,
-                     source, r.reporters, r.needed);
-      } else if (r.needed > 0) {
-        spdlog::info("chunk {} of {}: metainfo {} reported bad by agent {} ({}), {} of {} "
-                     "sources; kept until more agree or its seeders are gone",
-                     call.k, call.digest.str(), swarm::Sha1Hex(call.info_hash), call.agent,
-                     source, r.reporters, r.needed);
+      if (r.needed > 0) {
+        spdlog::log(r.dropped ? spdlog::level::warn : spdlog::level::info,
+                    "chunk {} of {}: metainfo {} reported bad by agent {} ({}), {} of {} "
+                    "sources; {}",
+                    call.k, call.digest.str(), swarm::Sha1Hex(call.info_hash), call.agent,
+                    source, r.reporters, r.needed,
+                    r.dropped ? "dropped" : "kept until more agree or its seeders are gone");
       }
       json j{{"dropped", r.dropped}};
       if (r.needed > 0) {
