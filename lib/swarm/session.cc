@@ -543,7 +543,7 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   void SampleStats() {
     if (!session) return;
     session->post_session_stats();
-    ReannounceStalled();
+    SampleDownloading();
     stats_timer.expires_after(std::chrono::seconds(1));
     std::weak_ptr<Impl> weak = weak_from_this();
     stats_timer.async_wait([weak](const boost::system::error_code& ec) {
@@ -552,12 +552,29 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     });
   }
 
+  // Every downloading chunk's status in one call into libtorrent's thread (not one per chunk):
+  // its connected peers for Announces(), then the stall check. No call while none downloads.
+  void SampleDownloading() {
+    if (!session) return;
+    if (std::all_of(chunks.begin(), chunks.end(),
+                    [](const auto& kv) { return kv.second.complete || kv.second.errored; })) {
+      return;
+    }
+    std::vector<lt::torrent_status> statuses = session->get_torrent_status(
+        [](const lt::torrent_status& st) { return !st.is_seeding && !st.is_finished; }, {});
+    for (const lt::torrent_status& st : statuses) {
+      auto key = by_handle.find(st.handle);
+      if (key != by_handle.end()) chunks.at(key->second).announces.connected = st.num_peers;
+    }
+    ReannounceStalled(statuses);
+  }
+
   // Every downloading chunk with no payload since its last check and a free connection slot
   // announces again (SwarmOptions::stall_reannounce_ms). A chunk whose slots are all taken
   // waits: idle connections close after idle_peer_timeout_s, and the next check finds room.
-  void ReannounceStalled() {
+  void ReannounceStalled(const std::vector<lt::torrent_status>& statuses) {
     using std::chrono::milliseconds;
-    if (options.stall_reannounce_ms <= 0 || !session) return;
+    if (options.stall_reannounce_ms <= 0) return;
     const milliseconds base(options.stall_reannounce_ms);
     const milliseconds most = std::max(base, milliseconds(options.min_announce_interval_s * 1000));
     const auto now = std::chrono::steady_clock::now();
@@ -565,12 +582,6 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
       if (c.complete || c.errored || c.trackers.empty() || now < c.stall_check_at) return false;
       return !options.tls || c.has_cert;  // without the certificate it is paused
     };
-    if (std::none_of(chunks.begin(), chunks.end(), [&](const auto& kv) { return due(kv.second); })) {
-      return;
-    }
-    // One call into libtorrent's thread for every chunk, not one per chunk.
-    std::vector<lt::torrent_status> statuses = session->get_torrent_status(
-        [](const lt::torrent_status& st) { return !st.is_seeding && !st.is_finished; }, {});
     for (const lt::torrent_status& st : statuses) {
       auto key = by_handle.find(st.handle);
       if (key == by_handle.end()) continue;
@@ -825,12 +836,13 @@ SwarmStats Swarm::Stats() { return impl_->Stats(); }
 std::optional<ChunkAnnounces> Swarm::Announces(const Sha1& info_hash) const {
   auto it = impl_->chunks.find(info_hash);
   if (it == impl_->chunks.end()) return std::nullopt;
-  ChunkAnnounces out = it->second.announces;
-  if (it->second.handle.is_valid()) {
-    lt::torrent_status st = it->second.handle.status({});
-    out.connected = st.num_peers;
-  }
-  return out;
+  return it->second.announces;
+}
+
+int Swarm::PeersNow(const Sha1& info_hash) const {
+  auto it = impl_->chunks.find(info_hash);
+  if (it == impl_->chunks.end() || !it->second.handle.is_valid()) return -1;
+  return it->second.handle.status({}).num_peers;
 }
 
 void Swarm::Reannounce(const Sha1& info_hash) {

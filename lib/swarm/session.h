@@ -130,7 +130,7 @@ struct ChunkAnnounces {
   int replies = 0;        // announces answered
   int errors = 0;         // announces that failed (unreachable tracker, refused, timed out)
   int peers_offered = 0;  // peers in the latest answer
-  int connected = 0;      // peer connections now
+  int connected = 0;      // peer connections at the last sample (each second, while downloading)
   // The latest peer connection that got past connecting and was then closed: a peer whose
   // every slot for this chunk was taken closes us after the handshake. Unlike a failed connect
   // (a dead or unreachable peer), it says the swarm is alive. Default: none yet.
@@ -250,9 +250,12 @@ class Swarm {
   // limit (libtorrent's download_rate_limit, after overrides; 0: none) when 0. No-op before
   // Start(). libtorrent applies it asynchronously.
   void CapDownloadRate(int64_t bytes_per_s);
-  // The chunk's announce results and connected peers; nullopt when it is not added. A
-  // synchronous call into libtorrent (about a millisecond).
+  // The chunk's announce results and connected peers (sampled each second); nullopt when it is
+  // not added. No call into libtorrent.
   std::optional<ChunkAnnounces> Announces(const Sha1& info_hash) const;
+  // The chunk's peer connections now, seeding or not (-1 when it is not added): a synchronous
+  // call into libtorrent (about a millisecond), for tests and diagnostics, not for loops.
+  int PeersNow(const Sha1& info_hash) const;
 
  private:
   struct Impl;
