@@ -27,7 +27,7 @@ struct TrackerConfig {
   uint32_t piece_size_kib = 1024;      // 1 MiB pieces in each chunk torrent (the largest)
   uint32_t target_chunks = 64;         // smaller blobs get at least 64 full chunks
   uint64_t min_chunk_size_kib = 1024;  // but not below 1 MiB
-  uint64_t first_chunk_kib = 1024;     // ramp: chunk 0 is 1 MiB, then 2, 4, ... (0: no ramp)
+  uint64_t first_chunk_kib = 256;      // ramp: chunk 0 is 256 KiB, then 512, 1024, ... (0: no ramp)
   uint32_t max_upstream_fetchers = 64;  // active leases in the whole cluster (NAT quota)
   uint32_t base_upstream_fetchers = 8;  // the limit below that until leases prove fast
   uint32_t fast_lease_mbit = 256;       // a lease this fast raises the limit (0: stays at base)

@@ -608,9 +608,11 @@ TEST_CASE(
     CHECK(WaitUntil(
         [&] { return static_cast<double>(TrackerChunks(*replicas[next], w.image)) >= next_own; },
         seconds(30), milliseconds(200)));
+    // 60 s: in one full-suite run (two tests at a time) 61 of 68 had come back after 30 s; the
+    // dead owner's chunks announce to it only after their tier 0 fails. Cause not traced.
     CHECK_MESSAGE(
         WaitUntil([&] { return replicas[next]->Metric("shoal_tracker_seeders") >= 4 * next_own; },
-                  seconds(30), milliseconds(200)),
+                  seconds(60), milliseconds(200)),
         "seeders " << replicas[next]->Metric("shoal_tracker_seeders") << " of " << 4 * next_own);
     return round;
   };
