@@ -816,8 +816,14 @@ awaitable<Status> ChunkFetcher::FromPeers(uint32_t k, const std::string& metainf
       // rather than report the chunk bad, which makes the tracker drop it and the cluster
       // fetch it from upstream again. --peer-stall-ms still bounds the wait.
       const bool peers_busy = Clock::now() - ann->last_peer_closed < no_peer_limit;
-      if (ann->connected == 0 && !state->any_piece && !peers_busy &&
-          Clock::now() - last_connected > no_peer_limit && ann->replies > 0) {
+      // The count is sampled each second: before giving up on the chunk, read it live (a peer
+      // that connected since the sample is not a stall).
+      const bool looks_stalled = ann->connected == 0 && !state->any_piece && !peers_busy &&
+                                 Clock::now() - last_connected > no_peer_limit &&
+                                 ann->replies > 0;
+      if (looks_stalled && s_.swarm->PeersNow(torrent.value().info_hash) > 0) {
+        last_connected = Clock::now();
+      } else if (looks_stalled) {
         s_.metrics.stalls.Increment();
         state->error = MakeError(ErrorCode::kUnavailable,
                                  "no peer connected for " + std::to_string(no_peer_limit.count()) +

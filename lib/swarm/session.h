@@ -254,7 +254,7 @@ class Swarm {
   // not added. No call into libtorrent.
   std::optional<ChunkAnnounces> Announces(const Sha1& info_hash) const;
   // The chunk's peer connections now, seeding or not (-1 when it is not added): a synchronous
-  // call into libtorrent (about a millisecond), for tests and diagnostics, not for loops.
+  // call into libtorrent (about a millisecond), to confirm a decision or in tests; not to poll.
   int PeersNow(const Sha1& info_hash) const;
 
  private:
