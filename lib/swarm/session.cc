@@ -562,49 +562,43 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     }
     std::vector<lt::torrent_status> statuses = session->get_torrent_status(
         [](const lt::torrent_status& st) { return !st.is_seeding && !st.is_finished; }, {});
+    const auto now = std::chrono::steady_clock::now();
     for (const lt::torrent_status& st : statuses) {
-      auto key = by_handle.find(st.handle);
-      if (key != by_handle.end()) chunks.at(key->second).announces.connected = st.num_peers;
+      Chunk* c = Find(st.handle);
+      if (c == nullptr) continue;
+      c->announces.connected = st.num_peers;
+      ReannounceIfStalled(*c, st, now);
     }
-    ReannounceStalled(statuses);
   }
 
-  // Every downloading chunk with no payload since its last check and a free connection slot
+  // A downloading chunk with no payload since its last check and a free connection slot
   // announces again (SwarmOptions::stall_reannounce_ms). A chunk whose slots are all taken
   // waits: idle connections close after idle_peer_timeout_s, and the next check finds room.
-  void ReannounceStalled(const std::vector<lt::torrent_status>& statuses) {
+  void ReannounceIfStalled(Chunk& c, const lt::torrent_status& st,
+                           std::chrono::steady_clock::time_point now) {
     using std::chrono::milliseconds;
     if (options.stall_reannounce_ms <= 0) return;
+    if (c.complete || c.errored || c.trackers.empty() || now < c.stall_check_at) return;
+    if (options.tls && !c.has_cert) return;  // without the certificate it is paused
     const milliseconds base(options.stall_reannounce_ms);
     const milliseconds most = std::max(base, milliseconds(options.min_announce_interval_s * 1000));
-    const auto now = std::chrono::steady_clock::now();
-    auto due = [&](const Chunk& c) {
-      if (c.complete || c.errored || c.trackers.empty() || now < c.stall_check_at) return false;
-      return !options.tls || c.has_cert;  // without the certificate it is paused
-    };
-    for (const lt::torrent_status& st : statuses) {
-      auto key = by_handle.find(st.handle);
-      if (key == by_handle.end()) continue;
-      Chunk& c = chunks.at(key->second);
-      if (!due(c)) continue;
-      if (st.total_payload_download != c.payload_seen) {
-        c.payload_seen = st.total_payload_download;
-        c.stall_backoff = base;
-        c.stall_check_at = now + base;
-        continue;
-      }
-      if (options.peers_per_chunk > 0 && st.num_peers >= options.peers_per_chunk) {
-        c.stall_check_at = now + milliseconds(1000);
-        continue;
-      }
-      c.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
-      ++stall_reannounces;
-      spdlog::debug("swarm: chunk {} got no payload since its last check, {} peers: "
-                    "re-announcing (next check in {} ms)",
-                    c.name, st.num_peers, c.stall_backoff.count());
-      c.stall_check_at = now + c.stall_backoff;
-      c.stall_backoff = std::min(most, c.stall_backoff * 2);
+    if (st.total_payload_download != c.payload_seen) {
+      c.payload_seen = st.total_payload_download;
+      c.stall_backoff = base;
+      c.stall_check_at = now + base;
+      return;
     }
+    if (options.peers_per_chunk > 0 && st.num_peers >= options.peers_per_chunk) {
+      c.stall_check_at = now + milliseconds(1000);
+      return;
+    }
+    c.handle.force_reannounce(0, -1, lt::torrent_handle::ignore_min_interval);
+    ++stall_reannounces;
+    spdlog::debug("swarm: chunk {} got no payload since its last check, {} peers: "
+                  "re-announcing (next check in {} ms)",
+                  c.name, st.num_peers, c.stall_backoff.count());
+    c.stall_check_at = now + c.stall_backoff;
+    c.stall_backoff = std::min(most, c.stall_backoff * 2);
   }
 
   void StopSession() {

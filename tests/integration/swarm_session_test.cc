@@ -685,12 +685,10 @@ TEST_CASE("swarm session: a peer with every slot taken closes a newcomer's conne
   };
   REQUIRE(WaitUntil([&] { return connected(holder) == 1; }, seconds(10), milliseconds(20)));
   // Announces() carries the count sampled each second while the chunk downloads.
-  CHECK(WaitUntil(
-      [&] {
-        return holder.Call([&] { return holder.swarm().Announces(torrents[0].info_hash)->connected; }) ==
-               1;
-      },
-      seconds(3), milliseconds(20)));
+  auto sampled = [&](Node& n) {
+    return n.Call([&] { return n.swarm().Announces(torrents[0].info_hash)->connected; });
+  };
+  CHECK(WaitUntil([&] { return sampled(holder) == 1; }, seconds(3), milliseconds(20)));
 
   Node newcomer(one);
   newcomer.Start();
