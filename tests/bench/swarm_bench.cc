@@ -60,6 +60,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <latch>
 #include <limits>
 #include <map>
@@ -405,6 +406,86 @@ uint64_t NetCounter(const std::string& ns, const std::string& dev, const std::st
   std::string out =
       Must({"ip", "netns", "exec", ns, "cat", "/sys/class/net/" + dev + "/statistics/" + counter});
   return std::stoull(Trim(out));
+}
+
+// TCP segments and tbf drops over a run: where bytes beyond S on the wire come from besides
+// framing (segments sent again after a drop at a shaped link) and what the shaped links dropped.
+struct NetStats {
+  uint64_t node_segs = 0, node_retrans = 0;  // TCP segments the nodes sent, and sent again
+  uint64_t reg_segs = 0, reg_retrans = 0;    // the same for the upstream registry
+  uint64_t up_pkts = 0, up_drops = 0;        // the nodes' uplinks (tbf on their eth0)
+  uint64_t down_pkts = 0, down_drops = 0;    // the nodes' downlinks (tbf on the switch's ends)
+  uint64_t reg_drops = 0;                    // the registry's uplink
+  NetStats operator-(const NetStats& o) const {
+    return {node_segs - o.node_segs, node_retrans - o.node_retrans, reg_segs - o.reg_segs,
+            reg_retrans - o.reg_retrans,       up_pkts - o.up_pkts,     up_drops - o.up_drops,
+            down_pkts - o.down_pkts,           down_drops - o.down_drops, reg_drops - o.reg_drops};
+  }
+};
+
+// (OutSegs, RetransSegs) from /proc/net/snmp inside `ns`.
+std::pair<uint64_t, uint64_t> TcpSegments(const std::string& ns) {
+  std::istringstream in(Must({"ip", "netns", "exec", ns, "cat", "/proc/net/snmp"}));
+  std::vector<std::string> names;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Tcp:", 0) != 0) continue;
+    std::istringstream fields(line.substr(4));
+    std::vector<std::string> v{std::istream_iterator<std::string>(fields), {}};
+    if (names.empty()) {
+      names = v;
+      continue;
+    }
+    uint64_t out = 0, retrans = 0;
+    for (size_t i = 0; i < names.size() && i < v.size(); ++i) {
+      if (names[i] == "OutSegs") out = std::stoull(v[i]);
+      if (names[i] == "RetransSegs") retrans = std::stoull(v[i]);
+    }
+    return {out, retrans};
+  }
+  throw HarnessError("no Tcp: counters in /proc/net/snmp of " + ns);
+}
+
+// Per device in `ns`: (packets sent, packets dropped) by its root qdisc, from `tc -s qdisc`.
+std::map<std::string, std::pair<uint64_t, uint64_t>> QdiscCounters(const std::string& ns) {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> out;
+  std::istringstream in(Must({"tc", "-s", "-n", ns, "qdisc", "show"}));
+  std::string dev;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::vector<std::string> w{std::istream_iterator<std::string>(words), {}};
+    if (!w.empty() && w[0] == "qdisc") {
+      dev.clear();
+      for (size_t i = 0; i + 1 < w.size(); ++i)
+        if (w[i] == "dev") dev = w[i + 1];
+      continue;
+    }
+    // " Sent 123 bytes 45 pkt (dropped 6, overlimits 7 requeues 0)"
+    if (w.size() >= 7 && w[0] == "Sent" && !dev.empty()) {
+      std::string dropped = w[6];
+      if (!dropped.empty() && dropped.back() == ',') dropped.pop_back();
+      out[dev] = {std::stoull(w[3]), std::stoull(dropped)};
+    }
+  }
+  return out;
+}
+
+NetStats ReadNetStats(size_t nodes, const std::string& upstream_ns, const std::string& switch_ns) {
+  NetStats s;
+  auto sw = QdiscCounters(switch_ns);
+  for (size_t i = 0; i < nodes; ++i) {
+    std::string dev = "n" + std::to_string(i + 1), ns = std::string(kPrefix) + dev;
+    auto [segs, retrans] = TcpSegments(ns);
+    s.node_segs += segs;
+    s.node_retrans += retrans;
+    auto [pkts, drops] = QdiscCounters(ns)["eth0"];
+    s.up_pkts += pkts;
+    s.up_drops += drops;
+    s.down_pkts += sw[dev].first;
+    s.down_drops += sw[dev].second;
+  }
+  std::tie(s.reg_segs, s.reg_retrans) = TcpSegments(upstream_ns);
+  s.reg_drops = QdiscCounters(upstream_ns)["eth0"].second;
+  return s;
 }
 
 // ---- Daemons ----------------------------------------------------------------------------------
@@ -854,6 +935,7 @@ struct Measured {
   std::map<std::string, double> cpu;   // core-seconds per group, plus "clients"
   std::map<std::string, double> wait;  // run-queue wait (runnable, no CPU) per group, seconds
   std::vector<LinkSample> links;       // the switch's veth ends over time
+  NetStats net;                        // TCP retransmissions and tbf drops over the run
   double pressure_s = 0;               // PSI cpu "some": time some task waited for a CPU
   // shoal: the requests the tracker answered during the pulls, by kind (TrackerRequests)
   std::map<std::string, double> tracker_requests;
@@ -885,6 +967,7 @@ Measured Measure(const std::string& name, size_t nodes, const std::string& upstr
     for (pid_t p : g.pids) s += RunDelaySeconds(p);
     return s;
   };
+  NetStats net0 = ReadNetStats(nodes, upstream_ns, switch_ns);
   std::map<std::string, double> wait0;
   for (const auto& g : groups) {
     cpu0[g.name] = group_cpu(g);
@@ -928,6 +1011,7 @@ Measured Measure(const std::string& name, size_t nodes, const std::string& upstr
   m.iowait_s = TicksToSeconds(t1.iowait - t0.iowait);
   m.upstream_tx = NetCounter(upstream_ns, "eth0", "tx_bytes") - tx0;
   m.upstream_rx = NetCounter(upstream_ns, "eth0", "rx_bytes") - rx0;
+  m.net = ReadNetStats(nodes, upstream_ns, switch_ns) - net0;
   CheckInterrupted();
   return m;
 }
@@ -1187,6 +1271,23 @@ void PrintLinkUse(const Context& c, const std::vector<Measured>& runs) {
         "downloads at %3.0f%% of B on average, %.3fx S on the wire\n",
         m.name.c_str(), 100 * up, busy, tl.t.size(), 100 * node, in);
   }
+  std::printf(
+      "TCP: segments sent again (after a drop at a shaped link) among all sent; tbf drops among "
+      "packets\n");
+  auto pct = [](uint64_t part, uint64_t all) {
+    return all == 0 ? 0.0 : 100.0 * static_cast<double>(part) / static_cast<double>(all);
+  };
+  for (const auto& m : runs) {
+    const NetStats& n = m.net;
+    std::printf(
+        "  %-15s nodes %.2f%% of %llu segments, registry %.2f%% of %llu; drops: node uplinks "
+        "%.2f%%, node downlinks %.2f%%, registry link %llu packets\n",
+        m.name.c_str(), pct(n.node_retrans, n.node_segs),
+        static_cast<unsigned long long>(n.node_segs), pct(n.reg_retrans, n.reg_segs),
+        static_cast<unsigned long long>(n.reg_segs), pct(n.up_drops, n.up_pkts + n.up_drops),
+        pct(n.down_drops, n.down_pkts + n.down_drops),
+        static_cast<unsigned long long>(n.reg_drops));
+  }
 }
 
 json TimelineJson(const Measured& m, size_t nodes) {
@@ -1230,6 +1331,15 @@ json MeasuredJson(const Context& c, const Measured& m) {
       {"busy_samples", m.busy_samples},
       {"cpu_s", m.cpu},
       {"timeline", TimelineJson(m, m.nodes.size())},
+      {"tcp", {{"node_segments", m.net.node_segs},
+               {"node_retransmitted", m.net.node_retrans},
+               {"registry_segments", m.net.reg_segs},
+               {"registry_retransmitted", m.net.reg_retrans},
+               {"uplink_packets", m.net.up_pkts},
+               {"uplink_drops", m.net.up_drops},
+               {"downlink_packets", m.net.down_pkts},
+               {"downlink_drops", m.net.down_drops},
+               {"registry_drops", m.net.reg_drops}}},
       {"run_queue_wait_s", m.wait},
       {"cpu_pressure_pct", m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0},
       {"tracker_requests", m.tracker_requests},
