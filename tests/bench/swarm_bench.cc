@@ -1272,6 +1272,43 @@ void PrintLinkUse(const Context& c, const std::vector<Measured>& runs) {
         m.name.c_str(), 100 * up, busy, tl.t.size(), 100 * node, in);
   }
   std::printf(
+      "lag: the registry link's last second at >= 20%% of U, and how far the nodes trailed it "
+      "then:\nthe share of its bytes the registry had sent minus the mean share of its bytes a "
+      "node had received\n(at B = U a node cannot make up a lag: it still has that share to "
+      "download at B)\n");
+  for (const auto& m : runs) {
+    Timeline tl = MakeTimeline(m, m.nodes.size());
+    const std::vector<double>& up = tl.mbit["upstream"];
+    size_t end = 0;
+    for (size_t k = 0; k < up.size(); ++k) {
+      if (up[k] >= 0.2 * c.o.upstream_mbit) end = k;
+    }
+    if (up.empty()) continue;
+    // Bytes (in Mbit) up to and including sample `upto`, and in all, of one series.
+    auto sums = [&](const std::vector<double>& v, size_t upto) {
+      double part = 0, all = 0;
+      for (size_t k = 0; k < v.size(); ++k) {
+        double x = v[k] * (tl.t[k] - (k == 0 ? 0.0 : tl.t[k - 1]));
+        all += x;
+        if (k <= upto) part += x;
+      }
+      return std::make_pair(part, all);
+    };
+    auto [reg_part, reg_all] = sums(up, end);
+    double nodes_share = 0;
+    for (size_t i = 0; i < m.nodes.size(); ++i) {
+      auto [part, all] = sums(tl.mbit["n" + std::to_string(i + 1)], end);
+      nodes_share += all > 0 ? part / all : 0;
+    }
+    nodes_share /= static_cast<double>(std::max<size_t>(1, m.nodes.size()));
+    const double p99 = Percentile(Times(m), 0.99);
+    std::printf(
+        "  %-15s registry until %.0f s (%.2fx the limit); nodes then at %.0f%% of their bytes, "
+        "a lag of %.2f; p99 %.1f s after it\n",
+        m.name.c_str(), tl.t[end], tl.t[end] / c.limit_s, 100 * nodes_share,
+        (reg_all > 0 ? reg_part / reg_all : 0) - nodes_share, p99 - tl.t[end]);
+  }
+  std::printf(
       "TCP: segments sent again (after a drop at a shaped link) among all sent; tbf drops among "
       "packets\n");
   auto pct = [](uint64_t part, uint64_t all) {
