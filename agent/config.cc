@@ -214,6 +214,13 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->envname("SHOAL_PEERS_PER_CHUNK")
       ->check(CLI::Range(0, 100000))
       ->capture_default_str();
+  app.add_option("--disk-write-delay-us", c.disk_write_delay_us,
+                 "Blocks received from peers wait up to this long (or until 256 KiB are queued) "
+                 "for more before the disk thread wakes to write them in one pwritev; hashes and "
+                 "reads never wait. 0: wake for every round of libtorrent's network loop")
+      ->envname("SHOAL_DISK_WRITE_DELAY_US")
+      ->check(CLI::Range(0, 100000))
+      ->capture_default_str();
   app.add_option("--libtorrent-setting", c.libtorrent_settings,
                  "Override one libtorrent settings_pack value, NAME=VALUE (repeatable or "
                  "comma-separated), e.g. max_out_request_queue=64; for tuning, applied last")

@@ -57,6 +57,7 @@ struct AgentConfig {
   // this long, so that 2,500 agents do not all call the same replica in the same second
   int republish_spread_s = 10;
   int unchoke_slots = -1;        // peers uploaded to at once; -1: every interested LAN peer
+  int disk_write_delay_us = 2000;  // writes alone wait this long for more before a disk wake-up
   int peers_per_chunk = 4;       // peer connections of one chunk torrent; 0: libtorrent's
   std::vector<std::string> libtorrent_settings;  // "name=value" settings_pack overrides
   std::string snapshotter_socket;  // containerd snapshotter's unix socket; empty = not served

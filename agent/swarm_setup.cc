@@ -62,6 +62,7 @@ Result<swarm::SwarmOptions> MakeSwarmOptions(const AgentConfig& config, const ht
   options.allow_multiple_connections_per_ip = true;
   options.unchoke_slots = config.unchoke_slots;
   options.peers_per_chunk = config.peers_per_chunk;
+  options.disk_write_delay = std::chrono::microseconds(config.disk_write_delay_us);
   options.libtorrent_settings = config.libtorrent_settings;
   if (config.peer_ca_cert.empty() != config.peer_ca_key.empty()) {
     return MakeError(ErrorCode::kInvalidArgument,

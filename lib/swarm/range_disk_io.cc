@@ -424,6 +424,11 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
       auto it = st->pending_writes.find(p);
       if (it != st->pending_writes.end() && it->second > 0) {
         st->parked[p].push_back(std::move(job));
+        // Its writes may be waiting for the write delay: they run now, so the hash does.
+        if (deferred_ || unsignalled_) {
+          SignalLocked();
+          cv_.notify_all();
+        }
         return;
       }
     }
@@ -532,12 +537,25 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   }
 
   // libtorrent calls this after a round of async_* calls: reads and writes queued since the
-  // last call wake the disk threads once, not once per 16 KiB block.
+  // last call wake the disk threads once, not once per 16 KiB block. Writes alone, under
+  // options.write_wake_bytes and with room in the write queue, are left for up to
+  // options.write_delay (a thread waits for that deadline) so that more blocks share the
+  // wake-up and the pwritev.
   void submit_jobs() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!unsignalled_) return;
-    unsignalled_ = false;
-    cv_.notify_all();
+    const bool now = unsignalled_read_ || exceeded_ || options_.write_delay.count() <= 0 ||
+                     unsignalled_write_bytes_ >= options_.write_wake_bytes;
+    if (now) {
+      SignalLocked();
+      cv_.notify_all();
+      return;
+    }
+    if (!deferred_) {
+      deferred_ = true;
+      defer_until_ = std::chrono::steady_clock::now() + options_.write_delay;
+      cv_.notify_one();  // an idle thread goes back to sleep until the deadline
+    }
   }
 
   void settings_updated() override {
@@ -598,13 +616,29 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   // threads are woken by the next submit_jobs.
   bool EnqueueLocked(Job& job, bool wake) {
     if (running_ == 0) return false;
+    const Job::Kind kind = job.kind;
+    const int64_t len = static_cast<int64_t>(job.len);
     queue_.push_back(std::move(job));
     if (wake) {
+      SignalLocked();  // the woken thread takes what was left waiting too
       cv_.notify_one();
     } else {
       unsignalled_ = true;
+      if (kind == Job::Kind::kWrite) {
+        unsignalled_write_bytes_ += len;
+      } else {
+        unsignalled_read_ = true;
+      }
     }
     return true;
+  }
+
+  // Everything queued may run now: no deferral, nothing counted as unsignalled.
+  void SignalLocked() {
+    unsignalled_ = false;
+    unsignalled_read_ = false;
+    unsignalled_write_bytes_ = 0;
+    deferred_ = false;
   }
 
   void RunInline(Job job) {
@@ -775,7 +809,16 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        for (;;) {
+          if (stopping_) break;
+          if (!queue_.empty() && !deferred_) break;
+          if (queue_.empty()) {
+            cv_.wait(lock);
+          } else if (cv_.wait_until(lock, defer_until_) == std::cv_status::timeout && deferred_ &&
+                     std::chrono::steady_clock::now() >= defer_until_) {
+            SignalLocked();  // deferred writes are due
+          }
+        }
         if (queue_.empty()) {
           // Stopping and drained. A job still running on another thread may queue more work
           // (a parked hash); that thread keeps going until the queue is empty.
@@ -789,6 +832,7 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
           batch.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }
+        if (queue_.empty()) SignalLocked();  // nothing left waiting for a wake-up
       }
       RunBatch(batch);
       batch.clear();
@@ -931,6 +975,10 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   std::condition_variable cv_;
   std::deque<Job> queue_;
   bool unsignalled_ = false;  // reads or writes queued since the threads were last woken
+  bool unsignalled_read_ = false;        // ... and a read among them
+  int64_t unsignalled_write_bytes_ = 0;  // ... and the bytes of the writes among them
+  bool deferred_ = false;  // queued writes wait for more until defer_until_ (submit_jobs)
+  std::chrono::steady_clock::time_point defer_until_;
   int running_ = 0;
   size_t thread_count_ = 1;  // set before the threads start
   bool stopping_ = false;

@@ -34,6 +34,7 @@
 #include <utility>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -67,6 +68,12 @@ struct RangeDiskIoOptions {
   int64_t max_retained_bytes = 64ll << 20;
   // Optional: counts where hashed bytes came from.
   std::shared_ptr<RangeDiskIoStats> stats;
+  // Writes (no read among them) queued since the disk threads last woke may wait this long for
+  // more before the threads wake for them, unless they reach write_wake_bytes first: one wake-up
+  // and one pwritev per several blocks where a peer hands over a block at a time (TLS peers).
+  // Hash jobs, reads and a full write queue wake the threads at once. 0: wake on every round.
+  std::chrono::microseconds write_delay{2000};
+  int64_t write_wake_bytes = 256 << 10;
 };
 
 // Creates the disk subsystem directly (tests drive it without a session). `ioc` is libtorrent's

@@ -507,7 +507,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     lt::session_params params(std::move(settings));
     params.disk_io_constructor =
         RangeDiskIoConstructor(RangeDiskIoOptions{registry, options.disk_threads, nullptr,
-                                                  int64_t{64} << 20, disk_stats});
+                                                  int64_t{64} << 20, disk_stats,
+                                                  options.disk_write_delay});
     try {
       session = std::make_unique<lt::session>(std::move(params));
     } catch (const std::exception& e) {

@@ -53,6 +53,8 @@ struct SwarmOptions {
   // (ext4 i_rwsem, spinning): 6.6 core-s/GiB received with two, 5.7 with one, at the same
   // throughput (docs/benchmarks.md, "Where the receiver's core-seconds go").
   int disk_threads = 1;
+  // Queued writes wait this long for more before the disk thread wakes (RangeDiskIoOptions).
+  std::chrono::microseconds disk_write_delay{2000};
   // Peer connections of the whole session.
   int connections_limit = 400;
   // Peers unchoked at once (uploading to them); -1 unchokes everyone.

@@ -100,9 +100,10 @@ struct Rig {
 
   std::shared_ptr<RangeDiskIoStats> stats = std::make_shared<RangeDiskIoStats>();
 
-  explicit Rig(int max_queued = 1 << 20, int64_t max_retained = int64_t{64} << 20) {
+  explicit Rig(int max_queued = 1 << 20, int64_t max_retained = int64_t{64} << 20,
+               std::chrono::microseconds write_delay = std::chrono::microseconds(2000)) {
     settings.set_int(lt::settings_pack::max_queued_disk_bytes, max_queued);
-    RangeDiskIoOptions o{registry, 2, nullptr, max_retained, stats};
+    RangeDiskIoOptions o{registry, 2, nullptr, max_retained, stats, write_delay};
     o.on_write_landed = [this](const Sha1&, uint64_t, uint64_t) {
       std::unique_lock<std::mutex> lock(mu);
       ++landed;
@@ -531,6 +532,51 @@ TEST_CASE("swarm range disk io: neighbouring blocks queued together each get the
   }));
   for (size_t b = 0; b < 12; ++b) {
     CHECK(*got[b] == data.substr(b * lt::default_block_size, lt::default_block_size));
+  }
+}
+
+TEST_CASE("swarm range disk io: lone writes wait for the write delay, a full batch or a hash does not") {
+  // A long delay, so that "not yet written" is not a race: the deadline is 2 s away.
+  const auto delay = std::chrono::microseconds(2'000'000);
+  SUBCASE("one block is written once the delay has passed") {
+    Rig rig(1 << 20, int64_t{64} << 20, delay);
+    const std::string data = Bytes(Rig::kPiece, 3);
+    auto file = TempFile(data.size(), 0);
+    REQUIRE(rig.registry->Register(Ih(1), FileRange{file, 0, data.size()}).has_value());
+    auto t = rig.Add(Ih(1), data.size());
+    int written = 0;
+    const auto start = std::chrono::steady_clock::now();
+    rig.WriteBlock(t->holder, data, 0, &written);
+    rig.RunUntil([&] { return written > 0; }, milliseconds(300));
+    CHECK(written == 0);
+    REQUIRE(rig.RunUntil([&] { return written == 1; }));
+    CHECK(std::chrono::steady_clock::now() - start >= milliseconds(1900));
+    CHECK(ReadAt(*file, 0, lt::default_block_size) == data.substr(0, lt::default_block_size));
+  }
+  SUBCASE("256 KiB of writes in one round wake the disk thread at once") {
+    Rig rig(1 << 20, int64_t{64} << 20, delay);
+    const std::string data = Bytes(256 * 1024, 4);
+    auto file = TempFile(data.size(), 0);
+    REQUIRE(rig.registry->Register(Ih(2), FileRange{file, 0, data.size()}).has_value());
+    auto t = rig.Add(Ih(2), data.size());
+    int written = 0;
+    rig.WriteAll(t->holder, data, &written);
+    CHECK(rig.RunUntil([&] { return written == 16; }, milliseconds(1500)));
+    CHECK(ReadAt(*file, 0, data.size()) == data);
+  }
+  SUBCASE("a hash job takes the waiting writes of its piece with it") {
+    Rig rig(1 << 20, int64_t{64} << 20, delay);
+    const std::string data = Bytes(Rig::kPiece, 5);
+    auto file = TempFile(data.size(), 0);
+    REQUIRE(rig.registry->Register(Ih(3), FileRange{file, 0, data.size()}).has_value());
+    auto t = rig.Add(Ih(3), data.size());
+    int written = 0;
+    const auto start = std::chrono::steady_clock::now();
+    rig.WriteBlock(t->holder, data, 0, &written);
+    rig.WriteBlock(t->holder, data, lt::default_block_size, &written);
+    CHECK(rig.Hash(t->holder, 0) == lt::hasher(data.data(), Rig::kPiece).final());
+    REQUIRE(rig.RunUntil([&] { return written == 2; }));
+    CHECK(std::chrono::steady_clock::now() - start < milliseconds(1500));
   }
 }
 
