@@ -537,15 +537,14 @@ TEST_CASE("swarm range disk io: neighbouring blocks queued together each get the
 
 TEST_CASE("swarm range disk io: lone writes wait for the write delay, a full batch or a hash does not") {
   // A long delay, so that "not yet written" is not a race: the deadline is 2 s away.
-  const auto delay = std::chrono::microseconds(2'000'000);
+  Rig rig(1 << 20, int64_t{64} << 20, std::chrono::microseconds(2'000'000));
+  const std::string data = Bytes(256 * 1024, 3);  // 16 blocks, 8 pieces
+  auto file = TempFile(data.size(), 0);
+  REQUIRE(rig.registry->Register(Ih(1), FileRange{file, 0, data.size()}).has_value());
+  auto t = rig.Add(Ih(1), data.size());
+  int written = 0;
+  const auto start = std::chrono::steady_clock::now();
   SUBCASE("one block is written once the delay has passed") {
-    Rig rig(1 << 20, int64_t{64} << 20, delay);
-    const std::string data = Bytes(Rig::kPiece, 3);
-    auto file = TempFile(data.size(), 0);
-    REQUIRE(rig.registry->Register(Ih(1), FileRange{file, 0, data.size()}).has_value());
-    auto t = rig.Add(Ih(1), data.size());
-    int written = 0;
-    const auto start = std::chrono::steady_clock::now();
     rig.WriteBlock(t->holder, data, 0, &written);
     rig.RunUntil([&] { return written > 0; }, milliseconds(300));
     CHECK(written == 0);
@@ -554,24 +553,11 @@ TEST_CASE("swarm range disk io: lone writes wait for the write delay, a full bat
     CHECK(ReadAt(*file, 0, lt::default_block_size) == data.substr(0, lt::default_block_size));
   }
   SUBCASE("256 KiB of writes in one round wake the disk thread at once") {
-    Rig rig(1 << 20, int64_t{64} << 20, delay);
-    const std::string data = Bytes(256 * 1024, 4);
-    auto file = TempFile(data.size(), 0);
-    REQUIRE(rig.registry->Register(Ih(2), FileRange{file, 0, data.size()}).has_value());
-    auto t = rig.Add(Ih(2), data.size());
-    int written = 0;
     rig.WriteAll(t->holder, data, &written);
     CHECK(rig.RunUntil([&] { return written == 16; }, milliseconds(1500)));
     CHECK(ReadAt(*file, 0, data.size()) == data);
   }
   SUBCASE("a hash job takes the waiting writes of its piece with it") {
-    Rig rig(1 << 20, int64_t{64} << 20, delay);
-    const std::string data = Bytes(Rig::kPiece, 5);
-    auto file = TempFile(data.size(), 0);
-    REQUIRE(rig.registry->Register(Ih(3), FileRange{file, 0, data.size()}).has_value());
-    auto t = rig.Add(Ih(3), data.size());
-    int written = 0;
-    const auto start = std::chrono::steady_clock::now();
     rig.WriteBlock(t->holder, data, 0, &written);
     rig.WriteBlock(t->holder, data, lt::default_block_size, &written);
     CHECK(rig.Hash(t->holder, 0) == lt::hasher(data.data(), Rig::kPiece).final());
