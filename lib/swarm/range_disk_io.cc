@@ -816,7 +816,8 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
             cv_.wait(lock);
           } else if (cv_.wait_until(lock, defer_until_) == std::cv_status::timeout && deferred_ &&
                      std::chrono::steady_clock::now() >= defer_until_) {
-            SignalLocked();  // deferred writes are due
+            SignalLocked();  // deferred writes are due: every thread may help
+            cv_.notify_all();
           }
         }
         if (queue_.empty()) {
