@@ -1279,11 +1279,11 @@ void PrintLinkUse(const Context& c, const std::vector<Measured>& runs) {
   for (const auto& m : runs) {
     Timeline tl = MakeTimeline(m, m.nodes.size());
     const std::vector<double>& up = tl.mbit["upstream"];
+    if (up.empty()) continue;
     size_t end = 0;
     for (size_t k = 0; k < up.size(); ++k) {
       if (up[k] >= 0.2 * c.o.upstream_mbit) end = k;
     }
-    if (up.empty()) continue;
     // Bytes (in Mbit) up to and including sample `upto`, and in all, of one series.
     auto sums = [&](const std::vector<double>& v, size_t upto) {
       double part = 0, all = 0;
