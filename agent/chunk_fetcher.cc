@@ -135,8 +135,10 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   // Fetches chunk k from upstream (under lease_id when not empty), then seeds and publishes it.
   awaitable<Status> Upstream(uint32_t k, std::string lease_id, std::chrono::milliseconds ttl);
   awaitable<Status> FromPeers(uint32_t k, const std::string& metainfo);
+  // Renews the lease while bytes arrive; renewed_at is when it last held for sure.
   awaitable<void> RenewLoop(uint32_t k, std::string lease_id, std::chrono::milliseconds ttl,
-                            std::shared_ptr<uint64_t> progress, std::shared_ptr<bool> done);
+                            std::shared_ptr<uint64_t> progress, std::shared_ptr<bool> done,
+                            std::shared_ptr<Clock::time_point> renewed_at);
   awaitable<void> Finish();
   // Adds chunk k's torrent over our file: as a seed, or to download (spec callbacks set).
   Status SeedChunk(uint32_t k, const swarm::ChunkTorrent& torrent, swarm::ChunkSpec spec);
@@ -166,6 +168,9 @@ class ChunkFetcher : public std::enable_shared_from_this<ChunkFetcher> {
   std::mt19937 rng_{std::random_device{}()};
   std::vector<Origin> origin_;
   std::vector<bool> in_upstream_;  // our upstream worker is fetching the chunk
+  // A lease of ours on the chunk lapsed before its first byte and the fetch gave way (once per
+  // chunk: a registry whose first byte always comes after the lease ttl still gets fetched).
+  std::vector<bool> gave_way_;
   Notifier upstream_done_;         // woken when our upstream worker ends a chunk
   Notifier work_wanted_;           // woken when a chunk may need fetching again (reported bad)
   bool upstream_worker_ = false;
@@ -254,6 +259,7 @@ awaitable<void> ChunkFetcher::Run() {
   uint32_t count = layout_.chunk_count();
   origin_.assign(count, Origin::kNone);
   in_upstream_.assign(count, false);
+  gave_way_.assign(count, false);
   metainfo_.assign(count, "");
   ready_meta_.assign(count, "");
   // With a swarm, upstream fetching is work the tracker hands out (any chunk of the blob);
@@ -349,6 +355,8 @@ bool ChunkFetcher::UpstreamFailed(const Error& e) {
   // Counted per blob, not per chunk: four window workers each retrying their own chunk three
   // times (each GET retried 6 times by the client) made 72 GETs and 45 s against a dead upstream
   // before the client heard anything.
+  // A lease that lapsed before its first byte passed the chunk on: not a failed fetch.
+  if (e.code == ErrorCode::kCancelled) return true;
   if (Fatal(e) || ++upstream_failures_ >= s_.options.upstream_attempts) {
     fetch_->Fail(e);
     return false;
@@ -625,19 +633,33 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
   if (hash_pieces_) hasher.emplace(length, layout_.piece_size_of(k));
   auto progress = std::make_shared<uint64_t>(0);
   auto done = std::make_shared<bool>(false);
-  if (!lease_id.empty())
-    asio::co_spawn(s_.ioc, RenewLoop(k, lease_id, ttl, progress, done), asio::detached);
+  auto renewed_at = std::make_shared<Clock::time_point>(Clock::now());
+  if (!lease_id.empty()) {
+    asio::co_spawn(s_.ioc, RenewLoop(k, lease_id, ttl, progress, done, renewed_at),
+                   asio::detached);
+  }
   // Peers give way to the upstream GET on this node while it lasts (upstream_reserve.h).
   UpstreamReserve::Hold reserved;
   if (s_.reserve != nullptr && !lease_id.empty()) reserved = s_.reserve->Acquire();
   const Clock::time_point started = Clock::now();
   spdlog::debug("chunk {} of {}: upstream GET of {} bytes at {}{}", k, fetch_->digest().str(),
                 length, begin, lease_id.empty() ? " (no lease)" : "");
-  upstream::BodySink sink = [this, k, begin, &hasher, progress, started](const char* data,
-                                                                         size_t n) -> Status {
+  const bool leased = !lease_id.empty();
+  upstream::BodySink sink = [this, k, begin, &hasher, progress, started, leased, renewed_at,
+                             ttl](const char* data, size_t n) -> Status {
     if (*progress == 0) {
       spdlog::debug("chunk {} of {}: first upstream byte after {} ms", k, fetch_->digest().str(),
                     MillisSince(started));
+      // No byte came while the lease lasted (connects that kept failing): the tracker has
+      // given the chunk to another agent, so this one does not fetch it too.
+      if (leased && !gave_way_[k] && Clock::now() - *renewed_at >= ttl) {
+        gave_way_[k] = true;
+        return MakeError(ErrorCode::kCancelled,
+                         "the lease on chunk " + std::to_string(k) + " of " +
+                             fetch_->digest().str() + " lapsed before its first upstream byte (" +
+                             std::to_string(MillisSince(started)) +
+                             " ms); another agent fetches it");
+      }
     }
     if (auto st = fetch_->Write(data, n, begin + *progress); !st) return st;
     if (hasher) {
@@ -692,16 +714,22 @@ awaitable<Status> ChunkFetcher::Upstream(uint32_t k, std::string lease_id,
 awaitable<void> ChunkFetcher::RenewLoop(uint32_t k, std::string lease_id,
                                         std::chrono::milliseconds ttl,
                                         std::shared_ptr<uint64_t> progress,
-                                        std::shared_ptr<bool> done) {
+                                        std::shared_ptr<bool> done,
+                                        std::shared_ptr<Clock::time_point> renewed_at) {
   auto self = shared_from_this();
   auto period = std::max(std::chrono::milliseconds(200), ttl / 3);
   uint64_t last = 0;
   while (!*done && !fetch_->ended()) {
     co_await SleepFor(period);
     if (*done || fetch_->ended()) break;
-    if (*progress == last && *progress != 0) continue;  // stalled: let the lease run out
+    // No byte since the last round: a stalled body, or a registry this agent cannot reach
+    // (connects timing out, retried for up to a minute). Let the lease run out, so that the
+    // tracker gives the chunk to another agent instead of every node waiting on this one.
+    if (*progress == last) continue;
     last = *progress;
+    const Clock::time_point asked = Clock::now();
     Status st = co_await s_.tracker->Renew(fetch_->digest(), k, lease_id, *progress);
+    if (st) *renewed_at = asked;
     if (!st && st.error().code == ErrorCode::kDenied) {
       spdlog::warn("lease on chunk {} of {} was lost; finishing the fetch anyway", k,
                    fetch_->digest().str());

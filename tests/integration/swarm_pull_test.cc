@@ -356,6 +356,44 @@ TEST_CASE("swarm: an agent killed mid-pull: the others finish and its lease pass
   CHECK(static_cast<double>(w.proxy->BlobBytes()) <= 1.5 * w.image.total_blob_bytes);
 }
 
+TEST_CASE("swarm: a leaseholder that hears nothing from upstream lets its lease lapse, and "
+          "another agent fetches the chunk") {
+  // One lease in the whole cluster (ttl 3 s), and the first blob GET reaches an upstream that
+  // never answers: before, its holder renewed the lease through every retry of the GET (30 s
+  // each) and every node waited on that one chunk.
+  SwarmWorld w({"--max-upstream-fetchers", "1", "--max-leases-per-agent", "1"});
+  w.proxy->StallNextBlobGets(1);
+  for (int i = 0; i < 3; ++i) w.AddAgent();
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<double> took(3, 0);
+  std::vector<Result<LayoutImage>> results(3, MakeError(ErrorCode::kInternal, "not run"));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = w.Pull(i, "lapse" + std::to_string(i));
+      took[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    });
+  }
+  for (auto& t : threads) t.join();
+  size_t prompt = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE_MESSAGE(results[i].has_value(),
+                    (results[i].error().ToString() + "\n" + w.agents[i]->LogTail()));
+    w.CheckSame(results[i].value());
+    MESSAGE("agent " << i << " pulled in " << took[i] << " s");
+    if (took[i] < 20) ++prompt;
+  }
+  // The two agents whose GETs were answered did not wait out the stalled one (30 s a try).
+  CHECK(prompt >= 2);
+  CHECK(w.tracker->Metric("shoal_tracker_leases_expired_total") >= 1);
+  // The stalled agent's next try was answered after its lease had lapsed: it gave the chunk
+  // up instead of fetching it a second time, and took it from its peers.
+  size_t gave_way = 0;
+  for (auto& a : w.agents)
+    if (a->Log().find("lapsed before its first upstream byte") != std::string::npos) ++gave_way;
+  CHECK(gave_way == 1);
+}
+
 TEST_CASE("swarm: the tracker restarted mid-pull: the pull completes") {
   SwarmWorld w({"--max-upstream-fetchers", "2"});
   w.proxy->SetDelayPerMiB(milliseconds(300));

@@ -107,6 +107,11 @@ void CountingProxy::FailNext(int n, int status) {
   fail_status_ = status;
 }
 
+void CountingProxy::StallNextBlobGets(int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stall_next_ = n;
+}
+
 void CountingProxy::SetDelayPerMiB(std::chrono::milliseconds delay) {
   std::lock_guard<std::mutex> lock(mu_);
   delay_per_mib_ = delay;
@@ -162,6 +167,10 @@ int CountingProxy::Count(const std::string& method, const std::string& target) {
   if (method == "GET") {
     std::string digest = BlobDigestOf(target);
     if (!digest.empty()) ++blob_gets_[digest];
+    if (!digest.empty() && stall_next_ > 0) {
+      --stall_next_;
+      return kStall;
+    }
   }
   if (fail_next_ > 0) {
     --fail_next_;
@@ -252,6 +261,17 @@ void CountingProxy::Serve(tcp::socket& client) {
     const bool has_body = !req_p.is_done();
 
     int inject = Count(method, target);
+    if (inject == kStall) {
+      Log(method, target, 0);
+      for (;;) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (stopping_) return;
+        }
+        if (PeerClosed(client)) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
     if (inject != 0) {
       // Drain the request body so the connection stays usable.
       while (!req_p.is_done()) {

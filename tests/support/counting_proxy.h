@@ -50,6 +50,9 @@ class CountingProxy {
   // Answers the next n requests with `status` and an OCI error body without contacting the
   // upstream. With status 429, also sends Retry-After: 1.
   void FailNext(int n, int status = 503);
+  // Holds the next n blob GETs without an answer (nor a byte) until the client hangs up or the
+  // proxy stops: an upstream that a node's connections reach but never hear from.
+  void StallNextBlobGets(int n);
   // Sleeps this long per MiB of response body relayed (0 = no throttle).
   void SetDelayPerMiB(std::chrono::milliseconds delay);
   // Caps the response body bytes relayed per second over all connections together (a link of
@@ -69,7 +72,9 @@ class CountingProxy {
  private:
   CountingProxy();  // defined in the .cc, where SyncHttpServer is complete
   void Serve(boost::asio::ip::tcp::socket& client);
-  // Classifies and counts a request; returns the status to inject, or 0 to forward it.
+  // Classifies and counts a request; returns the status to inject, kStall to hold it, or 0 to
+  // forward it.
+  static constexpr int kStall = -1;
   int Count(const std::string& method, const std::string& target);
   void CountBlobBytes(uint64_t n);
   // With a rate limit: reserves n bytes of the shared link and returns when they may be sent.
@@ -86,6 +91,7 @@ class CountingProxy {
   std::vector<std::string> log_;                // GUARDED_BY(mu_)
   int fail_next_ = 0;                           // GUARDED_BY(mu_)
   int fail_status_ = 503;                       // GUARDED_BY(mu_)
+  int stall_next_ = 0;                          // GUARDED_BY(mu_)
   std::chrono::milliseconds delay_per_mib_{0};  // GUARDED_BY(mu_)
   uint64_t rate_limit_ = 0;                     // bytes per second; GUARDED_BY(mu_)
   // When the bytes reserved so far have all been sent at rate_limit_. GUARDED_BY(mu_).
