@@ -7,13 +7,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <prometheus/registry.h>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/udp.hpp>
 #include <boost/endian/conversion.hpp>
 
 #include "lib/auth/tokens.h"
@@ -312,6 +316,52 @@ TEST_CASE("udp tracker: an open tracker scrapes, answers unknown ids in as many 
   CHECK(truncated->size() <= forged.size());
   CHECK((truncated->size() - 20) % 6 == 0);
   CHECK(truncated->size() > 20);
+}
+
+TEST_CASE("udp tracker: the socket answers a burst larger than one recvmmsg, each datagram its "
+          "own answer, and an oversized datagram an error") {
+  Fixture f;
+  auto port = f.server->Listen("127.0.0.1", 0);
+  REQUIRE(port);
+  f.server->Start();
+  udp::socket client(f.ioc, udp::endpoint(udp::v4(), 0));
+  const udp::endpoint tracker(boost::asio::ip::make_address("127.0.0.1"), port.value());
+  // 2.5 recvmmsg vectors of connects, then one datagram past the slot size with a connect's head.
+  const uint32_t connects = UdpServer::kVector * 5 / 2;
+  for (uint32_t t = 1; t <= connects; ++t) client.send_to(boost::asio::buffer(Connect(t)), tracker);
+  std::string big = Connect(999);
+  big.resize(UdpServer::kSlotBytes + 500, 'x');
+  client.send_to(boost::asio::buffer(big), tracker);
+  // The answers, read as they come while the server's context runs (bounded: 5 s).
+  std::vector<bool> seen(connects + 1, false);
+  std::string oversized;
+  size_t answers = 0;
+  std::array<char, 2048> in{};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  client.non_blocking(true);
+  while (answers < connects + 1 && std::chrono::steady_clock::now() < deadline) {
+    f.ioc.run_for(std::chrono::milliseconds(10));
+    boost::system::error_code ec;
+    udp::endpoint from;
+    for (size_t n; (n = client.receive_from(boost::asio::buffer(in), from, 0, ec)), !ec;) {
+      ++answers;
+      std::string_view a(in.data(), n);
+      const uint32_t t = Get<uint32_t>(a, 4);
+      if (Get<uint32_t>(a, 0) == 0 && a.size() == 16 && t >= 1 && t <= connects) {
+        CHECK_FALSE(seen[t]);
+        seen[t] = true;
+      } else if (Get<uint32_t>(a, 0) == 3 && t == 999) {
+        oversized = std::string(a.substr(8));
+      } else {
+        FAIL_CHECK("unexpected answer of " << n << " bytes");
+      }
+    }
+  }
+  CHECK(answers == connects + 1);
+  CHECK(std::count(seen.begin() + 1, seen.end(), true) == connects);
+  CHECK(oversized == "datagram larger than " + std::to_string(UdpServer::kSlotBytes) +
+                         " bytes: no BEP 15 request is");
+  f.server->Stop();
 }
 
 }  // namespace shoal::tracker
