@@ -347,6 +347,58 @@ struct Endpoint {
   int mbit = 0;        // shaping of both directions
 };
 
+// The kernel's neighbour (ARP) table is one for all namespaces, 1,024 entries by default
+// (gc_thresh3), and every namespace here learns every other it talks to: past about 30 nodes
+// it overflows ("neighbor table overflow!" in dmesg), ARP answers are dropped and connects time
+// out, which is what the seed's cluster hit (docs/operations.md; `shoalctl node setup` raises
+// them on real nodes). Raised for the run when too small for `endpoints`, restored after.
+std::string NeighbourPath(int i) {
+  return "/proc/sys/net/ipv4/neigh/default/gc_thresh" + std::to_string(i + 1);
+}
+
+std::vector<long> g_neighbour_restore;  // GUARDED_BY(g_cleanup_mu): gc_thresh1..3 to put back
+
+// Puts back the neighbour table limits NeighbourLimits raised (also from the interrupt thread).
+void RestoreNeighbourLimits() {
+  std::lock_guard<std::mutex> lock(g_cleanup_mu);
+  for (size_t i = 0; i < g_neighbour_restore.size(); ++i) {
+    try {
+      WriteFile(NeighbourPath(static_cast<int>(i)), std::to_string(g_neighbour_restore[i]) + "\n");
+    } catch (const std::exception&) {
+    }
+  }
+  g_neighbour_restore.clear();
+}
+
+class NeighbourLimits {
+ public:
+  explicit NeighbourLimits(size_t endpoints) {
+    const long needed = static_cast<long>(endpoints * endpoints + 256);
+    std::vector<long> old;
+    for (int i = 0; i < 3; ++i) {
+      try {
+        old.push_back(std::stol(Trim(ReadFile(NeighbourPath(i)))));
+      } catch (const std::exception&) {
+        return;  // not readable here: leave them alone
+      }
+    }
+    if (old[2] >= needed) return;
+    const long raised[3] = {std::max(old[0], needed / 2), std::max(old[1], needed),
+                            std::max(old[2], 2 * needed)};
+    {
+      std::lock_guard<std::mutex> lock(g_cleanup_mu);
+      g_neighbour_restore = old;
+    }
+    for (int i = 0; i < 3; ++i) WriteFile(NeighbourPath(i), std::to_string(raised[i]) + "\n");
+    std::printf("neighbour table: gc_thresh1..3 %ld/%ld/%ld -> %ld/%ld/%ld for %zu namespaces "
+                "(restored at exit)\n",
+                old[0], old[1], old[2], raised[0], raised[1], raised[2], endpoints);
+  }
+  ~NeighbourLimits() { RestoreNeighbourLimits(); }
+  NeighbourLimits(const NeighbourLimits&) = delete;
+  NeighbourLimits& operator=(const NeighbourLimits&) = delete;
+};
+
 // Namespaces, the bridge and the shaped veths. The destructor deletes every namespace (which
 // removes the veths and the bridge with it).
 class Network {
@@ -984,6 +1036,8 @@ Measured Measure(const std::string& name, size_t nodes, const std::string& upstr
       go.arrive_and_wait();
       try {
         m.nodes[i] = work(i, start);
+      } catch (const Interrupted&) {
+        m.nodes[i].error = "interrupted";  // not std::exception; escaping would terminate()
       } catch (const std::exception& e) {
         m.nodes[i].error = e.what();
       }
@@ -1624,6 +1678,7 @@ int Main(int argc, char** argv) {
 
   // ---- The network. ----
   t0 = Clock::now();
+  NeighbourLimits neighbours(o.nodes + 5);  // the nodes, the registry, tracker and caches
   Network net;
   net.CreateSwitch();
   Endpoint upstream = net.Attach("up0", kUpstreamIp, o.upstream_mbit);
@@ -2079,6 +2134,7 @@ int main(int argc, char** argv) {
     shoal::testkit::DeleteOurNamespaces();
     shoal::testkit::RemoveRunDir();
     shoal::testkit::RestoreAutogroupNice();
+    shoal::testkit::RestoreNeighbourLimits();
     std::fflush(stdout);
     _exit(shoal::testkit::kInterruptedExit);
   });
@@ -2095,6 +2151,7 @@ int main(int argc, char** argv) {
   // Destructors have run (daemons stopped, namespaces deleted, temp dir removed); make sure.
   shoal::testkit::DeleteOurNamespaces();
   shoal::testkit::RestoreAutogroupNice();
+  shoal::testkit::RestoreNeighbourLimits();
   std::fflush(stdout);
   std::fflush(stderr);
   _exit(rc);
