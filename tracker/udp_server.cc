@@ -1,8 +1,6 @@
 #include "tracker/udp_server.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -96,90 +94,22 @@ void UdpServer::WaitReadable() {
 }
 
 void UdpServer::Drain() {
-  // recvmmsg and sendmmsg (Asio has no call for them): under a burst one system call each way
-  // carries up to kVector datagrams instead of one (docs/benchmarks.md, "Announces over UDP").
-  std::array<mmsghdr, kVector> in{};
-  std::array<iovec, kVector> in_iov{};
-  std::array<sockaddr_storage, kVector> in_from{};
-  std::array<std::string, kVector> answers;
-  std::array<udp::endpoint, kVector> to;
-  std::array<mmsghdr, kVector> out{};
-  std::array<iovec, kVector> out_iov{};
-  for (int handled = 0; handled < kBatch;) {
-    for (unsigned i = 0; i < kVector; ++i) {
-      in_iov[i] = {slots_[i].data(), slots_[i].size()};
-      in[i].msg_hdr = {};
-      in[i].msg_hdr.msg_name = &in_from[i];
-      in[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
-      in[i].msg_hdr.msg_iov = &in_iov[i];
-      in[i].msg_hdr.msg_iovlen = 1;
-    }
-    const int n = ::recvmmsg(socket_.native_handle(), in.data(), kVector, MSG_DONTWAIT, nullptr);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EBADF) return;
-      // An ICMP error for an earlier answer (reported once), or EINTR: nothing to answer.
-      ++handled;
+  for (int i = 0; i < kBatch; ++i) {
+    udp::endpoint from;
+    boost::system::error_code ec;
+    size_t n = socket_.receive_from(asio::buffer(buffer_), from, 0, ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) return;
+    if (ec) {
+      // An ICMP error for an earlier answer, or a closed socket: nothing to answer.
+      if (ec == asio::error::bad_descriptor) return;
       continue;
     }
-    const TimePoint now = TrackerClock::now();
-    unsigned queued = 0;
-    for (int i = 0; i < n; ++i) {
-      const msghdr& h = in[i].msg_hdr;
-      udp::endpoint from;
-      if (h.msg_namelen > from.capacity()) continue;
-      std::memcpy(from.data(), h.msg_name, h.msg_namelen);
-      from.resize(h.msg_namelen);
-      std::string_view datagram(slots_[i].data(), in[i].msg_len);
-      std::optional<std::string> answer = (h.msg_flags & MSG_TRUNC) != 0
-                                              ? Oversized(datagram, from)
-                                              : Answer(datagram, from, now);
-      if (!answer) continue;
-      answers[queued] = std::move(*answer);
-      to[queued] = from;
-      ++queued;
-    }
-    Send(answers, to, queued, out, out_iov);
-    handled += n;
-    if (n < static_cast<int>(kVector)) return;  // drained: the next readiness wakes us
+    std::optional<std::string> answer =
+        Answer(std::string_view(buffer_.data(), n), from, TrackerClock::now());
+    if (!answer) continue;
+    socket_.send_to(asio::buffer(*answer), from, 0, ec);
+    if (ec) send_failures_->Increment();
   }
-}
-
-void UdpServer::Send(std::array<std::string, kVector>& answers,
-                     std::array<udp::endpoint, kVector>& to, unsigned count,
-                     std::array<mmsghdr, kVector>& out, std::array<iovec, kVector>& out_iov) {
-  for (unsigned i = 0; i < count; ++i) {
-    out_iov[i] = {answers[i].data(), answers[i].size()};
-    out[i].msg_hdr = {};
-    out[i].msg_hdr.msg_name = to[i].data();
-    out[i].msg_hdr.msg_namelen = static_cast<socklen_t>(to[i].size());
-    out[i].msg_hdr.msg_iov = &out_iov[i];
-    out[i].msg_hdr.msg_iovlen = 1;
-  }
-  for (unsigned sent = 0; sent < count;) {
-    const int n = ::sendmmsg(socket_.native_handle(), out.data() + sent, count - sent, 0);
-    if (n > 0) {
-      sent += static_cast<unsigned>(n);
-    } else {
-      // The first unsent answer failed (a full buffer, an unreachable sender): drop it, as a
-      // failed send_to did, and go on with the rest.
-      send_failures_->Increment();
-      ++sent;
-    }
-  }
-}
-
-std::optional<std::string> UdpServer::Oversized(std::string_view datagram,
-                                                const udp::endpoint& from) {
-  Count(UdpAction::kError, kInvalid);
-  std::optional<UdpHeader> head = PeekUdpHeader(datagram);
-  if (!head) return std::nullopt;
-  const PeerEndpoint sender = PeerEndpoint::FromAddress(from.address(), from.port());
-  const bool verified = ids_.Valid(Keys(TrackerClock::now()), head->connection_id, sender,
-                                   std::chrono::system_clock::now());
-  return EncodeUdpError(head->transaction_id,
-                        "datagram larger than " + std::to_string(kSlotBytes) +
-                            " bytes: no BEP 15 request is",
-                        verified ? kMaxUdpAnswerBytes : datagram.size());
 }
 
 void UdpServer::Count(UdpAction action, Result_ result) {

@@ -6,9 +6,6 @@
 // from the agent tokens), so forged senders get nothing bigger than what they sent. Answers come
 // from the same TrackerService and Access as HTTP ones.
 
-#include <sys/socket.h>
-#include <sys/uio.h>
-
 #include <array>
 #include <utility>
 #include <vector>
@@ -31,11 +28,6 @@ namespace shoal::tracker {
 // Lives on one io_context; all methods must be called on that context's (single) thread.
 class UdpServer {
  public:
-  // Datagrams per recvmmsg/sendmmsg call, and the bytes kept of each received one (BEP 15
-  // requests are under 1,500; a larger datagram gets an error, never a truncated parse).
-  static constexpr unsigned kVector = 32;
-  static constexpr size_t kSlotBytes = 2048;
-
   // service and access must outlive the server; its metrics go on registry.
   UdpServer(boost::asio::io_context& ioc, TrackerService& service, Access& access,
             prometheus::Registry& registry);
@@ -60,13 +52,6 @@ class UdpServer {
   void WaitReadable();
   // Answers the datagrams queued on the socket, at most a batch before yielding.
   void Drain();
-  // Sends answers[0..count) to to[...] with sendmmsg; out and out_iov are scratch.
-  void Send(std::array<std::string, kVector>& answers,
-            std::array<boost::asio::ip::udp::endpoint, kVector>& to, unsigned count,
-            std::array<mmsghdr, kVector>& out, std::array<iovec, kVector>& out_iov);
-  // The error answer to a datagram cut at kSlotBytes (counted invalid), or nullopt.
-  std::optional<std::string> Oversized(std::string_view datagram,
-                                       const boost::asio::ip::udp::endpoint& from);
   void Count(UdpAction action, Result_ result);
   // The refusal text when url_data carries no accepted announce key, or nullopt.
   std::optional<std::string> Refusal(std::string_view url_data);
@@ -85,7 +70,7 @@ class UdpServer {
   // shoal_tracker_udp_requests_total{action, result}
   std::array<std::array<prometheus::Counter*, kResults>, 4> counted_{};
   prometheus::Counter* send_failures_ = nullptr;
-  std::array<std::array<char, kSlotBytes>, kVector> slots_{};  // recvmmsg buffers
+  std::array<char, 65536> buffer_{};
   bool stopped_ = false;
 };
 
