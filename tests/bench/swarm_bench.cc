@@ -347,11 +347,7 @@ struct Endpoint {
   int mbit = 0;        // shaping of both directions
 };
 
-// The kernel's neighbour (ARP) table is one for all namespaces, 1,024 entries by default
-// (gc_thresh3), and every namespace here learns every other it talks to: past about 30 nodes
-// it overflows ("neighbor table overflow!" in dmesg), ARP answers are dropped and connects time
-// out, which is what the seed's cluster hit (docs/operations.md; `shoalctl node setup` raises
-// them on real nodes). Raised for the run when too small for `endpoints`, restored after.
+// /proc path of net.ipv4.neigh.default.gc_thresh<i+1>.
 std::string NeighbourPath(int i) {
   return "/proc/sys/net/ipv4/neigh/default/gc_thresh" + std::to_string(i + 1);
 }
@@ -370,6 +366,11 @@ void RestoreNeighbourLimits() {
   g_neighbour_restore.clear();
 }
 
+// The kernel's neighbour (ARP) table is one for all namespaces, 1,024 entries by default
+// (gc_thresh3), and every namespace here learns every other it talks to: past about 30 nodes
+// it overflows ("neighbor table overflow!" in dmesg), ARP answers are dropped and connects time
+// out, which is what the seed's cluster hit (docs/operations.md; `shoalctl node setup` raises
+// them on real nodes). Raised for the run when too small for `endpoints`, restored after.
 class NeighbourLimits {
  public:
   explicit NeighbourLimits(size_t endpoints) {
