@@ -797,6 +797,7 @@ ShoalCluster StartShoal(const Options& o, const Paths& p, const std::vector<Endp
     const Endpoint& n = nodes[i];
     std::string name = tag + "-node" + std::to_string(i + 1);
     std::string port_file = p.dir + "/" + name + ".port";
+    fs::remove(port_file);  // an earlier scenario's agent left its port there
     std::vector<std::string> argv = {"ip",
                                      "netns",
                                      "exec",
@@ -1533,6 +1534,17 @@ int Main(int argc, char** argv) {
                "Print each scenario's link rates per second (upstream, every node's download)");
   app.add_flag("--keep", o.keep, "Keep the temp dir (logs, caches) at the end");
   CLI11_PARSE(app, argc, argv);
+  // A repeated --scenarios appends (CLI11); each scenario runs once, at its first mention.
+  {
+    std::vector<std::string> once;
+    for (const auto& s : o.scenarios) {
+      if (std::find(once.begin(), once.end(), s) == once.end()) once.push_back(s);
+    }
+    if (once.size() != o.scenarios.size()) {
+      std::fprintf(stderr, "note: a scenario named twice runs once\n");
+    }
+    o.scenarios = std::move(once);
+  }
   if (o.keep) setenv("SHOAL_KEEP_TMP", "1", 1);
   if (o.piece_kib == 0) o.piece_kib = std::min<uint64_t>(1024, o.chunk_mib * 1024);
   if ((o.piece_kib & (o.piece_kib - 1)) != 0 || o.piece_kib < 16 ||
