@@ -42,7 +42,7 @@ struct ChunkFetchOptions {
   int head_streams = 1;
   std::chrono::milliseconds lease_wait{5000};
   // The blob's ready watcher polls the tracker no sooner than this after its last poll.
-  std::chrono::milliseconds ready_interval{0};
+  std::chrono::milliseconds ready_interval{250};
   std::chrono::milliseconds tracker_grace{10000};  // tracker errors tolerated before going direct
   // A full tracker (503 + Retry-After) is waited for this long before going direct.
   std::chrono::milliseconds tracker_busy_grace{30000};

@@ -47,7 +47,7 @@ struct AgentConfig {
   std::string peer_ca_key;       // its key: this agent mints its peer certificate from it
   bool insecure_peers = false;   // no peer CA: plain, unauthenticated peers (tests, trials)
   int lease_wait_ms = 5000;                   // long-poll per lease request
-  int ready_interval_ms = 0;  // a blob's ready poll no sooner than this after its last one
+  int ready_interval_ms = 250;  // a blob's ready poll no sooner than this after its last one
   std::string tracker_announce = "udp";  // chunk torrents announce over "udp" or "http"
   int tracker_grace_ms = 10000;  // tracker errors tolerated before fetching upstream directly
   int tracker_busy_grace_ms = 30000;  // a full tracker (503) is waited for this long, then upstream

@@ -53,7 +53,7 @@ int Main(int argc, char** argv) {
            min_chunk_kib = c.table.min_chunk_size >> 10;
   int head_start_ms = 500, lease_ttl_s = 15;
   double rtt_ms = 1, registry_ms = 5, client_start_ms = 500, quantum_ms = 1, lease_wait_ms = 5000;
-  double ready_interval_ms = 0;
+  double ready_interval_ms = 250;
   uint64_t request_window_kib = 256;
   std::vector<uint64_t> seeds = {1};
   std::string json_path;
@@ -142,7 +142,7 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ready-interval-ms", ready_interval_ms,
                  "a blob's ready watcher polls no sooner than this after its last poll (0: at "
-                 "once, as the agent does)")
+                 "once; the agent's default is 250)")
       ->capture_default_str();
   app.add_option("--rtt-ms", rtt_ms, "Round trip between any two hosts")->capture_default_str();
   app.add_option("--registry-latency-ms", registry_ms,

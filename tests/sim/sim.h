@@ -90,8 +90,9 @@ struct SimConfig {
   Sequential sequential = Sequential::kFirst;  // the agent's (kHead before session 22)
   size_t ready_window = 16;           // chunks one ready long-poll names (kReadyWindow)
   // > 0: a blob's ready watcher sends its next poll no sooner than this after its last one (an
-  // answer then carries every chunk published meanwhile). 0: at once (the agent today).
-  double ready_interval_s = 0;
+  // answer then carries every chunk published meanwhile; the agent's default since session 32).
+  // 0: at once.
+  double ready_interval_s = 0.25;
   double lease_wait_s = 5;            // the agent's long-poll wait (--lease-wait-ms)
   double rtt_s = 0.001;               // round trip between any two hosts (tracker, registry, peers)
   double registry_latency_s = 0.005;  // the registry's time to its first body byte after a GET

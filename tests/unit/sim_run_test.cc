@@ -75,6 +75,7 @@ TEST_CASE("sim run: a ready watcher that waits between polls asks less and still
   SimConfig c = Tiny(5, {40ull << 20, 3ull << 20});
   c.node_mbit = 160;
   const double S = static_cast<double>((40ull << 20) + (3ull << 20));
+  c.ready_interval_s = 0;
   SimResult eager = RunSim(c);
   c.ready_interval_s = 0.5;
   SimResult patient = RunSim(c);
