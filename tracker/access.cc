@@ -7,6 +7,7 @@
 #include "tracker/cluster/cluster_view.h"
 #include "tracker/manifests/manifest_api.h"
 #include "tracker/prefetch/prefetch_api.h"
+#include "tracker/swarms/batch.h"
 
 namespace shoal::tracker {
 namespace http = boost::beast::http;
@@ -43,7 +44,7 @@ std::string_view BearerToken(std::string_view authorization) {
 }  // namespace
 
 Role RequiredRole(http::verb method, std::string_view path) {
-  if (path == "/announce" || path == "/scrape") return Role::kAgent;
+  if (path == "/announce" || path == "/scrape" || path == kAnnounceBatchPath) return Role::kAgent;
   if (BlobApi::Owns(path) || ManifestApi::Owns(path)) return Role::kAgent;
   if (path == kClusterPath) return Role::kOperator;  // names images, nodes and agents
   if (PrefetchApi::Owns(path)) {

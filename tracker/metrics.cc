@@ -49,6 +49,11 @@ TrackerMetrics TrackerMetrics::Create(prometheus::Registry& registry) {
                    .Name("shoal_tracker_http_connections_shed_total")
                    .Help("Connections refused at accept (503) because --max-connections were open")
                    .Register(registry);
+  auto& batched = prometheus::BuildCounter()
+                      .Name("shoal_tracker_batched_announces_total")
+                      .Help("Announces that came in POST /v1/announces batches (each is also in "
+                            "shoal_tracker_announces_total; the route's requests are the batches)")
+                      .Register(registry);
   TrackerMetrics m{
       {},
       failures.Add({{"reason", "invalid"}}),
@@ -62,6 +67,7 @@ TrackerMetrics TrackerMetrics::Create(prometheus::Registry& registry) {
       seeders.Add({}),
       connections.Add({}),
       shed.Add({}),
+      batched.Add({}),
   };
   for (AnnounceEvent e : {AnnounceEvent::kNone, AnnounceEvent::kStarted, AnnounceEvent::kCompleted,
                           AnnounceEvent::kStopped, AnnounceEvent::kPaused}) {

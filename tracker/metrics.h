@@ -28,6 +28,7 @@ struct TrackerMetrics {
   prometheus::Gauge& seeders;                         // shoal_tracker_seeders
   prometheus::Gauge& connections;                     // shoal_tracker_http_connections
   prometheus::Counter& shed;  // shoal_tracker_http_connections_shed_total
+  prometheus::Counter& batched_announces;  // shoal_tracker_batched_announces_total
 
   // Registers the families on registry.
   static TrackerMetrics Create(prometheus::Registry& registry);

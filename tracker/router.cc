@@ -12,6 +12,7 @@
 
 #include "tracker/cluster/cluster_view.h"
 #include "tracker/cluster/page.h"
+#include "tracker/swarms/batch.h"
 #include "tracker/swarms/response.h"
 
 namespace shoal::tracker {
@@ -22,12 +23,24 @@ namespace {
 
 constexpr char kServerName[] = "shoal-tracker";
 
-enum class Route { kAnnounce, kScrape, kMetrics, kHealth, kStatus, kCluster, kUi, kNotFound };
+enum class Route {
+  kAnnounce,
+  kAnnounceBatch,
+  kScrape,
+  kMetrics,
+  kHealth,
+  kStatus,
+  kCluster,
+  kUi,
+  kNotFound
+};
 
 std::string_view RouteName(Route route) {
   switch (route) {
     case Route::kAnnounce:
       return "announce";
+    case Route::kAnnounceBatch:
+      return "announce-batch";
     case Route::kScrape:
       return "scrape";
     case Route::kMetrics:
@@ -48,6 +61,7 @@ std::string_view RouteName(Route route) {
 
 Route RouteOf(std::string_view path) {
   if (path == "/announce") return Route::kAnnounce;
+  if (path == kAnnounceBatchPath) return Route::kAnnounceBatch;
   if (path == "/scrape") return Route::kScrape;
   if (path == "/metrics") return Route::kMetrics;
   if (path == "/healthz") return Route::kHealth;
@@ -244,10 +258,29 @@ std::optional<HttpResponse> Router::Refuse(const HttpRequest& req, std::string_v
   return res;
 }
 
+HttpResponse Router::AnswerBatch(const HttpRequest& req, const asio::ip::address& remote) {
+  if (req.method() != http::verb::post) {
+    HttpResponse res = MakeHttpResponse(
+        req.version(), req.keep_alive(), http::status::method_not_allowed,
+        std::string(req.method_string()) + " is not supported; use POST\n", "text/plain");
+    res.set(http::field::allow, "POST");
+    return res;
+  }
+  BatchAnswer answer = AnswerAnnounceBatch(service_, req.body(), remote, TrackerClock::now());
+  HttpResponse res = MakeHttpResponse(req.version(), req.keep_alive(),
+                                      static_cast<http::status>(answer.status),
+                                      answer.status == 200 ? std::move(answer.body)
+                                                           : std::move(answer.body) + "\n",
+                                      "text/plain");
+  res.set("Shoal-Tracker-Id", blobs_.tracker_id());
+  return res;
+}
+
 HttpResponse Router::AnswerPlain(const HttpRequest& req, std::string_view path,
                                  std::string_view query, const asio::ip::address& remote) {
   unsigned v = req.version();
   bool keep = req.keep_alive();
+  if (RouteOf(path) == Route::kAnnounceBatch) return AnswerBatch(req, remote);
   if (req.method() != http::verb::get && req.method() != http::verb::head) {
     HttpResponse res = MakeHttpResponse(
         v, keep, http::status::method_not_allowed,
@@ -301,6 +334,7 @@ HttpResponse Router::AnswerPlain(const HttpRequest& req, std::string_view path,
       res.set("X-Content-Type-Options", "nosniff");
       return res;
     }
+    case Route::kAnnounceBatch:  // answered above, whatever the method
     case Route::kNotFound:
       break;
   }

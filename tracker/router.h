@@ -1,7 +1,8 @@
 #pragma once
 // Which part of the tracker answers an HTTP request, and its answer: the access check, then
-// BitTorrent (/announce, /scrape), /metrics, /healthz, the status page, the cluster view and
-// page, and the blob, manifest and prefetch APIs. Every request is counted by route and status.
+// BitTorrent (/announce, /scrape, and announces in batches: /v1/announces), /metrics, /healthz,
+// the status page, the cluster view and page, and the blob, manifest and prefetch APIs. Every
+// request is counted by route and status.
 
 #include <utility>
 
@@ -87,6 +88,8 @@ class Router {
                                      std::string_view query);
   HttpResponse AnswerPlain(const HttpRequest& req, std::string_view path, std::string_view query,
                            const boost::asio::ip::address& remote);
+  // POST /v1/announces (tracker/swarms/batch.h), with this replica's tracker id in a header.
+  HttpResponse AnswerBatch(const HttpRequest& req, const boost::asio::ip::address& remote);
   // Drops a HEAD answer's body (keeping its length) and counts the request under route.
   HttpResponse Finish(const HttpRequest& req, HttpResponse res, std::string_view route);
 

@@ -40,6 +40,7 @@
 #include <libtorrent/torrent_info.hpp>
 
 #include "lib/auth/tokens.h"
+#include "lib/core/base64.h"
 #include "lib/http/url.h"
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
@@ -383,6 +384,53 @@ size_t Count(const std::string& text, std::string_view what) {
 // An agent's announce (libtorrent sends Connection: close) is answered right after accept,
 // without a coroutine; everything else goes to the connection's session with the bytes already
 // read. Both must give the same answers.
+TEST_CASE("tracker: announces in a batch (POST /v1/announces) need the agent token and register like GET /announce") {
+  TempDir dir("shoal-tracker-batch");
+  Tracker tracker = StartTracker(dir);
+  const std::string url = tracker.base + "/v1/announces";
+  const std::string ih(20, 'b');
+  auto query = [&](uint16_t port, uint64_t left) {
+    return "info_hash=" + http::QueryEscape(ih) + "&peer_id=-LT2080-abcdefghijkl&port=" +
+           std::to_string(port) + "&uploaded=0&downloaded=0&left=" + std::to_string(left) +
+           "&compact=1";
+  };
+  const std::string body = query(7100, 0) + "\n" + query(7101, 5) + "\n";
+  const std::vector<std::pair<std::string, std::string>> agent = {
+      {"Authorization", "Bearer " + Tokens().agent}};
+
+  auto anonymous = HttpRequest("POST", url, {}, body, seconds(5));
+  REQUIRE(anonymous.has_value());
+  CHECK(anonymous.value().status == 401);
+  auto get = HttpRequest("GET", url, agent, "", seconds(5));
+  REQUIRE(get.has_value());
+  CHECK(get.value().status == 405);
+  CHECK(get.value().Header("allow") == "POST");
+  auto empty = HttpRequest("POST", url, agent, "", seconds(5));
+  REQUIRE(empty.has_value());
+  CHECK(empty.value().status == 400);
+  CHECK(Scrape(tracker, ih).incomplete == 0);  // the refused calls registered nobody
+
+  auto ok = HttpRequest("POST", url, agent, body, seconds(5));
+  REQUIRE(ok.has_value());
+  CHECK(ok.value().status == 200);
+  CHECK(!ok.value().Header("shoal-tracker-id").empty());
+  // Two lines, each the base64 of a bencoded announce reply; the leecher was given the seeder
+  // at the call's source address, 127.0.0.1, with its own port.
+  const std::string& lines = ok.value().body;
+  REQUIRE(std::count(lines.begin(), lines.end(), '\n') == 2);
+  auto second = Base64Decode(lines.substr(lines.find('\n') + 1, lines.size() - lines.find('\n') - 2));
+  REQUIRE(second.has_value());
+  CHECK(second->find("5:peers6:" + std::string("\x7f\x00\x00\x01\x1b\xbc", 6)) !=
+        std::string::npos);
+  Counts c = Scrape(tracker, ih);
+  CHECK(c.complete == 1);
+  CHECK(c.incomplete == 1);
+  std::string metrics = Metrics(tracker);
+  CHECK(MetricSum(metrics, "shoal_tracker_batched_announces_total") == 2);
+  CHECK(MetricSum(metrics, "shoal_tracker_http_requests_total",
+                  {{"route", "announce-batch"}, {"code", "200"}}) == 1);
+}
+
 TEST_CASE("tracker: a request in one piece, in two pieces, pipelined, malformed or HEAD gets the same answers on a raw connection") {
   TempDir dir("shoal-tracker-raw");
   Tracker tracker = StartTracker(dir);

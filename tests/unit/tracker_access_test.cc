@@ -44,6 +44,7 @@ TEST_CASE("tracker access: each route needs the role that may call it") {
   CHECK(RequiredRole(http::verb::get, "/") == Role::kAnyone);
   CHECK(RequiredRole(http::verb::get, "/announce") == Role::kAgent);
   CHECK(RequiredRole(http::verb::get, "/scrape") == Role::kAgent);
+  CHECK(RequiredRole(http::verb::post, "/v1/announces") == Role::kAgent);
   CHECK(RequiredRole(http::verb::post, "/v1/blobs/sha256:ab") == Role::kAgent);
   CHECK(RequiredRole(http::verb::post, "/v1/blobs/sha256:ab/chunks/0/bad") == Role::kAgent);
   CHECK(RequiredRole(http::verb::put, "/v1/manifests/sha256:ab") == Role::kAgent);

@@ -1,18 +1,22 @@
-// Tracker replies decoded back with libtorrent's own decoder: what libtorrent will parse.
+// Tracker replies decoded back with libtorrent's own decoder: what libtorrent will parse; the
+// announce service, and announces in batches (tracker/swarms/batch.h).
 #include <doctest/doctest.h>
 
 #include <utility>
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 #include <boost/asio/ip/address.hpp>
 #include <libtorrent/bdecode.hpp>
 
+#include "lib/core/base64.h"
 #include "lib/http/url.h"
 #include "lib/swarm/bencode.h"
+#include "tracker/swarms/batch.h"
 #include "tracker/swarms/response.h"
 #include "tracker/swarms/service.h"
 
@@ -176,6 +180,77 @@ TEST_CASE("tracker service: IPv6 peers go to peers6, failures are bencoded, scra
   CHECK(metrics.find("shoal_tracker_announces_total{event=\"none\"} 3") != std::string::npos);
   CHECK(metrics.find("shoal_tracker_announce_failures_total{reason=\"invalid\"} 1") !=
         std::string::npos);
+}
+
+TEST_CASE("tracker announce batch: each line is answered in order as GET /announce would") {
+  prometheus::Registry registry;
+  TrackerService service({}, registry, 42);
+  auto now = TrackerClock::now();
+  std::string ih(20, 'k');
+  auto node = boost::asio::ip::make_address("10.0.0.7");
+  // A seeder, then a leecher on another port of the same node, then a query that does not
+  // parse: the leecher gets the seeder, the bad line gets its own failure, the others stand.
+  std::string body = AnnounceQuery(ih, 7000, 0, "&event=completed&auth=ignored") + "\n" +
+                     AnnounceQuery(ih, 7001, 9, "&event=started") + "\r\n" +
+                     "info_hash=short&port=1\n";
+  BatchAnswer a = AnswerAnnounceBatch(service, body, node, now);
+  REQUIRE(a.status == 200);
+  CHECK(a.announces == 3);
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < a.body.size();) {
+    size_t nl = a.body.find('\n', at);
+    REQUIRE(nl != std::string::npos);
+    lines.push_back(a.body.substr(at, nl - at));
+    at = nl + 1;
+  }
+  REQUIRE(lines.size() == 3);
+  std::vector<std::string> replies;
+  for (const auto& line : lines) {
+    auto decoded = Base64Decode(line);
+    REQUIRE(decoded.has_value());
+    replies.push_back(*decoded);
+  }
+  Decoded seeder = Decode(replies[0]);
+  CHECK(Str(seeder, "peers").empty());
+  Decoded leecher = Decode(replies[1]);
+  CHECK(Str(leecher, "peers") == std::string("\x0a\x00\x00\x07\x1b\x58", 6));
+  CHECK(leecher.dict_find_int_value("complete") == 1);
+  CHECK(leecher.dict_find_int_value("incomplete") == 1);
+  Decoded bad = Decode(replies[2]);
+  CHECK(Str(bad, "failure reason").find("info_hash") != std::string::npos);
+  CHECK(service.table().totals().peers == 2);
+  std::string metrics = prometheus::TextSerializer().Serialize(registry.Collect());
+  CHECK(metrics.find("shoal_tracker_batched_announces_total 3") != std::string::npos);
+  CHECK(metrics.find("shoal_tracker_announces_total{event=\"started\"} 1") != std::string::npos);
+}
+
+TEST_CASE("tracker announce batch: a body that is not a batch is refused whole, with the reason") {
+  prometheus::Registry registry;
+  TrackerService service({}, registry, 42);
+  auto now = TrackerClock::now();
+  auto node = boost::asio::ip::make_address("10.0.0.8");
+  std::string good = AnnounceQuery(std::string(20, 'm'), 7000, 9);
+  struct Case {
+    std::string body;
+    std::string says;
+  };
+  std::string too_many;
+  for (size_t i = 0; i <= kMaxBatchAnnounces; ++i) too_many += good + "\n";
+  for (const Case& c : {Case{"", "empty"}, Case{"\n", "empty"},
+                        Case{good + "\n\n" + good, "line 2 of the batch is empty"},
+                        Case{too_many, "more than 512 announces"}}) {
+    BatchAnswer a = AnswerAnnounceBatch(service, c.body, node, now);
+    CHECK(a.status == 400);
+    CHECK(a.announces == 0);
+    CHECK_MESSAGE(a.body.find(c.says) != std::string::npos, a.body);
+  }
+  // Nothing of a refused batch was applied, not even its good lines.
+  CHECK(service.table().totals().peers == 0);
+  // The largest batch allowed is answered whole.
+  too_many.resize(too_many.size() - good.size() - 1);
+  BatchAnswer full = AnswerAnnounceBatch(service, too_many, node, now);
+  CHECK(full.status == 200);
+  CHECK(full.announces == kMaxBatchAnnounces);
 }
 
 }  // namespace shoal::tracker
