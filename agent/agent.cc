@@ -26,6 +26,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include "agent/announce_relay.h"
 #include "agent/chunk_fetcher.h"
 #include "agent/https_proxy.h"
 #include "agent/prefetch.h"
@@ -221,7 +222,13 @@ int RunAgent(const AgentConfig& config) {
     spdlog::warn(
         "no --tracker-token-file: only a tracker started with --insecure-open will answer");
   }
+  // --tracker-announce batch: chunk torrents announce to the relay (started below).
+  AnnounceRelay* relay_for_urls = nullptr;
+  if (config.tracker_announce == "batch" && !tracker_options.trackers.empty()) {
+    tracker_options.relay_url = [&relay_for_urls](size_t r) { return relay_for_urls->Url(r); };
+  }
   TrackerClient tracker(ioc.get_executor(), tracker_options);
+  std::unique_ptr<AnnounceRelay> relay;
 
   // The swarm runs only with a tracker: without one there is nobody to find peers through.
   std::unique_ptr<swarm::Swarm> swarm;
@@ -240,6 +247,16 @@ int RunAgent(const AgentConfig& config) {
     auto swarm_options =
         MakeSwarmOptions(config, tracker_options.trackers.front(), tracker.agent_id());
     if (!swarm_options) return fail(swarm_options.error());
+    if (tracker_options.relay_url) {
+      // On the swarm's address: libtorrent announces from its listen socket's.
+      const std::string& li = swarm_options.value().listen_interface;
+      std::string host = li.substr(0, li.rfind(':'));
+      if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+      if (host == "0.0.0.0" || host == "::") host = "127.0.0.1";
+      relay = std::make_unique<AnnounceRelay>(ioc, tracker);
+      if (auto st = relay->Start(host); !st) return fail(st.error());
+      relay_for_urls = relay.get();
+    }
     swarm = std::make_unique<swarm::Swarm>(ioc, std::move(swarm_options.value()));
     if (auto st = swarm->Start(); !st) return fail(st.error());
     seeds =

@@ -167,10 +167,12 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
       ->capture_default_str();
   app.add_option("--tracker-announce", c.tracker_announce,
                  "How chunk torrents announce to http:// replicas: udp (BEP 15 on the replica's "
-                 "port number, one datagram each way; needs the tracker's --udp-announce) or http "
-                 "(a TCP connection per announce). https:// replicas always get HTTPS")
+                 "port number, one datagram each way; needs the tracker's --udp-announce), http "
+                 "(a TCP connection per announce; https:// replicas always get HTTPS), or batch "
+                 "(to the agent's loopback relay, which sends them to the replica in batches: "
+                 "POST /v1/announces, one request for many announces)")
       ->envname("SHOAL_TRACKER_ANNOUNCE")
-      ->check(CLI::IsMember({"udp", "http"}))
+      ->check(CLI::IsMember({"udp", "http", "batch"}))
       ->capture_default_str();
   app.add_option("--tracker-grace-ms", c.tracker_grace_ms,
                  "How long tracker errors are retried before fetching from upstream directly")

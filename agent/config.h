@@ -48,7 +48,7 @@ struct AgentConfig {
   bool insecure_peers = false;   // no peer CA: plain, unauthenticated peers (tests, trials)
   int lease_wait_ms = 5000;                   // long-poll per lease request
   int ready_interval_ms = 250;  // a blob's ready poll no sooner than this after its last one
-  std::string tracker_announce = "udp";  // chunk torrents announce over "udp" or "http"
+  std::string tracker_announce = "udp";  // chunk torrents announce over "udp", "http" or "batch"
   int tracker_grace_ms = 10000;  // tracker errors tolerated before fetching upstream directly
   int tracker_busy_grace_ms = 30000;  // a full tracker (503) is waited for this long, then upstream
   int manifest_wait_ms = 20000;  // longest wait on the tracker's manifest cache, then upstream

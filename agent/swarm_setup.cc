@@ -63,7 +63,14 @@ Result<swarm::SwarmOptions> MakeSwarmOptions(const AgentConfig& config, const ht
   options.unchoke_slots = config.unchoke_slots;
   options.peers_per_chunk = config.peers_per_chunk;
   options.disk_write_delay = std::chrono::microseconds(config.disk_write_delay_us);
-  options.libtorrent_settings = config.libtorrent_settings;
+  if (config.tracker_announce == "batch") {
+    // Every announce is an HTTP request to the agent's relay, held until its batch is answered:
+    // libtorrent's default of 50 at once would cap a batch at 50. Overridable below.
+    options.libtorrent_settings.push_back("max_concurrent_http_announces=4096");
+  }
+  options.libtorrent_settings.insert(options.libtorrent_settings.end(),
+                                     config.libtorrent_settings.begin(),
+                                     config.libtorrent_settings.end());
   if (config.peer_ca_cert.empty() != config.peer_ca_key.empty()) {
     return MakeError(ErrorCode::kInvalidArgument,
                      "--peer-ca-cert and --peer-ca-key go together (the cluster's peer CA)");

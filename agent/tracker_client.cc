@@ -122,6 +122,10 @@ TrackerClient::TrackerClient(asio::any_io_executor executor, TrackerClientOption
 std::vector<std::string> TrackerClient::AnnounceUrls() const {
   std::vector<std::string> out;
   for (size_t r = 0; r < options_.trackers.size(); ++r) {
+    if (options_.relay_url) {
+      out.push_back(options_.relay_url(r));
+      continue;
+    }
     http::Url u = options_.trackers[r];
     // libtorrent sends no headers (and on loopback allows no other path): the token's announce
     // key rides in the query.
@@ -201,6 +205,10 @@ void TrackerClient::NoteTrackerId(size_t replica, const std::string& body) {
   } catch (const std::exception&) {
     return;
   }
+  NoteTrackerIdValue(replica, id);
+}
+
+void TrackerClient::NoteTrackerIdValue(size_t replica, const std::string& id) {
   if (id.empty()) return;
   std::string& known = tracker_ids_[replica];
   bool restarted = !known.empty() && known != id;
@@ -260,7 +268,11 @@ awaitable<Result<TrackerClient::Reply>> TrackerClient::CallReplica(size_t replic
                         "tracker " + req.url.str() + " answered " + std::to_string(resp.status()));
   }
   NoteHealth(replica, true);
-  NoteTrackerId(replica, read.value());
+  if (std::string_view id = resp.header("Shoal-Tracker-Id"); !id.empty()) {
+    NoteTrackerIdValue(replica, std::string(id));  // answers that are not JSON (announce batches)
+  } else {
+    NoteTrackerId(replica, read.value());
+  }
   co_return Reply{resp.status(), std::move(read.value()), replica};
 }
 
@@ -645,6 +657,28 @@ awaitable<Status> TrackerClient::ReleaseManifest(const ManifestRef& ref,
   if (reply.value().status != 200)
     co_return ReplyError(reply.value().status, reply.value().body, "manifest lease release");
   co_return Ok();
+}
+
+// ---- Announces in batches ----
+
+awaitable<Result<std::string>> TrackerClient::AnnounceBatch(size_t replica, std::string lines) {
+  if (replica >= options_.trackers.size()) {
+    co_return MakeError(ErrorCode::kInvalidArgument, "no tracker replica " + std::to_string(replica));
+  }
+  auto reply = co_await CallReplica(replica, http_::verb::post, "/v1/announces", lines);
+  if (!reply) co_return reply.error();
+  if (reply.value().status != 200) {
+    // The route answers in text lines, its errors too (the JSON of the other routes when the
+    // token is refused).
+    Error e = ReplyError(reply.value().status, reply.value().body, "announce batch");
+    std::string_view text = reply.value().body;
+    if (e.message.find('(') == std::string::npos && !text.empty()) {
+      text = text.substr(0, std::min<size_t>(text.find('\n'), 200));
+      e.message += " (" + std::string(text) + ")";
+    }
+    co_return e;
+  }
+  co_return std::move(reply.value().body);
 }
 
 // ---- Cluster prefetch jobs ----

@@ -118,6 +118,10 @@ struct TrackerClientOptions {
   // Chunk torrents announce over UDP (BEP 15: udp://host:port/announce?auth=<key>, one datagram
   // each way) to replicas given as http:// URLs; https:// replicas keep HTTPS announces.
   bool udp_announce = false;
+  // Chunk torrents announce to the agent's announce relay (agent/announce_relay.h), which sends
+  // them to the replicas in batches: replica r's announce URL is relay_url(r). Overrides
+  // udp_announce. Unset: libtorrent announces to the replicas itself.
+  std::function<std::string(size_t replica)> relay_url;
 };
 
 // How long to wait before asking the tracker again after the failed call e: a full tracker's
@@ -133,8 +137,8 @@ class TrackerClient {
   bool enabled() const { return !options_.trackers.empty(); }
   const std::string& agent_id() const { return options_.agent_id; }
   // Announce URLs of every replica (base + "/announce?auth=<announce key>", as udp://host:port
-  // with udp_announce), in the order of --tracker. They change when the token does (see
-  // token_generation).
+  // with udp_announce, the relay's with relay_url), in the order of --tracker. They change when
+  // the token does (see token_generation), except the relay's.
   std::vector<std::string> AnnounceUrls() const;
   // The same URLs in Order(digest), those of replicas that failed their last call moved last: a
   // chunk torrent of that blob announces to its owner only, and to the next replica when the
@@ -162,6 +166,12 @@ class TrackerClient {
   // The replicas of announce URLs (matched by the part before '?'), in their order; URLs of no
   // replica are skipped.
   std::vector<size_t> ReplicasOf(const std::vector<std::string>& announce_urls) const;
+
+  // Sends announce queries to replica (POST /v1/announces, tracker/swarms/batch.h): `lines` is
+  // one query per line. Returns the reply lines (one per query, in order). Errors: kUnavailable
+  // when the replica does not answer, kTooManyRequests when it is full, kProtocol or
+  // kInvalidArgument/kDenied for another status (with its text).
+  boost::asio::awaitable<Result<std::string>> AnnounceBatch(size_t replica, std::string lines);
 
   // Creates (or reads) the chunk table. Errors: kUnavailable when no replica answers,
   // kTooManyRequests when the owner replica is full (503 + Retry-After; retry_after_s set),
@@ -269,7 +279,10 @@ class TrackerClient {
   boost::asio::awaitable<Result<Reply>> CallReplica(size_t replica, boost::beast::http::verb method,
                                                     const std::string& target,
                                                     const std::string& body);
+  // Records the replica's tracker id from a JSON answer's "tracker_id" (NoteTrackerIdValue) and
+  // calls on_restart_ when it changed.
   void NoteTrackerId(size_t replica, const std::string& body);
+  void NoteTrackerIdValue(size_t replica, const std::string& id);
   const std::string& Token() const { return options_.token->Current(); }
   // Records a replica's answer (ok) or silence, and starts the probe when none answers.
   void NoteHealth(size_t replica, bool ok);

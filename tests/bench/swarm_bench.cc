@@ -703,7 +703,8 @@ std::string TrackerMetrics(const Endpoint& tracker_ep) {
 }
 
 // The requests a tracker answered between two /metrics texts, by kind: announces over UDP and
-// over HTTP, UDP connects, and each blob API route (lease, work, ready, renew, publish, ...).
+// over HTTP, UDP connects, announce batches (--tracker-announce batch), and each blob API route
+// (lease, work, ready, renew, publish, ...).
 std::map<std::string, double> TrackerRequests(const std::string& before, const std::string& after) {
   std::map<std::string, double> out;
   auto delta = [&](const char* metric, const std::map<std::string, std::string>& labels) {
@@ -712,6 +713,7 @@ std::map<std::string, double> TrackerRequests(const std::string& before, const s
   out["announce (udp)"] = delta("shoal_tracker_udp_requests_total", {{"action", "announce"}});
   out["connect (udp)"] = delta("shoal_tracker_udp_requests_total", {{"action", "connect"}});
   out["announce (http)"] = delta("shoal_tracker_http_requests_total", {{"route", "announce"}});
+  out["announce batch"] = delta("shoal_tracker_http_requests_total", {{"route", "announce-batch"}});
   for (const char* route : {"create_blob", "get_blob", "lease", "work", "ready", "release",
                             "renew", "publish", "bad"}) {
     out[route] = delta("shoal_tracker_blob_api_requests_total", {{"route", route}});
@@ -993,6 +995,7 @@ struct Measured {
   double pressure_s = 0;               // PSI cpu "some": time some task waited for a CPU
   // shoal: the requests the tracker answered during the pulls, by kind (TrackerRequests)
   std::map<std::string, double> tracker_requests;
+  double batched_announces = 0;  // announces inside the "announce batch" requests
   double Ours() const {
     double s = 0;
     for (const auto& [k, v] : cpu) s += v;
@@ -1436,6 +1439,7 @@ json MeasuredJson(const Context& c, const Measured& m) {
       {"run_queue_wait_s", m.wait},
       {"cpu_pressure_pct", m.wall_s > 0 ? 100 * m.pressure_s / m.wall_s : 0},
       {"tracker_requests", m.tracker_requests},
+      {"batched_announces", m.batched_announces},
       {"nodes", nodes}};
 }
 
@@ -1873,7 +1877,10 @@ int Main(int argc, char** argv) {
         m.nodes[i].stalls = delta("shoal_swarm_peer_stalls_total");
         m.nodes[i].fallbacks = delta("shoal_swarm_fallback_total");
       }
-      m.tracker_requests = TrackerRequests(tracker_before, TrackerMetrics(*tracker_ep));
+      const std::string tracker_after = TrackerMetrics(*tracker_ep);
+      m.tracker_requests = TrackerRequests(tracker_before, tracker_after);
+      m.batched_announces = MetricSum(tracker_after, "shoal_tracker_batched_announces_total") -
+                            MetricSum(tracker_before, "shoal_tracker_batched_announces_total");
       big_layout = LayoutOf(*tracker_ep, c.img.big);
       auto stopped = cl.Stop();
       notes.insert(notes.end(), stopped.begin(), stopped.end());
@@ -2081,6 +2088,12 @@ int Main(int argc, char** argv) {
     std::printf("  tracker requests during %s: %.0f (%.0f per node): %s\n", m.name.c_str(),
                 total, total / static_cast<double>(std::max<size_t>(1, m.nodes.size())),
                 kinds.c_str());
+    if (m.batched_announces > 0) {
+      auto it = m.tracker_requests.find("announce batch");
+      const double batches = it == m.tracker_requests.end() ? 0 : it->second;
+      std::printf("  announces in the %.0f batches: %.0f (%.1f a batch)\n", batches,
+                  m.batched_announces, m.batched_announces / std::max(1.0, batches));
+    }
   }
   if (problem_count > 0) {
     std::printf("\nagent/tracker log lines at warn or error level: %zu; the first ones:\n",

@@ -124,6 +124,8 @@ struct Options {
   double keepalive_seconds = 30;               // phase c over keep-alive connections
   int concurrency = 128;                       // phase c: requests in flight
   bool keepalive = true;        // phase c again over keep-alive connections (shoal only)
+  int batch = 64;               // phase c again in POST /v1/announces batches of this many (0: no)
+  double batch_seconds = 30;    // phase c in batches
   double cold_seconds = 180;    // phase a
   double start_spread_s = 5;    // phase a: agents start over this long
   int parallel_blobs = 3;       // phase a: layers an agent pulls at once (containerd: 3)
@@ -748,6 +750,71 @@ awaitable<void> AnnounceKeepAlive(Gen& g, const Target& t, const Agent& a,
   stream->socket().close(ec);
 }
 
+// Announces in batches (POST /v1/announces, as an agent's relay sends them with
+// --tracker-announce batch) on one keep-alive connection: every chunk torrent of agent a, `batch`
+// at a time. Each announce's latency is its batch's.
+awaitable<void> AnnounceBatches(Gen& g, const Target& t, const Agent& a,
+                                const std::vector<Chunk>& chunks, size_t batch,
+                                std::atomic<bool>& over, milliseconds timeout) {
+  auto stream = std::make_unique<beast::tcp_stream>(g.ioc());
+  bool open = false;
+  for (size_t from = 0; from < chunks.size() && !over && !g_stop; from += batch) {
+    const size_t n = std::min(batch, chunks.size() - from);
+    auto since = Clock::now();
+    Reply r;
+    KindStats& s = g.stats().k[kAnnPeriodic];
+    if (!open) {
+      stream = std::make_unique<beast::tcp_stream>(g.ioc());
+      if (auto err = co_await Connect(*stream, a.address, t.ep, timeout)) {
+        r.err = *err;
+        for (size_t i = 0; i < n; ++i) Record(s, r, since);
+        continue;
+      }
+      open = true;
+    }
+    std::string body;
+    body.reserve(n * 260);
+    for (size_t i = from; i < from + n; ++i) {
+      body += "info_hash=" + chunks[i].ih_escaped + "&peer_id=" + a.peer_id_esc +
+              "&port=6881&uploaded=0&downloaded=" + std::to_string(chunks[i].length) +
+              "&left=0&corrupt=0&key=" + a.key +
+              "&numwant=200&compact=1&no_peer_id=1&supportcrypto=1&redundant=0\n";
+    }
+    http::request<http::string_body> req{http::verb::post, "/v1/announces", 11};
+    req.set(http::field::host, t.host);
+    req.set(http::field::authorization, t.bearer);
+    req.set(http::field::content_type, "text/plain");
+    req.body() = std::move(body);
+    req.prepare_payload();
+    r = co_await Exchange(*stream, req, timeout);
+    for (size_t i = 0; i < n; ++i) Record(s, r, since);
+    if (r.answered && r.status == 200) {
+      size_t lines = 0;
+      for (size_t at = 0; at < r.body.size();) {
+        size_t nl = r.body.find('\n', at);
+        if (nl == std::string::npos) break;
+        auto reply = Base64Decode(std::string_view(r.body).substr(at, nl - at));
+        if (reply && reply->find("failure reason") == std::string::npos) {
+          ++s.ok;
+          s.peers += CompactPeers(*reply);
+        } else {
+          ++s.errors[kErrFailure];
+        }
+        ++lines;
+        at = nl + 1;
+      }
+      if (lines < n) s.errors[kErrFailure] += n - lines;
+    }
+    if (!r.answered || r.err == kErrIo) {  // closed by the server (or failed): reconnect
+      beast::error_code ec;
+      stream->socket().close(ec);
+      open = false;
+    }
+  }
+  beast::error_code ec;
+  stream->socket().close(ec);
+}
+
 // A blob API call as the agent's HTTP client makes it: a pooled keep-alive connection (at most 8
 // idle ones kept), a new one when none is idle.
 awaitable<Reply> BlobCall(Gen& g, const Target& t, Agent& a, Kind kind, http::verb method,
@@ -921,7 +988,8 @@ class Bench {
   void StartShoal();
   void StartOpentracker(const std::string& whitelist);
   Status BuildImage();
-  void PhaseClosed(const Target& t, pid_t pid, bool keepalive);
+  // mode 0: a connection per announce; 1: keep-alive; 2: batches of o_.batch.
+  void PhaseClosed(const Target& t, pid_t pid, int mode);
   void PhaseSteady(const Target& t, pid_t pid, double multiplier);
   void PhaseCold(const Target& t, pid_t pid);
   awaitable<void> ColdAgent(Gen& g, const Target& t, Agent& a, Clock::time_point start,
@@ -1112,15 +1180,24 @@ Status Bench::BuildImage() {
 // ---- Phase c: closed loop
 // ------------------------------------------------------------------------
 
-void Bench::PhaseClosed(const Target& t, pid_t pid, bool keepalive) {
+void Bench::PhaseClosed(const Target& t, pid_t pid, int mode) {
+  const bool keepalive = mode == 1;
+  const bool batches = mode == 2;
   const uint64_t pairs = static_cast<uint64_t>(o_.agents) * image_.chunks.size();
-  std::fprintf(
-      stderr, "[%s] phase c%s: closed loop, %d in flight, %llu announces at most, %.0f s\n",
-      t.name.c_str(), keepalive ? " (keep-alive)" : "", o_.concurrency,
-      static_cast<unsigned long long>(pairs), keepalive ? o_.keepalive_seconds : o_.closed_seconds);
+  const double seconds = keepalive ? o_.keepalive_seconds
+                         : batches ? o_.batch_seconds
+                                   : o_.closed_seconds;
+  const std::string how = keepalive ? " (keep-alive)"
+                          : batches ? fmt::format(" (batches of {})", o_.batch)
+                                    : std::string();
+  std::fprintf(stderr, "[%s] phase c%s: closed loop, %d in flight, %llu announces at most, %.0f s\n",
+               t.name.c_str(), how.c_str(), o_.concurrency, static_cast<unsigned long long>(pairs),
+               seconds);
   PhaseResult r;
   r.server = t.name;
-  r.phase = keepalive ? "c keep-alive" : "c closed loop";
+  r.phase = keepalive ? "c keep-alive"
+            : batches ? fmt::format("c batches of {}", o_.batch)
+                      : "c closed loop";
   PhaseMeter meter(pid);
   std::atomic<uint64_t> next{0};
   std::atomic<bool> over{false};
@@ -1134,11 +1211,16 @@ void Bench::PhaseClosed(const Target& t, pid_t pid, bool keepalive) {
         gens_[static_cast<size_t>(w) % gens_.size()]->ioc(),
         [&, w]() -> awaitable<void> {
           Gen& g = *gens_[static_cast<size_t>(w) % gens_.size()];
-          if (keepalive) {
+          if (keepalive || batches) {
             // Worker w takes agents w, w + C, ...: each on its own connection for all its torrents.
             for (uint64_t ai = static_cast<uint64_t>(w); ai < agents_.size() && !over && !g_stop;
                  ai += static_cast<uint64_t>(o_.concurrency)) {
-              co_await AnnounceKeepAlive(g, t, agents_[ai], image_.chunks, over, timeout);
+              if (batches) {
+                co_await AnnounceBatches(g, t, agents_[ai], image_.chunks,
+                                         static_cast<size_t>(o_.batch), over, timeout);
+              } else {
+                co_await AnnounceKeepAlive(g, t, agents_[ai], image_.chunks, over, timeout);
+              }
             }
           } else {
             for (;;) {
@@ -1154,8 +1236,8 @@ void Bench::PhaseClosed(const Target& t, pid_t pid, bool keepalive) {
         asio::detached);
   }
   auto start = Clock::now();
-  auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
-                              keepalive ? o_.keepalive_seconds : o_.closed_seconds));
+  auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                              std::chrono::duration<double>(seconds));
   uint64_t last = 0;
   auto last_t = start;
   while (running > 0) {
@@ -1823,11 +1905,12 @@ int Bench::Run() {
   auto has = [&](char p) { return o_.phases.find(p) != std::string::npos; };
   pid_t spid = shoal_->pid();
   if (has('a') && !g_stop) PhaseCold(shoal_t_, spid);
-  if (has('c') && !g_stop) PhaseClosed(shoal_t_, spid, false);
+  if (has('c') && !g_stop) PhaseClosed(shoal_t_, spid, 0);
   for (double m : o_.rates) {
     if (has('b') && !g_stop) PhaseSteady(shoal_t_, spid, m);
   }
-  if (has('c') && o_.keepalive && !g_stop) PhaseClosed(shoal_t_, spid, true);
+  if (has('c') && o_.keepalive && !g_stop) PhaseClosed(shoal_t_, spid, 1);
+  if (has('c') && o_.batch > 0 && !g_stop) PhaseClosed(shoal_t_, spid, 2);
   if (auto m = HttpGet("http://" + shoal_t_.host + "/metrics"); m && m.value().status == 200) {
     shoal_metrics_ = m.value().body;
   }
@@ -1845,7 +1928,7 @@ int Bench::Run() {
     }
     StartOpentracker(whitelist);
     pid_t opid = opentracker_->pid();
-    if (has('c') && !g_stop) PhaseClosed(ot_t_, opid, false);
+    if (has('c') && !g_stop) PhaseClosed(ot_t_, opid, 0);
     for (double m : o_.rates) {
       if (has('b') && !g_stop) PhaseSteady(ot_t_, opid, m);
     }
@@ -1894,6 +1977,14 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--keepalive", o.keepalive,
                  "Phase c once more over keep-alive connections (shoal only; libtorrent closes)")
+      ->capture_default_str();
+  app.add_option("--batch", o.batch,
+                 "Phase c once more in POST /v1/announces batches of this many announces, as "
+                 "agents with --tracker-announce batch send them (shoal only; 0: not run)")
+      ->check(CLI::Range(0, 512))
+      ->capture_default_str();
+  app.add_option("--batch-seconds", o.batch_seconds, "Phase c in batches: seconds at most")
+      ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
   app.add_option("--cold-seconds", o.cold_seconds, "Phase a: seconds at most")
       ->check(CLI::Range(1.0, 3600.0))

@@ -277,6 +277,8 @@ test("tracker: StatefulSet with required anti-affinity, headless Service, PDB, n
     assert.deepEqual(offSts.spec.template.spec.containers[0].ports.map((p) => p.protocol), ["TCP"]);
     assert.equal(envOf(offSts.spec.template.spec.containers[0]).SHOAL_UDP_ANNOUNCE, "false");
     assert.equal(envOf(find(off, "DaemonSet").spec.template.spec.containers[0]).SHOAL_TRACKER_ANNOUNCE, "http");
+    const batched = render(["--set", "tracker.batchAnnounce=true"]);
+    assert.equal(envOf(find(batched, "DaemonSet").spec.template.spec.containers[0]).SHOAL_TRACKER_ANNOUNCE, "batch");
   }
   // The replicas share the cluster's upstream cap (each grants maxUpstreamFetchers / replicas).
   assert.equal(envOf(c).SHOAL_MAX_UPSTREAM_FETCHERS, "9");

@@ -463,6 +463,66 @@ TEST_CASE("swarm: with --ready-interval-ms, agents ask for ready chunks at most 
   CHECK(ready <= bound);
 }
 
+TEST_CASE("swarm: with --tracker-announce batch, chunk torrents announce through the agent's relay, several to a request") {
+  SwarmWorld w({"--max-upstream-fetchers", "4"});
+  for (int i = 0; i < 4; ++i) w.AddAgent({"--tracker-announce", "batch"});
+  w.PullAll("batched-announces");
+  const double total = static_cast<double>(w.image.total_blob_bytes);
+  CHECK(static_cast<double>(w.proxy->BlobBytes()) <= 1.1 * total);
+  CHECK(w.Sum("shoal_swarm_peer_bytes_total") >= 2.0 * total);
+  CHECK(w.Sum("shoal_swarm_fallback_total") == 0);
+  for (size_t i = 0; i < w.agents.size(); ++i)
+    CHECK(std::filesystem::exists(w.CachedPath(i, w.image.layer_digests[1])));
+  // Every announce came in a batch: none over UDP or GET /announce, and fewer requests than
+  // announces.
+  const double batched = w.tracker->Metric("shoal_tracker_batched_announces_total");
+  const double batches = w.tracker->Metric("shoal_tracker_http_requests_total",
+                                           {{"route", "announce-batch"}, {"code", "200"}});
+  MESSAGE(batched << " announces in " << batches << " batches");
+  CHECK(batched >= w.agents.size() * (w.image.layer_digests.size() + 1));
+  CHECK(batches <= batched);  // how many share a batch during a pull is up to timing
+  CHECK(w.tracker->Metric("shoal_tracker_udp_requests_total", {{"action", "announce"}}) == 0);
+  CHECK(w.tracker->Metric("shoal_tracker_http_requests_total", {{"route", "announce"}}) == 0);
+  CHECK(w.tracker->Metric("shoal_tracker_http_requests_total", {{"route", "announce-batch"}}) ==
+        batches);
+
+  // The relay serves only its own libtorrent session: a request without its key, or for a
+  // replica it does not have, gets a failure reason and reaches no tracker.
+  const std::string log = w.agents[0]->Log();
+  const std::string said = "announce relay on 127.0.0.1:";
+  const size_t at = log.find(said);
+  REQUIRE(at != std::string::npos);
+  const std::string relay = "http://127.0.0.1:" + std::to_string(std::stoi(log.substr(at + said.size())));
+  const std::string query = "&info_hash=" + std::string(20, 'a') +
+                            "&peer_id=-LT2080-abcdefghijkl&port=7000&left=1&compact=1";
+  for (const std::string& target : {"/announce/0?auth=wrong" + query, "/announce/0" + query,
+                                    "/announce/7?auth=wrong" + query, std::string("/scrape/0?x=1")}) {
+    auto res = HttpGet(relay + target, {}, std::chrono::seconds(5));
+    REQUIRE(res.has_value());
+    CHECK_MESSAGE(res.value().body.find("failure reason") != std::string::npos, target);
+  }
+  CHECK(w.tracker->Metric("shoal_tracker_batched_announces_total") == batched);
+
+  // A restarted agent seeds its whole cache again: every chunk torrent announces at once, and
+  // the relay sends them in a few batches, not one request each.
+  REQUIRE_MESSAGE(w.agents[0]->Restart().has_value(), w.agents[0]->LogTail());
+  const double chunk_torrents = batched / static_cast<double>(w.agents.size()) / 2;  // per agent
+  double after = batched;
+  bool seeded = WaitUntil(
+      [&] {
+        after = w.tracker->Metric("shoal_tracker_batched_announces_total");
+        return after - batched >= chunk_torrents * 0.9;
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(100));
+  const double more_batches = w.tracker->Metric("shoal_tracker_http_requests_total",
+                                                {{"route", "announce-batch"}, {"code", "200"}}) -
+                              batches;
+  MESSAGE("after the restart: " << after - batched << " announces in " << more_batches
+                                << " batches");
+  CHECK(seeded);
+  CHECK(more_batches * 3 <= after - batched);
+}
+
 TEST_CASE("swarm: with no tracker answering, agents fetch straight from upstream") {
   SwarmWorld w;
   uint16_t dead = FreePort();
