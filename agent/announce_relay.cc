@@ -16,6 +16,7 @@
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
 #include "agent/notifier.h"
@@ -38,6 +39,11 @@ constexpr uint32_t kHeaderLimit = 8 * 1024;
 // A libtorrent announce waits at most this long for its batch (libtorrent gives up after its
 // tracker_receive_timeout, 10 s by default, and tries the next tier).
 constexpr auto kAnswerWithin = std::chrono::seconds(30);
+// A connection must have sent its whole request within this (libtorrent sends it at once).
+constexpr auto kReadWithin = std::chrono::seconds(5);
+// Connections served at once; beyond, new ones are closed at accept (libtorrent holds at most
+// max_concurrent_http_announces, 4,096 in batch mode).
+constexpr size_t kMaxConnections = 8192;
 
 std::string Failure(std::string_view reason) {
   return swarm::Bencode::Dict().Set("failure reason", reason).Encode();
@@ -177,18 +183,39 @@ awaitable<void> AnnounceRelay::AcceptLoop() {
       if (ec == asio::error::operation_aborted) co_return;
       continue;  // EMFILE and the like: the next announce retries
     }
+    // Only this node's libtorrent announces here, from the relay's own address (or loopback):
+    // nobody else on the network holds a connection or reads a byte. A full relay sheds.
+    boost::system::error_code rec;
+    const asio::ip::address from = socket.remote_endpoint(rec).address();
+    if (rec || (from != acceptor_.local_endpoint(rec).address() && !from.is_loopback()) ||
+        connections_ >= kMaxConnections) {
+      ++stats_.refused;
+      socket.close(rec);
+      continue;
+    }
     asio::co_spawn(ioc_, Serve(std::move(socket)), asio::detached);
   }
 }
 
 awaitable<void> AnnounceRelay::Serve(tcp::socket socket) {
   auto alive = alive_;
+  ++connections_;
+  struct Count {
+    size_t& n;
+    std::shared_ptr<bool> alive;
+    ~Count() {
+      if (*alive) --n;
+    }
+  } count{connections_, alive};
+  beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
   bhttp::request_parser<bhttp::empty_body> parser;
   parser.header_limit(kHeaderLimit);
   parser.body_limit(0);
   boost::system::error_code ec;
-  co_await bhttp::async_read(socket, buffer, parser, asio::redirect_error(use_awaitable, ec));
+  stream.expires_after(kReadWithin);
+  co_await bhttp::async_read(stream, buffer, parser, asio::redirect_error(use_awaitable, ec));
+  stream.expires_never();
   if (ec || !*alive) co_return;
   const auto& req = parser.get();
   std::string_view target = req.target();
@@ -235,8 +262,9 @@ awaitable<void> AnnounceRelay::Serve(tcp::socket socket) {
   res.keep_alive(false);
   res.body() = std::move(body);
   res.prepare_payload();
-  co_await bhttp::async_write(socket, res, asio::redirect_error(use_awaitable, ec));
-  socket.shutdown(tcp::socket::shutdown_both, ec);
+  stream.expires_after(kReadWithin);
+  co_await bhttp::async_write(stream, res, asio::redirect_error(use_awaitable, ec));
+  stream.socket().shutdown(tcp::socket::shutdown_both, ec);
 }
 
 awaitable<void> AnnounceRelay::ReportLoop() {

@@ -15,9 +15,11 @@
 // each of its announces with a `failure reason`, and libtorrent moves to the chunk's next tier
 // (the next replica, also through the relay).
 //
-// It listens on the swarm's own address (the node's, in a cluster), and each URL carries a
-// random 128-bit key (`?auth=`) that only this process knows: nobody else, on the node or off
-// it, can announce under the agent's token through it. Runs on the agent's network thread
+// It listens on the swarm's own address (the node's, in a cluster) and serves only connections
+// from that address or loopback (other sources are closed at accept), each with 5 s to send its
+// request and at most 8,192 at once; each URL carries a random 128-bit key (`?auth=`) that only
+// this process knows: nobody else, on the node or off it, can announce under the agent's token
+// through it. Runs on the agent's network thread
 // (single-threaded, like TrackerClient).
 
 #include <utility>
@@ -71,6 +73,7 @@ class AnnounceRelay {
     uint64_t announces = 0;  // forwarded in batches the replica took
     uint64_t batches = 0;    // batches the replica took
     uint64_t failed = 0;     // announces answered with a failure (batch not taken, bad request)
+    uint64_t refused = 0;    // connections closed at accept: another address, or too many
     uint64_t wait_us = 0;    // over the forwarded announces: from arrival to answer
     uint64_t max_wait_us = 0;
   };
@@ -93,6 +96,7 @@ class AnnounceRelay {
   std::string host_;  // the listen address as it goes in a URL ([v6])
   std::string key_;
   std::vector<std::unique_ptr<Queue>> queues_;  // per replica
+  size_t connections_ = 0;  // being served now
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   Stats stats_;
 };

@@ -704,6 +704,14 @@ awaitable<void> Announce(Gen& g, const Target& t, const Agent& a, const Chunk& c
   }
 }
 
+// A seeder's periodic announce query of chunk c by agent a, as libtorrent 2.0 sends it (without
+// the announce key).
+std::string SeederQuery(const Agent& a, const Chunk& c) {
+  return "info_hash=" + c.ih_escaped + "&peer_id=" + a.peer_id_esc +
+         "&port=6881&uploaded=0&downloaded=" + std::to_string(c.length) + "&left=0&corrupt=0&key=" +
+         a.key + "&numwant=200&compact=1&no_peer_id=1&supportcrypto=1&redundant=0";
+}
+
 // Announces on one keep-alive connection: every chunk torrent of agent a, in order.
 awaitable<void> AnnounceKeepAlive(Gen& g, const Target& t, const Agent& a,
                                   const std::vector<Chunk>& chunks, std::atomic<bool>& over,
@@ -723,11 +731,7 @@ awaitable<void> AnnounceKeepAlive(Gen& g, const Target& t, const Agent& a,
       }
       open = true;
     }
-    std::string target = t.announce_base + "info_hash=" + c.ih_escaped +
-                         "&peer_id=" + a.peer_id_esc +
-                         "&port=6881&uploaded=0&downloaded=" + std::to_string(c.length) +
-                         "&left=0&corrupt=0&key=" + a.key +
-                         "&numwant=200&compact=1&no_peer_id=1&supportcrypto=1&redundant=0";
+    std::string target = t.announce_base + SeederQuery(a, c);
     http::request<http::empty_body> req{http::verb::get, target, 11};
     req.set(http::field::host, t.host);
     req.set(http::field::user_agent, "libtorrent/2.0.8.0");
@@ -775,10 +779,8 @@ awaitable<void> AnnounceBatches(Gen& g, const Target& t, const Agent& a,
     std::string body;
     body.reserve(n * 260);
     for (size_t i = from; i < from + n; ++i) {
-      body += "info_hash=" + chunks[i].ih_escaped + "&peer_id=" + a.peer_id_esc +
-              "&port=6881&uploaded=0&downloaded=" + std::to_string(chunks[i].length) +
-              "&left=0&corrupt=0&key=" + a.key +
-              "&numwant=200&compact=1&no_peer_id=1&supportcrypto=1&redundant=0\n";
+      body += SeederQuery(a, chunks[i]);
+      body += '\n';
     }
     http::request<http::string_body> req{http::verb::post, "/v1/announces", 11};
     req.set(http::field::host, t.host);
