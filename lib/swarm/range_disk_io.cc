@@ -543,9 +543,14 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   // wake-up and the pwritev.
   void submit_jobs() override {
     std::lock_guard<std::mutex> lock(mu_);
+    // The round's writes, counted even when a thread that was awake took some of them already
+    // (then the rest would otherwise wait out the delay).
+    const int64_t round_bytes = round_write_bytes_;
+    round_write_bytes_ = 0;
     if (!unsignalled_) return;
     const bool now = unsignalled_read_ || exceeded_ || options_.write_delay.count() <= 0 ||
-                     unsignalled_write_bytes_ >= options_.write_wake_bytes;
+                     unsignalled_write_bytes_ >= options_.write_wake_bytes ||
+                     round_bytes >= options_.write_wake_bytes;
     if (now) {
       SignalLocked();
       cv_.notify_all();
@@ -626,6 +631,7 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
       unsignalled_ = true;
       if (kind == Job::Kind::kWrite) {
         unsignalled_write_bytes_ += len;
+        round_write_bytes_ += len;
       } else {
         unsignalled_read_ = true;
       }
@@ -978,6 +984,7 @@ class RangeDiskIo final : public lt::disk_interface, public lt::buffer_allocator
   bool unsignalled_ = false;  // reads or writes queued since the threads were last woken
   bool unsignalled_read_ = false;        // ... and a read among them
   int64_t unsignalled_write_bytes_ = 0;  // ... and the bytes of the writes among them
+  int64_t round_write_bytes_ = 0;        // writes queued since the last submit_jobs
   bool deferred_ = false;  // queued writes wait for more until defer_until_ (submit_jobs)
   std::chrono::steady_clock::time_point defer_until_;
   int running_ = 0;
