@@ -49,17 +49,31 @@ std::string Failure(std::string_view reason) {
   return swarm::Bencode::Dict().Set("failure reason", reason).Encode();
 }
 
-// The value of `name` in a query ("a=1&b=2"), and the query without it.
-std::pair<std::string_view, std::string> TakeParam(std::string_view query, std::string_view name) {
-  std::string_view value;
-  std::string rest;
+// The value of `name` in a query ("a=1&b=2"), empty when absent.
+std::string_view ParamValue(std::string_view query, std::string_view name) {
   while (!query.empty()) {
     size_t amp = query.find('&');
     std::string_view param = query.substr(0, amp);
     if (param.size() > name.size() && param.substr(0, name.size()) == name &&
         param[name.size()] == '=') {
-      value = param.substr(name.size() + 1);
-    } else if (!param.empty()) {
+      return param.substr(name.size() + 1);
+    }
+    if (amp == std::string_view::npos) break;
+    query.remove_prefix(amp + 1);
+  }
+  return {};
+}
+
+// The value of `name` in a query, and the query without that parameter.
+std::pair<std::string_view, std::string> TakeParam(std::string_view query, std::string_view name) {
+  const std::string_view value = ParamValue(query, name);
+  std::string rest;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view param = query.substr(0, amp);
+    const bool named = param.size() > name.size() && param.substr(0, name.size()) == name &&
+                       param[name.size()] == '=';
+    if (!named && !param.empty()) {
       if (!rest.empty()) rest += '&';
       rest += param;
     }
@@ -75,11 +89,10 @@ std::pair<std::string_view, std::string> TakeParam(std::string_view query, std::
 // (a leecher is offered seeders first). Stopped, paused and a seeder's periodic announces can
 // wait for company.
 bool Urgent(std::string_view query) {
-  auto [event, rest1] = TakeParam(query, "event");
+  const std::string_view event = ParamValue(query, "event");
   if (event == "started" || event == "completed") return true;
   if (event == "stopped" || event == "paused") return false;
-  auto [left, rest2] = TakeParam(query, "left");
-  return left != "0";
+  return ParamValue(query, "left") != "0";
 }
 
 }  // namespace
@@ -146,14 +159,7 @@ Status AnnounceRelay::Start(const std::string& address) {
 void AnnounceRelay::Stop() {
   if (!*alive_) return;
   *alive_ = false;
-  if (stats_.announces > 0) {
-    spdlog::info("announce relay: {} announces in {} batches since start (mean wait {:.1f} ms, "
-                 "longest {:.1f} ms), {} answered with a failure",
-                 stats_.announces, stats_.batches,
-                 static_cast<double>(stats_.wait_us) / 1000.0 /
-                     static_cast<double>(stats_.announces),
-                 static_cast<double>(stats_.max_wait_us) / 1000.0, stats_.failed);
-  }
+  if (stats_.announces > 0) LogStats(Stats{}, stats_, "since start");
   boost::system::error_code ec;
   acceptor_.close(ec);
   for (auto& q : queues_) {
@@ -267,6 +273,16 @@ awaitable<void> AnnounceRelay::Serve(tcp::socket socket) {
   stream.socket().shutdown(tcp::socket::shutdown_both, ec);
 }
 
+void AnnounceRelay::LogStats(const Stats& from, const Stats& to, std::string_view when) {
+  const uint64_t n = to.announces - from.announces;
+  spdlog::info(
+      "announce relay: {} announces in {} batches {} (mean wait {:.1f} ms, longest so far {:.1f} "
+      "ms), {} answered with a failure",
+      n, to.batches - from.batches, when,
+      n ? static_cast<double>(to.wait_us - from.wait_us) / 1000.0 / static_cast<double>(n) : 0.0,
+      static_cast<double>(to.max_wait_us) / 1000.0, to.failed - from.failed);
+}
+
 awaitable<void> AnnounceRelay::ReportLoop() {
   auto alive = alive_;
   Stats last;
@@ -277,14 +293,8 @@ awaitable<void> AnnounceRelay::ReportLoop() {
     co_await timer.async_wait(asio::redirect_error(use_awaitable, ec));
     if (!*alive) co_return;
     const Stats now = stats_;
-    const uint64_t n = now.announces - last.announces;
-    if (n > 0 || now.failed != last.failed) {
-      spdlog::info(
-          "announce relay: {} announces in {} batches in the last minute (mean wait {:.1f} ms, "
-          "longest so far {:.1f} ms), {} answered with a failure",
-          n, now.batches - last.batches,
-          n ? static_cast<double>(now.wait_us - last.wait_us) / 1000.0 / static_cast<double>(n) : 0.0,
-          static_cast<double>(now.max_wait_us) / 1000.0, now.failed - last.failed);
+    if (now.announces != last.announces || now.failed != last.failed) {
+      LogStats(last, now, "in the last minute");
     }
     last = now;
   }

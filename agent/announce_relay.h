@@ -29,6 +29,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
@@ -87,6 +88,8 @@ class AnnounceRelay {
   boost::asio::awaitable<void> SendLoop(size_t replica);
   // Logs what was relayed every minute it relayed something (info).
   boost::asio::awaitable<void> ReportLoop();
+  // Logs (info) what was relayed between two samples of the stats.
+  static void LogStats(const Stats& from, const Stats& to, std::string_view when);
 
   boost::asio::io_context& ioc_;
   TrackerClient& tracker_;

@@ -704,6 +704,15 @@ awaitable<void> Announce(Gen& g, const Target& t, const Agent& a, const Chunk& c
   }
 }
 
+// After an exchange on a keep-alive connection: one the server closed (or that failed) is closed
+// here, and the next request connects again.
+void DropIfClosed(const Reply& r, beast::tcp_stream& stream, bool& open) {
+  if (r.answered && r.err != kErrIo) return;
+  beast::error_code ec;
+  stream.socket().close(ec);
+  open = false;
+}
+
 // A seeder's periodic announce query of chunk c by agent a, as libtorrent 2.0 sends it (without
 // the announce key).
 std::string SeederQuery(const Agent& a, const Chunk& c) {
@@ -744,11 +753,7 @@ awaitable<void> AnnounceKeepAlive(Gen& g, const Target& t, const Agent& a,
     } else if (r.answered && r.status == 200) {
       ++s.errors[kErrFailure];
     }
-    if (!r.answered || r.err == kErrIo) {  // closed by the server (or failed): reconnect
-      beast::error_code ec;
-      stream->socket().close(ec);
-      open = false;
-    }
+    DropIfClosed(r, *stream, open);
   }
   beast::error_code ec;
   stream->socket().close(ec);
@@ -807,11 +812,7 @@ awaitable<void> AnnounceBatches(Gen& g, const Target& t, const Agent& a,
       }
       if (lines < n) s.errors[kErrFailure] += n - lines;
     }
-    if (!r.answered || r.err == kErrIo) {  // closed by the server (or failed): reconnect
-      beast::error_code ec;
-      stream->socket().close(ec);
-      open = false;
-    }
+    DropIfClosed(r, *stream, open);
   }
   beast::error_code ec;
   stream->socket().close(ec);
