@@ -12,6 +12,8 @@ namespace shoal::swarm {
 
 struct Bencode::Impl {
   libtorrent::entry entry;
+  // impl's dictionary; terminates when impl is null or not a dictionary (a bug in the caller).
+  static libtorrent::entry::dictionary_type& DictOf(Impl* impl);
 };
 
 namespace {
@@ -22,6 +24,12 @@ namespace {
 }
 
 }  // namespace
+
+libtorrent::entry::dictionary_type& Bencode::Impl::DictOf(Impl* impl) {
+  if (!impl || impl->entry.type() != libtorrent::entry::dictionary_t)
+    Misuse("Set on a value that is not a dictionary");
+  return impl->entry.dict();
+}
 
 Bencode::Bencode(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Bencode::Bencode(Bencode&&) noexcept = default;
@@ -53,16 +61,31 @@ Bencode Bencode::Dict() {
 }
 
 Bencode& Bencode::Set(std::string_view key, Bencode value) {
-  if (!impl_ || impl_->entry.type() != libtorrent::entry::dictionary_t)
-    Misuse("Set on a value that is not a dictionary");
-  impl_->entry.dict()[std::string(key)] = std::move(value.impl_->entry);
+  Impl::DictOf(impl_.get())[std::string(key)] = std::move(value.impl_->entry);
   return *this;
 }
 
-Bencode& Bencode::Set(std::string_view key, int64_t value) { return Set(key, Int(value)); }
+// The two scalar Sets write into the dictionary directly: no wrapper is allocated per value, so
+// a tracker reply of six keys costs six map nodes and nothing else.
+Bencode& Bencode::Set(std::string_view key, int64_t value) {
+  Impl::DictOf(impl_.get())[std::string(key)] = libtorrent::entry::integer_type{value};
+  return *this;
+}
 
 Bencode& Bencode::Set(std::string_view key, std::string_view bytes) {
-  return Set(key, String(bytes));
+  libtorrent::entry& value = Impl::DictOf(impl_.get())[std::string(key)];
+  if (value.type() == libtorrent::entry::string_t) {
+    value.string().assign(bytes);  // keeps the capacity of a dictionary that is reused
+  } else {
+    value = libtorrent::entry::string_type(bytes);
+  }
+  return *this;
+}
+
+Bencode& Bencode::Erase(std::string_view key) {
+  auto& dict = Impl::DictOf(impl_.get());
+  if (auto it = dict.find(key); it != dict.end()) dict.erase(it);
+  return *this;
 }
 
 Bencode& Bencode::Append(Bencode value) {
@@ -75,6 +98,7 @@ Bencode& Bencode::Append(Bencode value) {
 std::string Bencode::Encode() const {
   std::string out;
   if (!impl_) Misuse("Encode on a moved-from value");
+  out.reserve(128);
   libtorrent::bencode(std::back_inserter(out), impl_->entry);
   return out;
 }

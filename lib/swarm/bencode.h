@@ -28,6 +28,8 @@ class Bencode {
   Bencode& Set(std::string_view key, Bencode value);
   Bencode& Set(std::string_view key, int64_t value);
   Bencode& Set(std::string_view key, std::string_view bytes);
+  // Removes key from a dictionary (nothing when absent); a bug on a non-dictionary, as Set.
+  Bencode& Erase(std::string_view key);
   // Appends to a list; calling it on a non-list is a bug (it terminates).
   Bencode& Append(Bencode value);
 

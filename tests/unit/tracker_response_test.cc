@@ -101,6 +101,25 @@ TEST_CASE("tracker response: peers is present even when empty, no peers6 without
   CHECK_FALSE(d.dict_find("warning message"));
 }
 
+TEST_CASE("tracker response: a reused encoder carries nothing over from the reply before") {
+  AnnounceReplyEncoder encoder;
+  AnnounceReply full;
+  full.counts = SwarmCounts{7, 8, 9};
+  full.peers.push_back(PeerEndpoint::FromV4({10, 0, 0, 1}, 6881));
+  full.peers.push_back(
+      PeerEndpoint::FromV6({0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}, 6881));
+  std::string first = encoder.Encode(full, seconds(300), seconds(60), "swarm is full");
+  CHECK(first == EncodeAnnounceReply(full, seconds(300), seconds(60), "swarm is full"));
+  Decoded d = Decode(encoder.Encode(AnnounceReply{}, seconds(310), seconds(60)));
+  CHECK(d.dict_find_int_value("interval") == 310);
+  CHECK(d.dict_find_int_value("complete") == 0);
+  CHECK(Str(d, "peers").empty());
+  CHECK_FALSE(d.dict_find("peers6"));
+  CHECK_FALSE(d.dict_find("warning message"));
+  // And back: the keys come again, in bencode's sorted order, as a fresh encoder writes them.
+  CHECK(encoder.Encode(full, seconds(300), seconds(60), "swarm is full") == first);
+}
+
 TEST_CASE("tracker response: failure and scrape replies") {
   Decoded f = Decode(EncodeFailure("info_hash must be 20 bytes"));
   CHECK(Str(f, "failure reason") == "info_hash must be 20 bytes");

@@ -8,19 +8,32 @@ using swarm::Bencode;
 
 std::string EncodeAnnounceReply(const AnnounceReply& reply, std::chrono::seconds interval,
                                 std::chrono::seconds min_interval, std::string_view warning) {
-  std::string peers, peers6;
-  peers.reserve(6 * reply.peers.size());
-  for (const PeerEndpoint& ep : reply.peers) ep.AppendCompact(ep.is_v6() ? peers6 : peers);
-  Bencode dict = Bencode::Dict();
-  dict.Set("interval", static_cast<int64_t>(interval.count()))
+  return AnnounceReplyEncoder().Encode(reply, interval, min_interval, warning);
+}
+
+std::string AnnounceReplyEncoder::Encode(const AnnounceReply& reply, std::chrono::seconds interval,
+                                         std::chrono::seconds min_interval,
+                                         std::string_view warning) {
+  peers_.clear();
+  peers6_.clear();
+  for (const PeerEndpoint& ep : reply.peers) ep.AppendCompact(ep.is_v6() ? peers6_ : peers_);
+  dict_.Set("interval", static_cast<int64_t>(interval.count()))
       .Set("min interval", static_cast<int64_t>(min_interval.count()))
       .Set("complete", static_cast<int64_t>(reply.counts.complete))
       .Set("incomplete", static_cast<int64_t>(reply.counts.incomplete))
       .Set("downloaded", static_cast<int64_t>(reply.counts.downloaded))
-      .Set("peers", std::string_view(peers));
-  if (!peers6.empty()) dict.Set("peers6", std::string_view(peers6));
-  if (!warning.empty()) dict.Set("warning message", warning);
-  return dict.Encode();
+      .Set("peers", std::string_view(peers_));
+  if (peers6_.empty()) {
+    dict_.Erase("peers6");
+  } else {
+    dict_.Set("peers6", std::string_view(peers6_));
+  }
+  if (warning.empty()) {
+    dict_.Erase("warning message");
+  } else {
+    dict_.Set("warning message", warning);
+  }
+  return dict_.Encode();
 }
 
 std::string EncodeFailure(std::string_view reason) {

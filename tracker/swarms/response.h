@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "lib/swarm/bencode.h"
 #include "tracker/swarms/ids.h"
 #include "tracker/swarms/swarm_table.h"
 
@@ -18,6 +19,19 @@ namespace shoal::tracker {
 // `warning message` when warning is not empty.
 std::string EncodeAnnounceReply(const AnnounceReply& reply, std::chrono::seconds interval,
                                 std::chrono::seconds min_interval, std::string_view warning = {});
+
+// EncodeAnnounceReply with one dictionary kept between calls: only the values change, so a reply
+// allocates no dictionary nodes (a cold burst asks for hundreds of thousands a second). Not
+// thread-safe; the tracker's service owns one.
+class AnnounceReplyEncoder {
+ public:
+  std::string Encode(const AnnounceReply& reply, std::chrono::seconds interval,
+                     std::chrono::seconds min_interval, std::string_view warning = {});
+
+ private:
+  swarm::Bencode dict_ = swarm::Bencode::Dict();
+  std::string peers_, peers6_;  // compact peers; kept for their capacity
+};
 
 // A reply that only carries `failure reason`; clients log it and retry later.
 std::string EncodeFailure(std::string_view reason);

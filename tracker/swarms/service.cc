@@ -51,8 +51,8 @@ std::string TrackerService::Announce(std::string_view query, const boost::asio::
   }
   auto outcome = Register(request.value(), remote, now);
   if (!outcome) return EncodeFailure(outcome.error().message);
-  return EncodeAnnounceReply(outcome.value().reply, outcome.value().interval,
-                             options_.min_interval, outcome.value().warning);
+  return reply_encoder_.Encode(outcome.value().reply, outcome.value().interval,
+                               options_.min_interval, outcome.value().warning);
 }
 
 Result<AnnounceOutcome> TrackerService::Register(const AnnounceRequest& req,

@@ -15,6 +15,7 @@
 #include <boost/asio/ip/address.hpp>
 
 #include "tracker/metrics.h"
+#include "tracker/swarms/response.h"
 #include "tracker/swarms/swarm_table.h"
 
 namespace shoal::tracker {
@@ -83,6 +84,7 @@ class TrackerService {
   SwarmTable table_;
   TrackerMetrics metrics_;
   std::minstd_rand jitter_rng_;
+  AnnounceReplyEncoder reply_encoder_;
 };
 
 }  // namespace shoal::tracker

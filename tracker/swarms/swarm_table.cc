@@ -63,9 +63,11 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
   bool upload_only = false;
   auto found = swarm.index.find(from);
   const bool known = found != swarm.index.end();
+  std::optional<Slot> self;  // where the announcing peer is now; none when it was not stored
 
   if (known) {
     Slot slot = found->second;
+    self = slot;
     was_seeder = slot.seeder;
     Peer& peer = slot.seeder ? swarm.seeders[slot.pos] : swarm.leechers[slot.pos];
     peer.last_seen = now;
@@ -77,7 +79,7 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
       peer.upload_only = false;
     }
     upload_only = peer.upload_only;
-    if (slot.seeder != seeder) Insert(swarm, Remove(swarm, slot), seeder);
+    if (slot.seeder != seeder) self = Insert(swarm, Remove(swarm, slot), seeder);
   } else {
     bool full = swarm.size() >= options_.limits.max_peers_per_swarm ||
                 totals_.peers >= options_.limits.max_peers;
@@ -88,7 +90,7 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
     if (full) {
       reply.registered = false;
     } else {
-      Insert(swarm, Peer{from, request.peer_id, now, upload_only, Intern(from)}, seeder);
+      self = Insert(swarm, Peer{from, request.peer_id, now, upload_only, Intern(from)}, seeder);
     }
   }
   // A download is counted once per leecher-to-seeder change seen here, whether the client says
@@ -105,8 +107,6 @@ Result<AnnounceReply> SwarmTable::Announce(const AnnounceRequest& request, const
   }
   uint32_t numwant =
       std::min(request.numwant.value_or(options_.default_numwant), options_.max_numwant);
-  std::optional<Slot> self;
-  if (auto idx = swarm.index.find(from); idx != swarm.index.end()) self = idx->second;
   reply.peers = SelectPeers(swarm, self, seeder || upload_only, numwant);
   reply.counts = CountsOf(swarm);
   return reply;
@@ -176,12 +176,14 @@ void SwarmTable::Sample(const std::vector<Peer>& from, size_t k, size_t skip,
   }
 }
 
-void SwarmTable::Insert(Swarm& swarm, Peer peer, bool seeder) {
+SwarmTable::Slot SwarmTable::Insert(Swarm& swarm, Peer peer, bool seeder) {
   std::vector<Peer>& list = seeder ? swarm.seeders : swarm.leechers;
-  swarm.index[peer.endpoint] = Slot{seeder, static_cast<uint32_t>(list.size())};
+  Slot slot{seeder, static_cast<uint32_t>(list.size())};
+  swarm.index[peer.endpoint] = slot;
   list.push_back(std::move(peer));
   ++totals_.peers;
   if (seeder) ++totals_.seeders;
+  return slot;
 }
 
 SwarmTable::Peer SwarmTable::Remove(Swarm& swarm, Slot slot) {

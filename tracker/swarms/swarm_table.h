@@ -143,7 +143,8 @@ class SwarmTable {
     size_t size() const { return seeders.size() + leechers.size(); }
   };
 
-  void Insert(Swarm& swarm, Peer peer, bool seeder);
+  // Appends the peer to the seeders or leechers of swarm; returns where it now is.
+  Slot Insert(Swarm& swarm, Peer peer, bool seeder);
   // Removes the peer at slot by swapping the last one into its place; returns the removed peer.
   // Its endpoint stays numbered: Release it unless the peer goes back in (a seeder change).
   Peer Remove(Swarm& swarm, Slot slot);
