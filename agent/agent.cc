@@ -519,8 +519,30 @@ int RunAgent(const AgentConfig& config) {
   asio::steady_timer drain(ioc);
   std::function<void()> drain_check;
   auto deadline = std::chrono::steady_clock::time_point::max();
+  // With the relay, the swarm's `stopped` announces go through this thread: the swarm pauses,
+  // the relay sends them at once, and the swarm stops when they are answered (or after 2 s).
+  bool swarm_stopping = false;
+  asio::steady_timer stops(ioc);
+  std::function<void()> stops_check;
+  auto stops_since = std::chrono::steady_clock::now();
+  stops_check = [&] {
+    const auto waited = std::chrono::steady_clock::now() - stops_since;
+    // Pausing is asynchronous: give libtorrent a moment to start the announces it owes.
+    const bool answered = waited >= std::chrono::milliseconds(200) && !swarm->AnnouncesInFlight();
+    if (answered || waited >= std::chrono::seconds(2)) {
+      spdlog::info("swarm: stopped announces {} after {} ms", answered ? "answered" : "unanswered",
+                   std::chrono::duration_cast<std::chrono::milliseconds>(waited).count());
+      swarm->Stop();
+      relay->Stop();
+      swarm_stopping = false;
+      return;
+    }
+    stops.expires_after(std::chrono::milliseconds(25));
+    stops.async_wait([&](boost::system::error_code) { stops_check(); });
+  };
   drain_check = [&] {
-    if (server.active_connections() == 0 || std::chrono::steady_clock::now() >= deadline) {
+    if ((server.active_connections() == 0 && !swarm_stopping) ||
+        std::chrono::steady_clock::now() >= deadline) {
       ioc.stop();
       return;
     }
@@ -532,11 +554,21 @@ int RunAgent(const AgentConfig& config) {
     spdlog::info("signal {}: shutting down", sig);
     server.Stop();
     if (metrics_server) metrics_server->Stop();
-    if (swarm) swarm->Stop();  // stop announces tell the tracker we are gone
+    if (swarm && relay) {
+      relay->SendAtOnce();
+      swarm->Pause();
+      swarm_stopping = true;
+      stops_since = std::chrono::steady_clock::now();
+      stops_check();
+    } else if (swarm) {
+      swarm->Stop();  // stop announces tell the tracker we are gone
+    }
     deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     drain_check();
   });
   ioc.run();
+  if (swarm) swarm->Stop();  // when the drain deadline came first
+  if (relay) relay->Stop();
   // Prepares waiting for a layer fall back at once (the network thread has stopped), then the
   // server's calls in flight finish and the socket goes.
   if (layer_source) layer_source->Stop();

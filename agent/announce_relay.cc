@@ -156,6 +156,11 @@ Status AnnounceRelay::Start(const std::string& address) {
   return Ok();
 }
 
+void AnnounceRelay::SendAtOnce() {
+  at_once_ = true;
+  for (auto& q : queues_) q->wake.NotifyAll();
+}
+
 void AnnounceRelay::Stop() {
   if (!*alive_) return;
   *alive_ = false;
@@ -312,8 +317,8 @@ awaitable<void> AnnounceRelay::SendLoop(size_t replica) {
     }
     const auto now = std::chrono::steady_clock::now();
     if (!oldest) oldest = now;
-    const bool urgent = std::any_of(queue.waiting.begin(), queue.waiting.end(),
-                                    [](const auto& p) { return p->urgent; });
+    const bool urgent = at_once_ || std::any_of(queue.waiting.begin(), queue.waiting.end(),
+                                                [](const auto& p) { return p->urgent; });
     if (!urgent && queue.waiting.size() < options_.max_batch && now < *oldest + options_.linger) {
       co_await queue.wake.Wait(*oldest + options_.linger - now);
       continue;

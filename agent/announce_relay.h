@@ -63,6 +63,9 @@ class AnnounceRelay {
   // bound to a node address cannot reach 127.0.0.1. Errors: kInvalidArgument for an address
   // that is not an IP, kUnavailable when it cannot listen.
   Status Start(const std::string& address = "127.0.0.1");
+  // From now on no announce waits for company: what is queued and what comes leaves at once
+  // (at shutdown, so that the session's `stopped` announces are not held for the linger).
+  void SendAtOnce();
   // Stops listening and fails what is queued. Idempotent.
   void Stop();
   // The announce URL libtorrent is given for tracker replica r (http://<address>:<port>/announce/<r>,
@@ -100,6 +103,7 @@ class AnnounceRelay {
   std::string key_;
   std::vector<std::unique_ptr<Queue>> queues_;  // per replica
   size_t connections_ = 0;  // being served now
+  bool at_once_ = false;    // SendAtOnce was called
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   Stats stats_;
 };

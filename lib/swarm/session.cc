@@ -622,6 +622,21 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     // proxy's destructor waits for libtorrent's threads (network and disk) to finish.
   }
 
+  // Whether an announce of some chunk torrent is on its way to a tracker.
+  bool AnnouncesInFlight() const {
+    if (!session) return false;
+    for (const auto& [key, c] : chunks) {
+      for (const lt::announce_entry& ae : c.handle.trackers()) {
+        for (const lt::announce_endpoint& ep : ae.endpoints) {
+          for (const lt::announce_infohash& ih : ep.info_hashes) {
+            if (ih.updating) return true;
+          }
+        }
+      }
+    }
+    return false;
+  }
+
   // Torrents announce `stopped` as they pause. A UDP announce goes out through the session's
   // UDP socket, which abort() closes at once (an HTTP one has a socket of its own), so wait until
   // no UDP announce is in flight, at most stop_tracker_timeout (2 s).
@@ -823,6 +838,10 @@ Status Swarm::Start() { return impl_->Start(); }
 uint16_t Swarm::listen_port() const { return impl_->port; }
 const std::string& Swarm::root_cert() const { return impl_->root_cert(); }
 void Swarm::Stop() { impl_->Stop(); }
+void Swarm::Pause() {
+  if (impl_->session) impl_->session->pause();
+}
+bool Swarm::AnnouncesInFlight() const { return impl_->AnnouncesInFlight(); }
 Result<ChunkHandle> Swarm::AddChunk(ChunkSpec spec) { return impl_->AddChunk(std::move(spec)); }
 void Swarm::RemoveChunk(const Sha1& info_hash) { impl_->RemoveChunk(info_hash); }
 bool Swarm::HasChunk(const Sha1& info_hash) const { return impl_->chunks.count(info_hash) > 0; }

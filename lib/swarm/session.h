@@ -216,6 +216,13 @@ class Swarm {
   // Graceful shutdown: pauses every torrent, sends stop announces, aborts the session and stops
   // the disk threads. Blocks until done. Idempotent. Chunks are forgotten without callbacks.
   void Stop();
+  // The first half of Stop, for trackers served on this thread (the agent's announce relay):
+  // pauses every torrent, so each announces `stopped` and no more data moves, and returns. Keep
+  // the io_context running until AnnouncesInFlight() is false (or long enough), then Stop().
+  void Pause();
+  // Whether some chunk torrent's tracker announce is still on its way (after Pause: whether the
+  // `stopped` announces are answered). False when stopped.
+  bool AnnouncesInFlight() const;
 
   // Adds a chunk torrent over spec.range and starts it (not auto-managed, not paused), then
   // announces to its trackers at once. Errors: kInvalidArgument when the info-hash is already

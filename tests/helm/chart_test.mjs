@@ -270,9 +270,11 @@ test("tracker: StatefulSet with required anti-affinity, headless Service, PDB, n
   assert.deepEqual(svc.spec.ports.map((p) => [p.name, p.port, p.protocol]),
     [["http", 7070, "TCP"], ["announce-udp", 7070, "UDP"]]);
   assert.equal(envOf(c).SHOAL_UDP_ANNOUNCE, "true");
-  assert.equal(envOf(find(objs, "DaemonSet").spec.template.spec.containers[0]).SHOAL_TRACKER_ANNOUNCE, "udp");
+  // Agents announce in batches by default; without batches, over UDP unless it is off.
+  assert.equal(envOf(find(objs, "DaemonSet").spec.template.spec.containers[0]).SHOAL_TRACKER_ANNOUNCE, "batch");
+  assert.equal(envOf(find(render(["--set", "tracker.batchAnnounce=false"]), "DaemonSet").spec.template.spec.containers[0]).SHOAL_TRACKER_ANNOUNCE, "udp");
   {
-    const off = render(["--set", "tracker.udpAnnounce=false"]);
+    const off = render(["--set", "tracker.udpAnnounce=false", "--set", "tracker.batchAnnounce=false"]);
     const offSts = find(off, "StatefulSet");
     assert.deepEqual(offSts.spec.template.spec.containers[0].ports.map((p) => p.protocol), ["TCP"]);
     assert.equal(envOf(offSts.spec.template.spec.containers[0]).SHOAL_UDP_ANNOUNCE, "false");

@@ -504,9 +504,18 @@ TEST_CASE("swarm: with --tracker-announce batch, chunk torrents announce through
   CHECK(w.tracker->Metric("shoal_tracker_batched_announces_total") == batched);
 
   // A restarted agent seeds its whole cache again: every chunk torrent announces at once, and
-  // the relay sends them in a few batches, not one request each.
-  REQUIRE_MESSAGE(w.agents[0]->Restart().has_value(), w.agents[0]->LogTail());
+  // the relay sends them in a few batches, not one request each. Before that, as it stops, its
+  // chunk torrents' `stopped` announces go through the relay too (the swarm pauses and waits for
+  // them while the relay still runs), so the tracker drops it from their swarms at once.
   const double chunk_torrents = batched / static_cast<double>(w.agents.size()) / 2;  // per agent
+  const double stopped_before =
+      w.tracker->Metric("shoal_tracker_announces_total", {{"event", "stopped"}});
+  REQUIRE_MESSAGE(w.agents[0]->Restart().has_value(), w.agents[0]->LogTail());
+  const double stopped =
+      w.tracker->Metric("shoal_tracker_announces_total", {{"event", "stopped"}}) - stopped_before;
+  MESSAGE("stopped announces at the restart: " << stopped << " of about " << chunk_torrents);
+  CHECK(stopped >= chunk_torrents * 0.9);
+  CHECK(w.agents[0]->Log().find("stopped announces answered") != std::string::npos);
   double after = batched;
   bool seeded = WaitUntil(
       [&] {

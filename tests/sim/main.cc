@@ -195,6 +195,21 @@ int Main(int argc, char** argv) {
                "every client's GET at 0 (the fb1 columns)");
   app.add_flag("--progress", c.progress, "A line on stderr every 10 simulated seconds");
   app.add_option("--json", json_path, "Also write the results as JSON to this file");
+  RelayModelConfig relay;
+  relay.replicas = 0;
+  app.add_option("--relay-replicas", relay.replicas,
+                 "Model the agents' announce relay (--tracker-announce batch) over this many "
+                 "tracker replicas, beside UDP, from each run's announces (0: off)")
+      ->capture_default_str();
+  app.add_option("--relay-batch-us", relay.batch_us,
+                 "Relay model: tracker CPU per POST /v1/announces request, us")
+      ->capture_default_str();
+  app.add_option("--relay-announce-us", relay.announce_us,
+                 "Relay model: tracker CPU per announce in a batch, us")
+      ->capture_default_str();
+  app.add_option("--relay-udp-us", relay.udp_us,
+                 "Relay model: tracker CPU per UDP announce, us")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::vector<uint64_t> blobs;
@@ -222,6 +237,8 @@ int Main(int argc, char** argv) {
   c.split_min = split_min_kib << 10;
   c.blobs = blobs;
   c.timeline_step_s = timeline_s;
+  c.log_announces = relay.replicas > 0;
+  relay.rtt_s = c.rtt_s;
   double S = 0;
   for (uint64_t b : blobs) S += static_cast<double>(b);
 
@@ -260,6 +277,7 @@ int Main(int argc, char** argv) {
     uint64_t seed;
     SimResult r;
     SimResult fb;  // the first-byte run, if any
+    std::vector<ReplicaLoad> relay;  // the relay model, if asked
   };
   std::vector<Row> rows;
   for (size_t n : nodes) {
@@ -287,7 +305,10 @@ int Main(int argc, char** argv) {
           one.timeline_step_s = 0;
           fb = RunSim(one);
         }
-        rows.push_back(Row{n, u, seed, std::move(r), std::move(fb)});
+        std::vector<ReplicaLoad> loads;
+        if (relay.replicas > 0) loads = ModelRelay(std::move(r.announces), blobs, relay);
+        r.announces = {};
+        rows.push_back(Row{n, u, seed, std::move(r), std::move(fb), std::move(loads)});
       }
     }
   }
@@ -364,6 +385,33 @@ int Main(int argc, char** argv) {
                    {"peer_stalls", r.peer_stalls},
                    {"longest_no_peer_s", r.longest_no_peer_s},
                    {"max_chunk_connections", r.max_chunk_connections}});
+    if (!row.relay.empty()) {
+      json replicas = json::array();
+      for (const ReplicaLoad& l : row.relay) {
+        replicas.push_back({{"replica", l.replica},
+                            {"announces", l.announces},
+                            {"batches", l.batches},
+                            {"batch_mean", l.batch_mean},
+                            {"batch_p50", l.batch_p50},
+                            {"batch_p99", l.batch_p99},
+                            {"batch_max", l.batch_max},
+                            {"core_s", l.core_s},
+                            {"peak_second", l.peak_second},
+                            {"wait_p50_s", l.wait_p50_s},
+                            {"wait_p99_s", l.wait_p99_s},
+                            {"wait_max_s", l.wait_max_s},
+                            {"udp_core_s", l.udp_core_s},
+                            {"udp_peak_second", l.udp_peak_second},
+                            {"udp_wait_p50_s", l.udp_wait_p50_s},
+                            {"udp_wait_p99_s", l.udp_wait_p99_s},
+                            {"udp_wait_max_s", l.udp_wait_max_s},
+                            {"span_s", l.span_s}});
+      }
+      out.back()["relay_model"] = {{"batch_us", relay.batch_us},
+                                   {"announce_us", relay.announce_us},
+                                   {"udp_us", relay.udp_us},
+                                   {"replicas", replicas}};
+    }
   }
   std::printf(
       "\nbound: the fluid bound max(S/U, S/B, N*S/(U+N*B)) (Kumar and Ross) at nominal link "
@@ -410,6 +458,29 @@ int Main(int argc, char** argv) {
           static_cast<unsigned long long>(row.r.no_peer_stalls), c.no_peer_limit_s,
           static_cast<unsigned long long>(row.r.peer_stalls), c.peer_stall_s,
           row.r.longest_no_peer_s, row.r.max_chunk_connections);
+    }
+  }
+  for (const auto& row : rows) {
+    if (row.relay.empty()) continue;
+    std::printf(
+        "\nrelay model N=%zu U=%g seed %llu: each node's relay keeps one POST /v1/announces in "
+        "flight per replica; a replica is one FIFO thread costing %g us a batch + %g us an "
+        "announce, against %g us per UDP announce. batch p50/p99: the batch an announce rides "
+        "in; busiest s: the busiest second's share of one core; wait: from an announce leaving "
+        "libtorrent to its answer\n%7s %9s %8s %6s %6s %6s %6s %8s %8s %9s %9s %9s %8s %8s "
+        "%9s %9s\n",
+        row.n, row.u, static_cast<unsigned long long>(row.seed), relay.batch_us,
+        relay.announce_us, relay.udp_us, "replica", "announces", "batches", "mean", "p50", "p99",
+        "max", "core-s", "busiest", "wait p50", "wait p99", "wait max", "UDP c-s", "UDP busy",
+        "UDP w p99", "UDP w max");
+    for (const ReplicaLoad& l : row.relay) {
+      std::printf(
+          "%7zu %9llu %8llu %6.1f %6.0f %6.0f %6zu %8.2f %8.2f %9.4f %9.4f %9.4f %8.2f %8.2f "
+          "%9.4f %9.4f\n",
+          l.replica, static_cast<unsigned long long>(l.announces),
+          static_cast<unsigned long long>(l.batches), l.batch_mean, l.batch_p50, l.batch_p99,
+          l.batch_max, l.core_s, l.peak_second, l.wait_p50_s, l.wait_p99_s, l.wait_max_s,
+          l.udp_core_s, l.udp_peak_second, l.udp_wait_p99_s, l.udp_wait_max_s);
     }
   }
   for (const auto& row : rows) {

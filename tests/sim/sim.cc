@@ -276,6 +276,8 @@ class Sim {
                    uint64_t bytes);
   // ---- tracker ----
   void Count(const char* route, bool request);
+  // Counts an announce of fetch's chunk torrent under route, and logs it (log_announces).
+  void CountAnnounce(uint32_t fetch, const char* route);
   void TrackerWork(uint32_t fetch, double sent, double deadline, uint32_t waiter);
   void TrackerReady(uint32_t fetch, std::vector<uint32_t> wanted, double sent, double deadline,
                     uint32_t waiter);
@@ -483,6 +485,13 @@ void Sim::Count(const char* route, bool request) {
   } else {
     ++r_.calls.table_calls[route];
     ++r_.calls.total_table_calls;
+  }
+}
+
+void Sim::CountAnnounce(uint32_t fetch, const char* route) {
+  Count(route, true);
+  if (c_.log_announces) {
+    r_.announces.push_back({now_, fetches_[fetch].node, fetches_[fetch].blob});
   }
 }
 
@@ -828,7 +837,7 @@ void Sim::FromPeers(uint32_t fetch, uint32_t k) {
   ++blobs_[f.blob].swarm[k];
   if (c_.peers_per_chunk > 0) JoinSwarm(fetch, k);
   // The torrent is added and announced; the first request goes out once connections are up.
-  Count("announce", true);
+  CountAnnounce(fetch, "announce");
   At(now_ + rtt_ * (1 + c_.connect_rtts), [this, fetch, k] {
     uint32_t id = static_cast<uint32_t>(downloads_.size());
     downloads_.emplace_back();
@@ -1345,7 +1354,7 @@ void Sim::SamplePeers(const std::vector<uint32_t>& from, size_t want, uint32_t s
 // An announce of chunk k and its answer: connect to each peer named that we have not tried,
 // while we have a free slot. route: the request to count (nullptr: counted by the caller).
 void Sim::Announce(uint32_t fetch, uint32_t k, const char* route) {
-  if (route != nullptr) Count(route, true);
+  if (route != nullptr) CountAnnounce(fetch, route);
   Fetch& f = fetches_[fetch];
   const bool seeder = Seeding(f, k);
   const std::vector<uint32_t> named = SelectPeers(f, k, seeder);

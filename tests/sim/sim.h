@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "lib/swarm/chunk_torrent.h"
+#include "tests/sim/relay_model.h"
 #include "tracker/blobs/blob_table.h"
 
 namespace shoal::sim {
@@ -113,6 +114,7 @@ struct SimConfig {
   double quantum_s = 0.001;        // rates are re-solved at most this often
   double timeline_step_s = 0;      // > 0: sample the timeline this often
   bool progress = false;           // a line on stderr every 10 simulated seconds
+  bool log_announces = false;      // keep every announce in SimResult::announces
   uint64_t seed = 1;
 };
 
@@ -174,6 +176,8 @@ struct SimResult {
   uint64_t no_peer_stalls = 0, peer_stalls = 0;
   double longest_no_peer_s = 0;
   int max_chunk_connections = 0;
+  // Every announce sent (with SimConfig::log_announces), for the relay model.
+  std::vector<SentAnnounce> announces;
   // The simulator's own cost.
   double wall_s = 0;
   uint64_t events = 0, piece_events = 0, recomputes = 0;
