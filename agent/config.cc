@@ -169,8 +169,9 @@ void AddAgentFlags(CLI::App& app, AgentConfig& c) {
                  "How chunk torrents announce to http:// replicas: udp (BEP 15 on the replica's "
                  "port number, one datagram each way; needs the tracker's --udp-announce), http "
                  "(a TCP connection per announce; https:// replicas always get HTTPS), or batch "
-                 "(to the agent's loopback relay, which sends them to the replica in batches: "
-                 "POST /v1/announces, one request for many announces)")
+                 "(to the agent's own relay on the swarm's address, which sends them to the replica in "
+                 "batches: POST /v1/announces, one request for many announces; the chart's "
+                 "default, for clusters of hundreds of nodes and more)")
       ->envname("SHOAL_TRACKER_ANNOUNCE")
       ->check(CLI::IsMember({"udp", "http", "batch"}))
       ->capture_default_str();
