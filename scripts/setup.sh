@@ -13,8 +13,9 @@ PKGS=(
   libarchive-dev libzstd-dev zlib1g-dev libisal-dev libcli11-dev doctest-dev prometheus-cpp-dev
   # toml++: containerd's config.toml, read by shoalctl
   libtomlplusplus-dev
-  # gRPC and protobuf: the containerd snapshotter (snapshotter/; C++ generated at build time)
-  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  # gRPC and protobuf: the containerd snapshotter (snapshotter/; C++ generated at build time);
+  # Abseil (also a dependency of gRPC): the tracker's swarm tables
+  libgrpc++-dev libabsl-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   # real peers for integration tests, demo and benchmarks
   docker-registry skopeo podman containerd docker.io umoci nginx-light curl
   opentracker aria2 iproute2 procps tar gzip zstd jq python3 util-linux

@@ -12,6 +12,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include <absl/container/flat_hash_map.h>
+
 #include "lib/core/error.h"
 #include "tracker/swarms/announce.h"
 #include "tracker/swarms/ids.h"
@@ -138,7 +140,10 @@ class SwarmTable {
   struct Swarm {
     std::vector<Peer> seeders;
     std::vector<Peer> leechers;
-    std::unordered_map<PeerEndpoint, Slot> index;
+    // Open addressing (Abseil): one probe into a flat array where std::unordered_map chased a
+    // bucket and a node, both cache misses once the tables hold millions of peers (session 33:
+    // 25-30% more batched announces a second, and less memory a peer).
+    absl::flat_hash_map<PeerEndpoint, Slot, std::hash<PeerEndpoint>> index;
     uint64_t downloaded = 0;
     size_t size() const { return seeders.size() + leechers.size(); }
   };
