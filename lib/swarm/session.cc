@@ -626,11 +626,19 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
   bool AnnouncesInFlight() const {
     if (!session) return false;
     for (const auto& [key, c] : chunks) {
-      for (const lt::announce_entry& ae : c.handle.trackers()) {
-        for (const lt::announce_endpoint& ep : ae.endpoints) {
-          for (const lt::announce_infohash& ih : ep.info_hashes) {
-            if (ih.updating) return true;
-          }
+      if (Announcing(c.handle, [](const std::string&) { return true; })) return true;
+    }
+    return false;
+  }
+
+  // Whether an announce of h to a tracker whose URL `pick` accepts is on its way.
+  template <typename Pick>
+  static bool Announcing(const lt::torrent_handle& h, Pick&& pick) {
+    for (const lt::announce_entry& ae : h.trackers()) {
+      if (!pick(ae.url)) continue;
+      for (const lt::announce_endpoint& ep : ae.endpoints) {
+        for (const lt::announce_infohash& ih : ep.info_hashes) {
+          if (ih.updating) return true;
         }
       }
     }
@@ -649,16 +657,8 @@ struct Swarm::Impl : std::enable_shared_from_this<Swarm::Impl> {
     if (handles.empty()) return;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     for (;;) {
-      bool in_flight = false;
-      for (const lt::torrent_handle& h : handles) {
-        for (const lt::announce_entry& ae : h.trackers()) {
-          if (!udp(ae.url)) continue;
-          for (const lt::announce_endpoint& ep : ae.endpoints) {
-            for (const lt::announce_infohash& ih : ep.info_hashes) in_flight |= ih.updating;
-          }
-        }
-        if (in_flight) break;
-      }
+      const bool in_flight = std::any_of(handles.begin(), handles.end(),
+                                         [&](const auto& h) { return Announcing(h, udp); });
       if (!in_flight || std::chrono::steady_clock::now() >= until) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
