@@ -29,6 +29,7 @@
 #include "agent/announce_relay.h"
 #include "agent/chunk_fetcher.h"
 #include "agent/https_proxy.h"
+#include "agent/on_pool.h"
 #include "agent/prefetch.h"
 #include "agent/prefetch_poller.h"
 #include "agent/pull_through.h"
@@ -57,15 +58,16 @@ namespace asio = boost::asio;
 namespace {
 
 // UDP announces to a replica that timed out within one check, while its HTTP API answered, before
-// its announces move to HTTP.
+// both its ports are probed (and its announces move to HTTP if only TCP answers).
 constexpr uint64_t kUdpTimeoutsBeforeHttp = 3;
 
 // Follows the announce URLs every chunk torrent must carry: when the agent token's file gives a
 // new token, every chunk torrent announces with the new announce key (the old one stops working
 // once the trackers drop the old token); when a replica's UDP announces keep timing out while
-// its HTTP API answers (UDP blocked on the way), they move to HTTP.
-asio::awaitable<void> FollowAnnounceUrls(asio::io_context& ioc, TrackerClient& tracker,
-                                         swarm::Swarm& swarm) {
+// its HTTP API answers, and a probe then finds its TCP port open and its UDP port silent (UDP
+// blocked on the way, not a replica that died or restarted), they move to HTTP.
+asio::awaitable<void> FollowAnnounceUrls(asio::io_context& ioc, asio::thread_pool& pool,
+                                         TrackerClient& tracker, swarm::Swarm& swarm) {
   uint64_t seen = tracker.token_generation();
   std::map<std::string, uint64_t> timeouts_seen;
   asio::steady_timer timer(ioc);
@@ -84,10 +86,23 @@ asio::awaitable<void> FollowAnnounceUrls(asio::io_context& ioc, TrackerClient& t
       const uint64_t now_count = it == timeouts.end() ? 0 : it->second;
       const uint64_t grew = now_count - timeouts_seen[base];
       timeouts_seen[base] = now_count;
-      if (grew >= kUdpTimeoutsBeforeHttp &&
-          tracker.AnsweredWithin(r, std::chrono::seconds(30))) {
-        tracker.AnnounceOverHttp(r, "UDP announces to it time out while its HTTP API answers");
+      if (grew < kUdpTimeoutsBeforeHttp || !tracker.AnsweredWithin(r, std::chrono::seconds(30)))
+        continue;
+      // Timeouts alone do not tell a blocked UDP port from a replica that died or restarted
+      // a moment ago (its HTTP answer was from before): ask both ports now.
+      const http::Url url = tracker.Replica(r);
+      // By reference, as on_pool.h asks (url lives in this frame until the call ends).
+      const http::UdpReach reach = co_await OnPool(pool, [&url] {
+        return http::ProbeUdpAnnounce(url, 3, std::chrono::milliseconds(300));
+      });
+      if (reach == http::UdpReach::kTcpOnly) {
+        tracker.AnnounceOverHttp(r, "UDP announces to it time out while its TCP port answers");
         moved = true;
+      } else {
+        spdlog::info("tracker {}: {} UDP announces timed out, but {}: they stay on UDP",
+                     url.str(), grew,
+                     reach == http::UdpReach::kAnswers ? "its UDP port answers now"
+                                                       : "it does not answer at all (down)");
       }
     }
     std::vector<std::string> urls = tracker.AnnounceUrls();  // re-reads a changed token file
@@ -306,7 +321,7 @@ int RunAgent(const AgentConfig& config) {
     });
     asio::co_spawn(ioc, seeds->RepublishAll(), asio::detached);
     if (tracker_options.token || tracker_options.udp_announce)
-      asio::co_spawn(ioc, FollowAnnounceUrls(ioc, tracker, *swarm), asio::detached);
+      asio::co_spawn(ioc, FollowAnnounceUrls(ioc, pool, tracker, *swarm), asio::detached);
   } else {
     spdlog::info("no --tracker: every blob comes from upstream, no peer-to-peer");
   }

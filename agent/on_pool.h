@@ -15,7 +15,9 @@
 namespace shoal::agent {
 
 // co_await OnPool(pool, f): f() runs on `pool`; the coroutine resumes on its own executor with
-// f's result. f must not touch network-thread state.
+// f's result. f must not touch network-thread state. Capture by reference (the caller's frame
+// outlives the call): a lambda holding an http::Url by value aborted the agent with "free():
+// invalid pointer" when resumed (g++ 12, session 34; not traced further).
 template <class F>
 auto OnPool(boost::asio::thread_pool& pool, F f)
     -> boost::asio::awaitable<std::invoke_result_t<F&>> {

@@ -233,6 +233,7 @@ class TrackerClient {
   size_t replicas() const { return options_.trackers.size(); }
   // A replica's base URL.
   std::string ReplicaUrl(size_t replica) const { return options_.trackers[replica].str(); }
+  const http::Url& Replica(size_t replica) const { return options_.trackers[replica]; }
   // Registers this node (name, labels, and the port its swarm listens on unless 0, so that the
   // cluster view names the node behind its swarm peers) with the replica and waits up to `wait`
   // for jobs for it. Errors: kUnavailable when the replica does not answer, else as Table.

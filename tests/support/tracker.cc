@@ -97,8 +97,9 @@ int TrackerProcess::Stop() { return process_ ? process_->Stop() : 0; }
 void TrackerProcess::Kill() {
   if (process_) process_->Kill();
 }
-Status TrackerProcess::Restart() {
+Status TrackerProcess::Restart(const std::vector<std::string>& more) {
   if (process_) process_->Stop();
+  args_.insert(args_.end(), more.begin(), more.end());
   return Launch();
 }
 std::string TrackerProcess::LogTail() const { return process_ ? process_->LogTail() : ""; }

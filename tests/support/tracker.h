@@ -42,8 +42,9 @@ class TrackerProcess {
   // SIGTERM and wait; returns the exit status.
   int Stop();
   void Kill();
-  // Starts again on the same port with the same arguments (state is lost). Errors: as Start.
-  Status Restart();
+  // Starts again on the same port with the same arguments and then `more` (state is lost).
+  // Errors: as Start.
+  Status Restart(const std::vector<std::string>& more = {});
   std::string LogTail() const;
 
  private:
