@@ -391,7 +391,8 @@ struct Target {
 
 struct Reply {
   bool answered = false;  // a whole response arrived
-  Err err = kErrIo;
+  bool reusable = false;  // HTTP: answered, and the server keeps the connection open
+  Err err = kErrIo;       // why, when not answered
   unsigned status = 0;
   std::string body;
 };
@@ -519,7 +520,7 @@ awaitable<Reply> Exchange(beast::tcp_stream& stream, http::request<Body>& req,
   r.answered = true;
   r.status = parser.get().result_int();
   r.body = std::move(parser.get().body());
-  if (!parser.get().keep_alive()) r.err = kErrIo;  // marks "do not reuse" for pooled calls
+  r.reusable = parser.get().keep_alive();
   co_return r;
 }
 
@@ -707,7 +708,7 @@ awaitable<void> Announce(Gen& g, const Target& t, const Agent& a, const Chunk& c
 // After an exchange on a keep-alive connection: one the server closed (or that failed) is closed
 // here, and the next request connects again.
 void DropIfClosed(const Reply& r, beast::tcp_stream& stream, bool& open) {
-  if (r.answered && r.err != kErrIo) return;
+  if (r.reusable) return;
   beast::error_code ec;
   stream.socket().close(ec);
   open = false;
@@ -851,7 +852,7 @@ awaitable<Reply> BlobCall(Gen& g, const Target& t, Agent& a, Kind kind, http::ve
     req.prepare_payload();
     r = co_await Exchange(*stream, req, timeout);
     if (r.answered) {
-      if (r.err != kErrIo && a.pool.size() < 8)
+      if (r.reusable && a.pool.size() < 8)
         a.pool.emplace_back(std::move(stream), Clock::now());
       break;
     }
