@@ -21,6 +21,7 @@
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -70,7 +71,7 @@ class SlowReader {
 
 nlohmann::json CacheLs(const Agent& agent) {
   auto out = Shoalctl({"cache", "ls", "--json", "--agent", agent.Url()});
-  REQUIRE_MESSAGE(out.has_value(), out.error().ToString());
+  REQUIRE_MESSAGE(out.has_value(), Why(out));
   auto j = nlohmann::json::parse(out.value(), nullptr, false);
   REQUIRE_MESSAGE(!j.is_discarded(), out.value());
   return j;
@@ -101,7 +102,7 @@ bool HasNone(const std::map<std::string, nlohmann::json>& entries,
 
 void Pull(const Agent& agent, const std::string& image) {
   auto out = Shoalctl({"pull", image, "--agent", agent.Url()});
-  REQUIRE_MESSAGE(out.has_value(), (out.error().ToString() + "\n" + agent.LogTail()));
+  REQUIRE_MESSAGE(out.has_value(), (Why(out) + "\n" + agent.LogTail()));
 }
 
 }  // namespace
@@ -109,12 +110,12 @@ void Pull(const Agent& agent, const std::string& image) {
 TEST_CASE("cache budget: LRU eviction spares pinned and in-use blobs, and pins survive a restart") {
   TempDir dir("shoal-cache-budget");
   auto reg = Registry::Start();
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   Registry& registry = *reg.value();
   auto push = [&](const std::string& name, uint64_t seed, uint64_t big) {
     auto pushed =
         PushOneLayerImage(registry, dir.Sub("layout-" + std::to_string(seed)), name, big, seed);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return pushed.value();
   };
   BuiltImage a = push("proj/a", 801, 1ull << 20);
@@ -130,13 +131,13 @@ TEST_CASE("cache budget: LRU eviction spares pinned and in-use blobs, and pins s
   opts.upstreams = {"gcr.io=" + registry.Url()};
   opts.extra_args = {"--unmapped", "error", "--cache-budget", std::to_string(budget)};
   auto started = Agent::Start(opts);
-  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+  REQUIRE_MESSAGE(started.has_value(), Why(started));
   Agent& agent = *started.value();
 
   // Pinning an image reference pins its manifest, config and layers (before they are cached).
   auto pinned = Shoalctl({"cache", "pin", "gcr.io/proj/a:1", "--ttl", "1h", "--owner", "test",
                           "--json", "--agent", agent.Url()});
-  REQUIRE_MESSAGE(pinned.has_value(), (pinned.error().ToString() + "\n" + agent.LogTail()));
+  REQUIRE_MESSAGE(pinned.has_value(), (Why(pinned) + "\n" + agent.LogTail()));
   auto pin_json = nlohmann::json::parse(pinned.value(), nullptr, false);
   REQUIRE(pin_json.is_array());
   std::set<std::string> pinned_digests;
@@ -166,7 +167,7 @@ TEST_CASE("cache budget: LRU eviction spares pinned and in-use blobs, and pins s
     REQUIRE(WaitUntil([&] { return Entries(agent)[c_layer]["in_use"] == true; },
                       std::chrono::seconds(10)));
     auto gc = Shoalctl({"cache", "gc", "--to", "0", "--json", "--agent", agent.Url()});
-    REQUIRE_MESSAGE(gc.has_value(), gc.error().ToString());
+    REQUIRE_MESSAGE(gc.has_value(), Why(gc));
     auto gc_json = nlohmann::json::parse(gc.value(), nullptr, false);
     REQUIRE(gc_json.is_object());
     std::set<std::string> evicted;
@@ -190,7 +191,7 @@ TEST_CASE("cache budget: LRU eviction spares pinned and in-use blobs, and pins s
   CHECK(HasAll(entries, Digests(a)));
   for (const auto& d : Digests(a)) CHECK(entries[d]["pinned"] == true);
   auto gc2 = Shoalctl({"cache", "gc", "--to", "0", "--agent", agent.Url()});
-  REQUIRE_MESSAGE(gc2.has_value(), gc2.error().ToString());
+  REQUIRE_MESSAGE(gc2.has_value(), Why(gc2));
   CHECK(gc2.value().find("freed") != std::string::npos);
   entries = Entries(agent);
   CHECK(entries.count(c_layer) == 0);
@@ -198,7 +199,7 @@ TEST_CASE("cache budget: LRU eviction spares pinned and in-use blobs, and pins s
 
   // Unpinned, A goes at the next gc; the human-readable ls shows an empty cache.
   auto unpinned = Shoalctl({"cache", "unpin", "gcr.io/proj/a:1", "--agent", agent.Url()});
-  REQUIRE_MESSAGE(unpinned.has_value(), unpinned.error().ToString());
+  REQUIRE_MESSAGE(unpinned.has_value(), Why(unpinned));
   auto gc3 = Shoalctl({"cache", "gc", "--to", "0", "--json", "--agent", agent.Url()});
   REQUIRE(gc3.has_value());
   auto gc3_json = nlohmann::json::parse(gc3.value(), nullptr, false);
@@ -211,19 +212,19 @@ TEST_CASE("cache budget: LRU eviction spares pinned and in-use blobs, and pins s
 TEST_CASE("cache budget: pin by digest with a TTL, bad requests, and the admin API's answers") {
   TempDir dir("shoal-cache-admin");
   auto reg = Registry::Start();
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   AgentOptions opts;
   opts.cache_dir = dir.Sub("cache");
   opts.upstreams = {"gcr.io=" + reg.value()->Url()};
   opts.extra_args = {"--unmapped", "error", "--cache-budget", "50%"};
   auto started = Agent::Start(opts);
-  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+  REQUIRE_MESSAGE(started.has_value(), Why(started));
   Agent& agent = *started.value();
   CHECK(agent.Metric("shoal_cache_budget_bytes") > 0);
 
   const std::string digest = "sha256:" + std::string(64, 'a');
   auto pinned = Shoalctl({"cache", "pin", digest, "--ttl", "90s", "--json", "--agent", agent.Url()});
-  REQUIRE_MESSAGE(pinned.has_value(), pinned.error().ToString());
+  REQUIRE_MESSAGE(pinned.has_value(), Why(pinned));
   CHECK(pinned.value().find(digest) != std::string::npos);
   // A bad TTL and an unknown image fail with an exit code.
   CHECK_FALSE(Shoalctl({"cache", "pin", digest, "--ttl", "soon", "--agent", agent.Url()}).has_value());
@@ -241,21 +242,21 @@ TEST_CASE("cache budget: pin by digest with a TTL, bad requests, and the admin A
 TEST_CASE("cache budget: with a tracker, an evicted blob leaves the swarm and is fetched again at once") {
   TempDir dir("shoal-cache-swarm");
   auto reg = Registry::Start();
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   ImageSpec spec;
   spec.layers.push_back(LayerSpec{Compression::kGzip, 4, {8ull << 20}, 901});
   auto built = BuildImage(spec, dir.Sub("layout"), "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   REQUIRE(PushImage(*reg.value(), dir.Sub("layout"), "1", "proj/s").has_value());
   auto tracker = TrackerProcess::Start({"--chunk-size-kib", "2048", "--piece-size-kib", "256"});
-  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  REQUIRE_MESSAGE(tracker.has_value(), Why(tracker));
   AgentOptions opts;
   opts.cache_dir = dir.Sub("cache");
   opts.upstreams = {"gcr.io=" + reg.value()->Url()};
   opts.extra_args = {"--unmapped", "error", "--tracker", tracker.value()->Url(), "--swarm-listen",
                      "127.0.0.1:0", "--tracker-grace-ms", "3000", "--peer-stall-ms", "120000"};
   auto started = Agent::Start(opts);
-  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+  REQUIRE_MESSAGE(started.has_value(), Why(started));
   Agent& agent = *started.value();
 
   const std::string layer = built.value().layer_digests[0].str();
@@ -268,7 +269,7 @@ TEST_CASE("cache budget: with a tracker, an evicted blob leaves the swarm and is
                             std::chrono::seconds(10)),
                   CacheLs(agent).dump());
   auto gc = Shoalctl({"cache", "gc", "--to", "0", "--json", "--agent", agent.Url()});
-  REQUIRE_MESSAGE(gc.has_value(), gc.error().ToString());
+  REQUIRE_MESSAGE(gc.has_value(), Why(gc));
   CHECK(gc.value().find(layer) != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(seed_record));
   CHECK(Entries(agent).empty());

@@ -15,6 +15,7 @@
 #include "tests/support/process.h"
 #include "tests/support/runtimes.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -58,7 +59,7 @@ Doctor RunDoctor(std::vector<std::string> args) {
   std::string cmd = std::string("'") + SHOAL_CTL_BIN + "' doctor --json";
   for (const auto& a : args) cmd += " '" + a + "'";
   auto r = RunCommand({"sh", "-c", cmd + "; echo \"exit=$?\""}, std::chrono::seconds(60));
-  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   Doctor d;
   auto pos = r.value().rfind("exit=");
   REQUIRE(pos != std::string::npos);
@@ -78,13 +79,13 @@ struct GoodNode {
 
   GoodNode() {
     auto t = TrackerProcess::Start();
-    REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+    REQUIRE_MESSAGE(t.has_value(), Why(t));
     tracker = std::move(t.value());
     AgentOptions opts;
     opts.cache_dir = cache.Sub("agent");
     opts.upstreams = {"docker.io=http://127.0.0.1:1"};
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agent = std::move(a.value());
     Put("var/lib/kubelet/config.yaml",
         "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
@@ -100,7 +101,7 @@ struct GoodNode {
         Shoalctl({"node-setup", "--root", root.path(), "--agent", agent->HostPort(), "--registry",
                   "docker.io,gcr.io", "--containerd-certs-dir", "/etc/containerd/certs.d",
                   "--crio-drop-in", "/etc/containers/registries.conf.d/50-shoal.conf"});
-    REQUIRE_MESSAGE(w.has_value(), w.error().ToString());
+    REQUIRE_MESSAGE(w.has_value(), Why(w));
     Put("proc/sys/net/ipv4/neigh/default/gc_thresh1", "80000\n");
     Put("proc/sys/net/ipv4/neigh/default/gc_thresh2", "90000\n");
     Put("proc/sys/net/ipv4/neigh/default/gc_thresh3", "100000\n");
@@ -141,7 +142,7 @@ TEST_CASE("doctor: a well set-up node is all ok (exit 0), in JSON and in text") 
                             for (const auto& s : n.Args()) a += " '" + s + "'";
                             return a;
                           }()});
-  REQUIRE_MESSAGE(text.has_value(), text.error().ToString());
+  REQUIRE_MESSAGE(text.has_value(), Why(text));
   CHECK(text.value().find("ok    kubelet") != std::string::npos);
   CHECK(text.value().find("doctor: ok") != std::string::npos);
 }
@@ -277,7 +278,7 @@ TEST_CASE("doctor: each misconfiguration on its own is found, with its fix and e
       {"a tracker that answers HTTP but not UDP (agents fall back to HTTP announces)",
        [](GoodNode& n, std::vector<std::string>& a) {
          auto t = TrackerProcess::Start({"--udp-announce", "false"});
-         REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+         REQUIRE_MESSAGE(t.has_value(), Why(t));
          n.tracker = std::move(t.value());
          a[5] = n.tracker->Url();
        },
@@ -315,9 +316,9 @@ TEST_CASE("doctor: each misconfiguration on its own is found, with its fix and e
 
 TEST_CASE("doctor: the configs of the real dockerd and containerd the tests run") {
   auto dockerd = Dockerd::Start(R"({"max-concurrent-downloads": 10})");
-  REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
+  REQUIRE_MESSAGE(dockerd.has_value(), Why(dockerd));
   auto containerd = Containerd::Start();
-  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  REQUIRE_MESSAGE(containerd.has_value(), Why(containerd));
   TempDir cache("shoal-cache");
   // The test kit's dockerd runs on vfs (no overlay inside the test sandbox) and without a
   // mirror; its containerd has no CRI plugin and no config_path. Doctor must say so.
@@ -344,11 +345,11 @@ TEST_CASE(
   opts.upstreams = {"docker.io=http://127.0.0.1:1"};
   opts.extra_args = {"--snapshotter-socket", socket};
   auto agent = Agent::Start(opts);
-  REQUIRE_MESSAGE(agent.has_value(), agent.error().ToString());
+  REQUIRE_MESSAGE(agent.has_value(), Why(agent));
   auto setup = [&](const std::string& config) {
     auto out = Shoalctl({"node-setup", "--root", "/", "--containerd-config", config,
                          "--containerd-snapshotter", "--snapshotter-socket", socket});
-    REQUIRE_MESSAGE(out.has_value(), out.error().ToString());
+    REQUIRE_MESSAGE(out.has_value(), Why(out));
   };
   std::string config, original;
   auto containerd = Containerd::Start("", false, [&](const std::string& path) {
@@ -356,7 +357,7 @@ TEST_CASE(
     original = ReadFile(path);
     setup(path);
   });
-  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  REQUIRE_MESSAGE(containerd.has_value(), Why(containerd));
   // --root / with the test's own paths; only the snapshotter's findings are looked at (the rest
   // is this machine's kubelet, dockerd and ARP settings).
   auto doctor = [&](const std::string& config_path) {
@@ -411,7 +412,7 @@ TEST_CASE(
 
   // A containerd started before its config named the plugin (node-setup without the restart).
   auto stale = Containerd::Start();
-  REQUIRE_MESSAGE(stale.has_value(), stale.error().ToString());
+  REQUIRE_MESSAGE(stale.has_value(), Why(stale));
   setup(stale.value()->ConfigPath());
   Doctor not_restarted = doctor(stale.value()->ConfigPath());
   CAPTURE(not_restarted.text);

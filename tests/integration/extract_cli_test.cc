@@ -11,13 +11,14 @@
 #include "tests/support/layer_tar.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 
 TEST_CASE("extract cli: shoalctl extract pulls through the agent into an overlay2 tree") {
   TempDir dir("shoal-extract-cli");
   auto reg = Registry::Start();
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   ImageSpec spec;
   spec.layers = {
       LayerSpec{.compression = Compression::kGzip, .small_files = 60, .big_files = {6 << 20}, .seed = 31},
@@ -25,19 +26,19 @@ TEST_CASE("extract cli: shoalctl extract pulls through the agent into an overlay
       LayerSpec{.compression = Compression::kNone, .small_files = 10, .seed = 33},
   };
   auto img = BuildImage(spec, dir.Sub("layout"), "1");
-  REQUIRE_MESSAGE(img.has_value(), img.error().ToString());
+  REQUIRE_MESSAGE(img.has_value(), Why(img));
   auto pushed = PushImage(*reg.value(), dir.Sub("layout"), "1", "demo/app");
-  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+  REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
   AgentOptions opts;
   opts.cache_dir = dir.Sub("cache");
   opts.upstreams = {"docker.io=" + reg.value()->Url()};
   auto agent = Agent::Start(opts);
-  REQUIRE_MESSAGE(agent.has_value(), agent.error().ToString());
+  REQUIRE_MESSAGE(agent.has_value(), Why(agent));
 
   const std::string root = dir.Sub("root");
   auto out = RunCommand({SHOAL_CTL_BIN, "extract", "--agent", agent.value()->Url(), "--json",
                          "demo/app:1", root});
-  REQUIRE_MESSAGE(out.has_value(), (out.error().ToString() + "\n" + agent.value()->LogTail()));
+  REQUIRE_MESSAGE(out.has_value(), (Why(out) + "\n" + agent.value()->LogTail()));
   auto json = nlohmann::json::parse(out.value().substr(out.value().find('{')));
   CHECK(json["ok"] == true);
   CHECK(json["digest"] == img.value().manifest_digest.str());
@@ -73,7 +74,7 @@ TEST_CASE("extract cli: shoalctl extract pulls through the agent into an overlay
                       .verify = true});
   }
   auto direct = extract::ExtractImage(dir.Sub("direct"), inputs);
-  REQUIRE_MESSAGE(direct.has_value(), direct.error().ToString());
+  REQUIRE_MESSAGE(direct.has_value(), Why(direct));
   for (size_t i = 0; i < 3; ++i) {
     CHECK(DiffTrees(SnapshotTree(direct.value()[i].diff_dir), trees[i]) ==
           std::vector<std::string>{});

@@ -22,6 +22,7 @@
 #include "tests/support/image.h"
 #include "tests/support/layer_tar.h"
 #include "tests/support/process.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -185,7 +186,7 @@ TEST_CASE("extract: a file entry over a symlink replaces the link and never writ
                                   FileEntry("link", "replaced\n"),
                                   SymlinkEntry("dirlink", outside), DirEntry("dirlink")}),
                         tmp.Sub("diff"));
-  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   CHECK(ReadFile(outside + "/target") == "original\n");
   CHECK(ReadFile(tmp.Sub("diff/link")) == "replaced\n");
   CHECK(fs::is_directory(fs::symlink_status(tmp.Sub("diff/dirlink"))));
@@ -197,7 +198,7 @@ TEST_CASE("extract: symlinks inside the layer may be followed by later entries (
   auto r = ExtractBytes(BuildTar({DirEntry("usr/lib"), SymlinkEntry("lib", "usr/lib"),
                                   FileEntry("lib/libc.so", "elf")}),
                         tmp.Sub("diff"));
-  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   CHECK(ReadFile(tmp.Sub("diff/usr/lib/libc.so")) == "elf");
 }
 
@@ -256,7 +257,7 @@ TEST_CASE("extract: plain tar, gzip, multi-member gzip and zstd give the same tr
     ExtractOptions opts;
     opts.expected_digest = Sha256::Of(f.blob);
     auto r = ExtractBytes(f.blob, tmp.Sub(f.name), opts);
-    REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+    REQUIRE_MESSAGE(r.has_value(), Why(r));
     CHECK(r.value().compression == f.want);
     CHECK(r.value().raw_bytes == f.blob.size());
     CHECK(r.value().tar_bytes >= tar.size() - 1024);
@@ -292,7 +293,7 @@ TEST_CASE("extract: the uncompressed stream must hash to the expected diff ID") 
     opts.expected_digest = Sha256::Of(blob);
     opts.expected_diff_id = Sha256::Of(tar);
     auto r = ExtractBytes(blob, tmp.Sub(name), opts);
-    REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+    REQUIRE_MESSAGE(r.has_value(), Why(r));
     CHECK(r.value().files == 1);
     CHECK_FALSE(r.value().root_entry);
     opts.expected_diff_id = Sha256::Of(tar.substr(0, tar.size() - 512));
@@ -306,7 +307,7 @@ TEST_CASE("extract: the uncompressed stream must hash to the expected diff ID") 
   // A tar with an entry for the root says so.
   auto rooted = ExtractBytes(BuildTar({DirEntry("./", 0700), FileEntry("a", "a")}),
                              tmp.Sub("rooted"));
-  REQUIRE_MESSAGE(rooted.has_value(), rooted.error().ToString());
+  REQUIRE_MESSAGE(rooted.has_value(), Why(rooted));
   CHECK(rooted.value().root_entry);
 }
 
@@ -368,7 +369,7 @@ TEST_CASE("extract: a growing file is extracted as its bytes arrive") {
     opts.expected_digest = Sha256::Of(blob);
     auto r = extract::ExtractLayer(*src.value(), tmp.Sub("diff"), opts);
     writer.join();
-    REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+    REQUIRE_MESSAGE(r.has_value(), Why(r));
     CHECK(r.value().files == 300);
     CHECK(waits > 10);  // it really waited for bytes, many times
     auto whole = ExtractBytes(blob, tmp.Sub("whole"));
@@ -468,7 +469,7 @@ std::vector<Tree> LayerTrees(const std::vector<extract::LayerResult>& layers) {
 // their contents change, so directories' mtimes are not compared).
 Tree UmociRootfs(const BuiltImage& img, const std::string& bundle) {
   auto out = RunCommand({"umoci", "unpack", "--image", img.layout_dir + ":" + img.tag, bundle});
-  REQUIRE_MESSAGE(out.has_value(), out.error().ToString());
+  REQUIRE_MESSAGE(out.has_value(), Why(out));
   Tree t = SnapshotTree(bundle + "/rootfs");
   for (auto& [p, n] : t) n.hardlink_group.clear();
   return t;
@@ -479,9 +480,9 @@ Tree UmociRootfs(const BuiltImage& img, const std::string& bundle) {
 TEST_CASE("extract: whiteouts and metadata match umoci's unpack of the same image") {
   TempDir tmp("shoal-extract-umoci");
   auto img = WriteOciImage(tmp.Sub("layout"), "1", WhiteoutImageLayers());
-  REQUIRE_MESSAGE(img.has_value(), img.error().ToString());
+  REQUIRE_MESSAGE(img.has_value(), Why(img));
   auto layers = extract::ExtractImage(tmp.Sub("root"), LayoutInputs(img.value()));
-  REQUIRE_MESSAGE(layers.has_value(), layers.error().ToString());
+  REQUIRE_MESSAGE(layers.has_value(), Why(layers));
   REQUIRE(layers.value().size() == 3);
 
   // The overlay forms on disk.
@@ -548,7 +549,7 @@ TEST_CASE("extract: the unprivileged whiteout form (explicit option) gives the s
   extract::ImageExtractOptions opts;
   opts.layer.whiteouts = extract::WhiteoutMode::kUser;
   auto layers = extract::ExtractImage(tmp.Sub("root"), LayoutInputs(img.value()), opts);
-  REQUIRE_MESSAGE(layers.has_value(), layers.error().ToString());
+  REQUIRE_MESSAGE(layers.has_value(), Why(layers));
   Tree t1 = SnapshotTree(layers.value()[1].diff_dir);
   REQUIRE(t1.count(".wh.gone"));
   CHECK(t1[".wh.gone"].type == 'f');
@@ -566,7 +567,7 @@ TEST_CASE("extract: xattrs naming overlay's own attributes are dropped from laye
   TarEntry d = DirEntry("d");
   d.xattrs = {{"trusted.overlay.opaque", "y"}, {"user.overlay.opaque", "y"}, {"user.ok", "1"}};
   auto r = ExtractBytes(BuildTar({d}), tmp.Sub("diff"));
-  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   CHECK(r.value().xattrs_dropped > 0);
   Tree t = SnapshotTree(tmp.Sub("diff"));
   CHECK(t["d"].xattrs == std::map<std::string, std::string>{{"user.ok", "1"}});
@@ -582,7 +583,7 @@ TEST_CASE("extract: parallel extraction equals sequential extraction, file for f
       LayerSpec{.compression = Compression::kGzip, .small_files = 200, .seed = 14, .with_whiteout = true},
   };
   auto img = BuildImage(spec, tmp.Sub("layout"), "1");
-  REQUIRE_MESSAGE(img.has_value(), img.error().ToString());
+  REQUIRE_MESSAGE(img.has_value(), Why(img));
   // Plus the hand-made layers with owners, xattrs, devices and whiteouts.
   auto extra = WriteOciImage(tmp.Sub("layout2"), "1", WhiteoutImageLayers());
   REQUIRE(extra.has_value());
@@ -601,9 +602,9 @@ TEST_CASE("extract: parallel extraction equals sequential extraction, file for f
   extract::ImageExtractOptions sequential;
   sequential.parallelism = 1;
   auto a = extract::ExtractImage(tmp.Sub("par"), inputs, parallel);
-  REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+  REQUIRE_MESSAGE(a.has_value(), Why(a));
   auto b = extract::ExtractImage(tmp.Sub("seq"), inputs, sequential);
-  REQUIRE_MESSAGE(b.has_value(), b.error().ToString());
+  REQUIRE_MESSAGE(b.has_value(), Why(b));
   if (std::thread::hardware_concurrency() > 1) CHECK(threads.size() > 1);
   REQUIRE(a.value().size() == b.value().size());
   for (size_t i = 0; i < a.value().size(); ++i) {

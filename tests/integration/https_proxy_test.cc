@@ -27,6 +27,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -43,7 +44,7 @@ struct ProxyWorld {
 
   explicit ProxyWorld(std::vector<std::string> agent_args = {}) {
     auto up = CountedUpstream::Start();
-    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    REQUIRE_MESSAGE(up.has_value(), Why(up));
     registry = std::move(up.value().registry);
     proxy = std::move(up.value().proxy);
     AgentOptions opts;
@@ -52,7 +53,7 @@ struct ProxyWorld {
     opts.extra_args = {"--unmapped", "error", "--https-proxy"};
     opts.extra_args.insert(opts.extra_args.end(), agent_args.begin(), agent_args.end());
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agent = std::move(a.value());
   }
 
@@ -62,9 +63,9 @@ struct ProxyWorld {
     spec.layers.push_back(LayerSpec{Compression::kGzip, 6, {}, seed + 1});
     std::string layout = dir.Sub("layout-" + std::to_string(seed));
     auto built = BuildImage(spec, layout, tag);
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     auto pushed = PushImage(*registry, layout, tag, name);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return built.value();
   }
 
@@ -176,7 +177,7 @@ TEST_CASE("proxy: dockerd pulls gcr.io/proj/img by its own name through the agen
   const std::string out_dir = w.dir.Sub("dockerd-config");
   auto notes = Shoalctl({"config", "dockerd", "--proxy", "--agent", w.agent->HostPort(),
                          "--registry", "docker.io,gcr.io", "-o", out_dir});
-  REQUIRE_MESSAGE(notes.has_value(), notes.error().ToString());
+  REQUIRE_MESSAGE(notes.has_value(), Why(notes));
   CHECK(notes.value().find("/etc/docker/certs.d/gcr.io/ca.crt") != std::string::npos);
   CHECK(notes.value().find("/shoal/v1/proxy/ca.crt") != std::string::npos);
   const std::string drop_in = ReadFile(out_dir + "/docker.service.d/shoal-proxy.conf");
@@ -189,14 +190,14 @@ TEST_CASE("proxy: dockerd pulls gcr.io/proj/img by its own name through the agen
       Dockerd::Start(ReadFile(out_dir + "/daemon.json"),
                      {"HTTPS_PROXY=" + https_proxy, "https_proxy=", "HTTP_PROXY=", "http_proxy=",
                       "NO_PROXY=", "no_proxy=", "ALL_PROXY=", "all_proxy=", "GODEBUG=netdns=go+2"});
-  REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
+  REQUIRE_MESSAGE(dockerd.has_value(), Why(dockerd));
   Dockerd& d = *dockerd.value();
 
   auto pulled = d.Docker({"pull", "gcr.io/proj/img:1"});
   REQUIRE_MESSAGE(pulled.has_value(),
-                  (pulled.error().ToString() + "\n" + w.agent->LogTail() + "\n" + d.LogTail()));
+                  (Why(pulled) + "\n" + w.agent->LogTail() + "\n" + d.LogTail()));
   auto digest = d.RepoDigest("gcr.io/proj/img:1");
-  REQUIRE_MESSAGE(digest.has_value(), digest.error().ToString());
+  REQUIRE_MESSAGE(digest.has_value(), Why(digest));
   CHECK(digest.value() == image.manifest_digest.str());
 
   // Every blob crossed from upstream once, through the agent, over the terminated tunnel.
@@ -225,14 +226,14 @@ TEST_CASE("proxy: a terminated CONNECT serves the registry API for the CONNECT h
   const std::string manifest_file = w.dir.Sub("manifest");
   auto got = Curl({"-f", "-x", proxy_url, "--cacert", ca, "-H", "Accept: " + image.media_type, "-o",
                    manifest_file, "https://gcr.io/v2/proj/img/manifests/1"});
-  REQUIRE_MESSAGE(got.has_value(), (got.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(got.has_value(), (Why(got) + "\n" + w.agent->LogTail()));
   CHECK(Sha256File(manifest_file).value() == image.manifest_digest);
   // Blobs go out through TLS with pread + write, in several chunks, whole and verified.
   for (const Digest& layer : image.layer_digests) {
     const std::string blob_file = w.dir.Sub("blob-" + layer.hex());
     auto blob = Curl({"-f", "-x", proxy_url, "--cacert", ca, "-o", blob_file,
                       "https://gcr.io/v2/proj/img/blobs/" + layer.str()});
-    REQUIRE_MESSAGE(blob.has_value(), (blob.error().ToString() + "\n" + w.agent->LogTail()));
+    REQUIRE_MESSAGE(blob.has_value(), (Why(blob) + "\n" + w.agent->LogTail()));
     CHECK(Sha256File(blob_file).value() == layer);
   }
   // A range of a cached blob, through TLS.
@@ -262,7 +263,7 @@ TEST_CASE("proxy: a CONNECT outside the upstream map is tunnelled, and refused w
   // The docker-registry itself stands for a host outside the map: 127.0.0.1:PORT.
   auto tunnelled = Curl({"-f", "-p", "-x", w.agent->Url(), w.registry->Url() + "/v2/"});
   REQUIRE_MESSAGE(tunnelled.has_value(),
-                  (tunnelled.error().ToString() + "\n" + w.agent->LogTail()));
+                  (Why(tunnelled) + "\n" + w.agent->LogTail()));
   CHECK(tunnelled.value() == "{}");
   CHECK(w.Connects("tunnel") == 1);
   CHECK(w.Connects("terminate") == 0);
@@ -278,7 +279,7 @@ TEST_CASE("proxy: a CONNECT outside the upstream map is tunnelled, and refused w
   // Mapped registries are still terminated when tunnels are off.
   const std::string ca = denying.FetchCa();
   auto base = Curl({"-f", "-x", denying.agent->Url(), "--cacert", ca, "https://gcr.io/v2/"});
-  REQUIRE_MESSAGE(base.has_value(), base.error().ToString());
+  REQUIRE_MESSAGE(base.has_value(), Why(base));
   CHECK(denying.Connects("terminate") == 1);
 }
 
@@ -306,7 +307,7 @@ TEST_CASE("proxy: a malformed CONNECT gets 400, a dead target 502, and no proxy 
   opts.cache_dir = dir.Sub("cache");
   opts.upstreams = {"gcr.io=" + w.proxy->Url()};
   auto plain = Agent::Start(opts);
-  REQUIRE_MESSAGE(plain.has_value(), plain.error().ToString());
+  REQUIRE_MESSAGE(plain.has_value(), Why(plain));
   std::string off = RawExchange(PortOf(plain.value()->HostPort()),
                                 "CONNECT gcr.io:443 HTTP/1.1\r\nHost: gcr.io:443\r\n\r\n");
   CHECK(off.rfind("HTTP/1.1 405", 0) == 0);

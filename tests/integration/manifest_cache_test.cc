@@ -21,6 +21,7 @@
 #include "tests/support/sync_server.h"
 #include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -44,15 +45,15 @@ struct ManifestWorld {
 
   ManifestWorld() {
     auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+    REQUIRE_MESSAGE(reg.has_value(), Why(reg));
     registry = std::move(reg.value());
     ImageSpec spec;
     spec.layers.push_back(LayerSpec{Compression::kGzip, 5, {}, 31});
     auto built = BuildImage(spec, dir.Sub("layout"), "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     image = built.value();
     auto pushed = PushImage(*registry, image.layout_dir, "1", "demo/app");
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     auto p = CountingProxy::Start(registry->HostPort());
     REQUIRE(p.has_value());
     proxy = std::move(p.value());
@@ -61,7 +62,7 @@ struct ManifestWorld {
   void StartTracker() {
     auto t = TrackerProcess::Start(
         {"--manifest-ttl-s", std::to_string(kTtlS), "--manifest-lease-ttl-s", "5"});
-    REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+    REQUIRE_MESSAGE(t.has_value(), Why(t));
     tracker = std::move(t.value());
   }
 
@@ -75,7 +76,7 @@ struct ManifestWorld {
                        "--tag-ttl",   "0"};
     opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agents.push_back(std::move(a.value()));
     return *agents.back();
   }
@@ -101,7 +102,7 @@ struct ManifestWorld {
     for (auto& t : threads) t.join();
     for (size_t i = 0; i < agents.size(); ++i) {
       REQUIRE_MESSAGE(results[i].has_value(),
-                      (results[i].error().ToString() + "\n" + agents[i]->LogTail()));
+                      (Why(results[i]) + "\n" + agents[i]->LogTail()));
       const HttpResponse& r = results[i].value();
       REQUIRE_MESSAGE(r.status == 200, (r.body + "\n" + agents[i]->LogTail()));
       CHECK(r.Header("docker-content-digest") == image.manifest_digest.str());
@@ -181,7 +182,7 @@ TEST_CASE("manifest cache: 5 agents asking for a tag that does not exist cost on
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < w.agents.size(); ++i) {
     REQUIRE_MESSAGE(results[i].has_value(),
-                    (results[i].error().ToString() + "\n" + w.agents[i]->LogTail()));
+                    (Why(results[i]) + "\n" + w.agents[i]->LogTail()));
     CHECK_MESSAGE(results[i].value().status == 404, results[i].value().body);
     CHECK(results[i].value().body.find("MANIFEST_UNKNOWN") != std::string::npos);
     // The tracker passes the fetching agent's upstream message on: its URL stays out.
@@ -202,7 +203,7 @@ TEST_CASE("manifest cache: 5 agents asking for a tag that does not exist cost on
 TEST_CASE("manifest cache: a fetch lease that never publishes costs at most --manifest-wait-ms") {
   ManifestWorld w;
   auto t = TrackerProcess::Start({"--manifest-lease-ttl-s", "60"});
-  REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+  REQUIRE_MESSAGE(t.has_value(), Why(t));
   w.tracker = std::move(t.value());
   // Another "agent" takes the tag's fetch lease and never publishes (hung, or partitioned away).
   auto headers = AgentAuth();

@@ -24,6 +24,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -35,7 +36,7 @@ std::pair<int, std::string> Ctl(const std::vector<std::string>& args) {
   std::string cmd = std::string("'") + SHOAL_CTL_BIN + "'";
   for (const auto& a : args) cmd += " '" + a + "'";
   auto r = RunCommand({"sh", "-c", cmd + " 2>&1; echo \"exit=$?\""}, std::chrono::seconds(60));
-  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   std::string out = r.value();
   auto pos = out.rfind("exit=");
   REQUIRE(pos != std::string::npos);
@@ -206,7 +207,7 @@ struct World {
 
   explicit World(bool snapshotter = false) {
     auto up = CountedUpstream::Start();
-    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    REQUIRE_MESSAGE(up.has_value(), Why(up));
     registry = std::move(up.value().registry);
     proxy = std::move(up.value().proxy);
     AgentOptions opts;
@@ -217,7 +218,7 @@ struct World {
       opts.extra_args.insert(opts.extra_args.end(), {"--snapshotter-socket", Socket()});
     }
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agent = std::move(a.value());
   }
 
@@ -226,9 +227,9 @@ struct World {
     spec.layers.push_back(LayerSpec{Compression::kGzip, 8, {256u << 10}, seed});
     std::string layout = dir.Sub("layout-" + std::to_string(seed));
     auto built = BuildImage(spec, layout, tag);
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     auto pushed = PushImage(*registry, layout, tag, name);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return built.value();
   }
 };
@@ -239,7 +240,7 @@ TEST_CASE(
   World w;
   BuiltImage image = w.Push("library/hello", "1", 7001);
   auto dockerd = Dockerd::Start(R"({"labels": ["kept=yes"], "max-concurrent-downloads": 4})");
-  REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
+  REQUIRE_MESSAGE(dockerd.has_value(), Why(dockerd));
   Dockerd& d = *dockerd.value();
   pid_t pid = d.Pid();
   auto before = d.Docker({"info", "--format", "{{json .RegistryConfig.Mirrors}}"});
@@ -271,7 +272,7 @@ TEST_CASE(
   CHECK(daemon["labels"] == nlohmann::json::array({"kept=yes"}));
 
   auto pulled = d.Docker({"pull", "hello:1"});
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + d.LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + d.LogTail()));
   auto digest = d.RepoDigest("hello:1");
   REQUIRE(digest.has_value());
   CHECK(digest.value() == image.manifest_digest.str());
@@ -309,10 +310,10 @@ TEST_CASE(
   CAPTURE(out);
   REQUIRE(code == 0);
   auto containerd = Containerd::Start();
-  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  REQUIRE_MESSAGE(containerd.has_value(), Why(containerd));
   Containerd& c = *containerd.value();
   auto pulled = c.Pull(host.Sub("etc/containerd/certs.d"), "gcr.io/proj/img:1");
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail()));
   auto digest = c.ImageDigest("gcr.io/proj/img:1");
   REQUIRE(digest.has_value());
   CHECK(digest.value() == image.manifest_digest.str());
@@ -335,7 +336,7 @@ std::string ConfigDump(const std::string& path) {
   auto out =
       RunCommand({"containerd", "--config", path, "config", "dump"}, std::chrono::seconds(30));
   REQUIRE_MESSAGE(out.has_value(),
-                  ("containerd config dump " + path + ": " + out.error().ToString()));
+                  ("containerd config dump " + path + ": " + Why(out)));
   return out.value();
 }
 
@@ -365,7 +366,7 @@ TEST_CASE(
   const std::string hosts_dir = w.dir.Sub("certs.d");
   auto hosts = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
                          "gcr.io", "-o", hosts_dir});
-  REQUIRE_MESSAGE(hosts.has_value(), hosts.error().ToString());
+  REQUIRE_MESSAGE(hosts.has_value(), Why(hosts));
   // The CRI's table as `containerd config default` writes it: containerd's own snapshotter and
   // snapshot annotations off (1.6's defaults), beside settings node-setup must keep.
   const std::string cri_settings =
@@ -387,7 +388,7 @@ TEST_CASE(
     CHECK(code == 0);
     edited = ReadFile(path);
   });
-  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  REQUIRE_MESSAGE(containerd.has_value(), Why(containerd));
   Containerd& c = *containerd.value();
   CAPTURE(setup_out);
   CAPTURE(edited);
@@ -408,7 +409,7 @@ TEST_CASE(
 
   // containerd loaded the agent's snapshotter as a proxy plugin.
   auto plugins = c.Ctr({"plugins", "ls"});
-  REQUIRE_MESSAGE(plugins.has_value(), plugins.error().ToString());
+  REQUIRE_MESSAGE(plugins.has_value(), Why(plugins));
   std::string shoal_row;
   std::istringstream rows(plugins.value());
   for (std::string row; std::getline(rows, row);) {
@@ -426,7 +427,7 @@ TEST_CASE(
   auto printed = Shoalctl({"config", "containerd", "--snapshotter", "--snapshotter-socket",
                            w.Socket(), "--agent", w.agent->HostPort(), "--registry", "gcr.io", "-o",
                            w.dir.Sub("certs-printed")});
-  REQUIRE_MESSAGE(printed.has_value(), printed.error().ToString());
+  REQUIRE_MESSAGE(printed.has_value(), Why(printed));
   CAPTURE(printed.value());
   const toml::table snippet = ParseToml(printed.value());
   const toml::table loaded = ParseToml(edited);
@@ -450,7 +451,7 @@ TEST_CASE(
   // The kubelet's pull uses it, with the layer labels: the agent prepared the layer itself.
   auto pulled = CriPullImage(c.Socket(), "gcr.io/proj/img:1");
   REQUIRE_MESSAGE(pulled.has_value(),
-                  (pulled.error().ToString() + "\n" + w.agent->LogTail() + "\n" + c.LogTail()));
+                  (Why(pulled) + "\n" + w.agent->LogTail() + "\n" + c.LogTail()));
   CHECK(pulled.value() == image.config_digest.str());
   CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) ==
         static_cast<double>(image.layer_digests.size()));
@@ -584,7 +585,7 @@ TEST_CASE(
       {SHOAL_CTL_BIN, "config", "containerd", "-o", host.Sub("certs.d")}, std::chrono::seconds(30),
       {"SHOAL_CONTAINERD_SNAPSHOTTER=true", "SHOAL_SNAPSHOTTER_SOCKET=/run/shoal/snapshotter.sock",
        "SHOAL_CONTAINERD_CONFIG_VERSION=3"});
-  REQUIRE_MESSAGE(v3_settings.has_value(), v3_settings.error().ToString());
+  REQUIRE_MESSAGE(v3_settings.has_value(), Why(v3_settings));
   CAPTURE(v3_settings.value());
   const toml::table snippet = ParseToml(v3_settings.value());
   CHECK(snippet["proxy_plugins"]["shoal"]["type"].value<std::string>() == "snapshot");

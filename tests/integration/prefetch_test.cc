@@ -19,6 +19,7 @@
 #include "tests/support/runtimes.h"
 #include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -82,7 +83,7 @@ struct PrefetchWorld {
 
   PrefetchWorld() {
     auto up = CountedUpstream::Start();
-    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    REQUIRE_MESSAGE(up.has_value(), Why(up));
     registry = std::move(up.value().registry);
     proxy = std::move(up.value().proxy);
   }
@@ -90,9 +91,9 @@ struct PrefetchWorld {
   BuiltImage Push(const std::string& name, uint64_t seed) {
     std::string layout = dir.Sub("layout-" + std::to_string(seed));
     auto built = BuildImage(PrefetchImage(seed), layout, "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     auto pushed = PushImage(*registry, layout, "1", name);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return built.value();
   }
 
@@ -100,7 +101,7 @@ struct PrefetchWorld {
     auto t =
         TrackerProcess::Start({"--chunk-size-kib", "1024", "--piece-size-kib", "256",
                                "--min-chunk-size-kib", "1024", "--prefetch-agent-ttl-s", "10"});
-    REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+    REQUIRE_MESSAGE(t.has_value(), Why(t));
     tracker = std::move(t.value());
   }
 
@@ -123,7 +124,7 @@ struct PrefetchWorld {
     }
     opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agents.push_back(std::move(a.value()));
     return *agents.back();
   }
@@ -154,11 +155,11 @@ struct PrefetchWorld {
     std::string logs;
     for (auto& a : agents) logs += a->LogTail() + "\n";
     if (expect_ok) {
-      REQUIRE_MESSAGE(out.has_value(), (out.error().ToString() + "\n" + logs));
+      REQUIRE_MESSAGE(out.has_value(), (Why(out) + "\n" + logs));
       return ParseJson(out.value());
     }
     REQUIRE_MESSAGE(!out.has_value(), out.value());
-    return nlohmann::json{{"error", out.error().ToString()}};
+    return nlohmann::json{{"error", Why(out)}};
   }
 };
 
@@ -194,12 +195,12 @@ TEST_CASE(
     CHECK(entries[d]["pins"][0]["owner"] == "prefetch");
   }
   auto gc = Shoalctl({"cache", "gc", "--to", "0", "--agent", agent.Url()});
-  REQUIRE_MESSAGE(gc.has_value(), gc.error().ToString());
+  REQUIRE_MESSAGE(gc.has_value(), Why(gc));
   CHECK(CachesAll(agent, all));
 
   // Again, in human form: everything is cached already; the table says so.
   auto human = Shoalctl({"prefetch", "gcr.io/proj/a:1", "--agent", agent.Url()});
-  REQUIRE_MESSAGE(human.has_value(), human.error().ToString());
+  REQUIRE_MESSAGE(human.has_value(), Why(human));
   CHECK(human.value().find("1 of 1 nodes ok") != std::string::npos);
   CHECK(human.value().find("RESULT") != std::string::npos);
 
@@ -234,7 +235,7 @@ TEST_CASE(
   w.proxy->Reset();
   for (auto& agent : w.agents) {
     auto pulled = Shoalctl({"pull", "gcr.io/proj/a:1", "--agent", agent->Url()});
-    REQUIRE_MESSAGE(pulled.has_value(), pulled.error().ToString());
+    REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
   }
   CHECK(w.proxy->BlobBytes() == 0);
 }
@@ -296,7 +297,7 @@ TEST_CASE(
   w.StartTracker();
   auto second = TrackerProcess::Start(
       {"--chunk-size-kib", "1024", "--piece-size-kib", "256", "--min-chunk-size-kib", "1024"});
-  REQUIRE_MESSAGE(second.has_value(), second.error().ToString());
+  REQUIRE_MESSAGE(second.has_value(), Why(second));
   TrackerProcess& replica2 = *second.value();
   for (int i = 0; i < 2; ++i) {
     w.AddAgent("node" + std::to_string(i), "", {"--tracker", replica2.Url()});

@@ -13,6 +13,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -36,10 +37,10 @@ struct World {
     RegistryOptions ro;
     ro.auth = RegistryOptions::Auth::kHtpasswd;
     auto reg = Registry::Start(ro);
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+    REQUIRE_MESSAGE(reg.has_value(), Why(reg));
     registry = std::move(reg.value());
     auto open = Registry::Start();
-    REQUIRE_MESSAGE(open.has_value(), open.error().ToString());
+    REQUIRE_MESSAGE(open.has_value(), Why(open));
     public_registry = std::move(open.value());
     a = Push(*registry, "proj/a", 7101);
     b = Push(*registry, "proj/b", 7202);
@@ -59,7 +60,7 @@ struct World {
     opts.cache_dir = dir.Sub("cache");
     opts.extra_args = {"--upstream-map-file", dir.Sub("map.json")};  // the kit logs at debug
     auto started = Agent::Start(opts);
-    REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+    REQUIRE_MESSAGE(started.has_value(), Why(started));
     agent = std::move(started.value());
   }
 
@@ -68,9 +69,9 @@ struct World {
     spec.layers.push_back(LayerSpec{Compression::kGzip, 16 << 10, {}, seed});
     spec.layers.push_back(LayerSpec{Compression::kGzip, 4 << 10, {}, seed + 1});
     auto built = BuildImage(spec, dir.Sub("layout-" + std::to_string(seed)), "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     auto pushed = PushImage(reg, dir.Sub("layout-" + std::to_string(seed)), "1", name);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return built.value();
   }
 
@@ -81,7 +82,7 @@ struct World {
     if (!authorization.empty()) headers.emplace_back("Authorization", authorization);
     auto r = HttpRequest(method, agent->Url() + "/v2/" + path, headers);
     // A request that fails outright shows the agent's log: what it was waiting for.
-    REQUIRE_MESSAGE(r.has_value(), (r.error().ToString() + "\n" + agent->LogTail()));
+    REQUIRE_MESSAGE(r.has_value(), (Why(r) + "\n" + agent->LogTail()));
     return r.value();
   }
 
@@ -240,14 +241,14 @@ TEST_CASE("private: a public repository in client mode is served without credent
 TEST_CASE("private: ctr pulls through the shim with the right credentials and gets nothing from it without") {
   World w;
   auto containerd = Containerd::Start();
-  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  REQUIRE_MESSAGE(containerd.has_value(), Why(containerd));
   Containerd& c = *containerd.value();
   const std::string hosts_dir = w.dir.Sub("certs.d");
   // hosts.toml from shoalctl: the shim as mirror, then server = https://priv.test, which does
   // not resolve here (as an upstream the node cannot reach).
   auto config = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
                           "priv.test", "-o", hosts_dir});
-  REQUIRE_MESSAGE(config.has_value(), config.error().ToString());
+  REQUIRE_MESSAGE(config.has_value(), Why(config));
   // The node has the image cached already.
   REQUIRE(w.Get("node.test/proj/a/manifests/1").status == 200);
   w.CheckBlobs("node.test/proj/a", w.a, "");
@@ -272,9 +273,9 @@ TEST_CASE("private: ctr pulls through the shim with the right credentials and ge
   auto pulled = c.Ctr({"images", "pull", "--snapshotter", "native", "--hosts-dir", hosts_dir,
                        "--user", "alice:s3cret", "priv.test/proj/a:1"},
                       std::chrono::seconds(120));
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail()));
   auto digest = c.ImageDigest("priv.test/proj/a:1");
-  REQUIRE_MESSAGE(digest.has_value(), digest.error().ToString());
+  REQUIRE_MESSAGE(digest.has_value(), Why(digest));
   CHECK(digest.value() == w.a.manifest_digest.str());
   CHECK(w.PullAuth("client", "verified") >= 1);
   CHECK(w.agent->Metric("shoal_shim_requests_total", {{"route", "blob"}, {"code", "200"}}) >=

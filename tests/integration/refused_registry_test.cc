@@ -15,6 +15,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/sync_server.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -29,7 +30,7 @@ struct CountingListener {
 
   CountingListener() {
     auto s = SyncHttpServer::StartRaw([this](boost::asio::ip::tcp::socket&) { ++accepted; });
-    REQUIRE_MESSAGE(s.has_value(), s.error().ToString());
+    REQUIRE_MESSAGE(s.has_value(), Why(s));
     server = std::move(s.value());
   }
   std::string Port() const { return std::to_string(server->port()); }
@@ -47,15 +48,15 @@ struct RefusalWorld {
 
   RefusalWorld() {
     auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+    REQUIRE_MESSAGE(reg.has_value(), Why(reg));
     registry = std::move(reg.value());
     ImageSpec spec;
     spec.layers.push_back(LayerSpec{Compression::kGzip, 5, {}, 41});
     auto built = BuildImage(spec, dir.Sub("layout"), "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     image = built.value();
     auto pushed = PushImage(*registry, image.layout_dir, "1", "proj/app");
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     https_agent = StartAgent("https-cache", {"--unmapped", "https"});
     default_agent = StartAgent("default-cache", {});
   }
@@ -66,7 +67,7 @@ struct RefusalWorld {
     opts.upstreams = {"gcr.io=" + registry->Url()};
     opts.extra_args = std::move(args);
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     return std::move(a.value());
   }
 };
@@ -78,7 +79,7 @@ struct Answer {
 
 Answer Ask(const Agent& agent, const std::string& method, const std::string& target) {
   auto r = HttpRequest(method, agent.Url() + target, {}, "", std::chrono::seconds(60));
-  REQUIRE_MESSAGE(r.has_value(), (target + ": " + r.error().ToString()));
+  REQUIRE_MESSAGE(r.has_value(), (target + ": " + Why(r)));
   return Answer{r.value().status, r.value().body};
 }
 
@@ -154,12 +155,12 @@ TEST_CASE(
   for (Agent* agent : {w.https_agent.get(), w.default_agent.get()}) {
     auto pulled = SkopeoCopyToLayout(agent->HostPort() + "/gcr.io/proj/app:1",
                                      w.dir.Sub("pulled-" + std::to_string(agent->pid())));
-    REQUIRE_MESSAGE(pulled.has_value(), pulled.error().ToString());
+    REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
     CHECK(pulled.value().manifest_digest == w.image.manifest_digest);
     CHECK(pulled.value().layer_digests == w.image.layer_digests);
     auto curl = RunCommand({"curl", "-fsS", "-o", "/dev/null", "-w", "%{http_code}",
                             agent->Url() + "/v2/proj/app/blobs/" + layer + "?ns=gcr.io"});
-    REQUIRE_MESSAGE(curl.has_value(), curl.error().ToString());
+    REQUIRE_MESSAGE(curl.has_value(), Why(curl));
     CHECK(curl.value() == "200");
   }
   CHECK(w.listener.accepted.load() == 0);

@@ -29,6 +29,7 @@
 #include "tests/support/registry.h"
 #include "tests/support/small_disk.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -45,7 +46,7 @@ struct World {
 
   World() {
     auto up = CountedUpstream::Start();
-    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    REQUIRE_MESSAGE(up.has_value(), Why(up));
     registry = std::move(up.value().registry);
     proxy = std::move(up.value().proxy);
   }
@@ -54,7 +55,7 @@ struct World {
   // compressed) and a few small files.
   BuiltImage Push(const std::string& name, uint64_t big, uint64_t seed) {
     auto pushed = PushOneLayerImage(*registry, dir.Sub("layout-" + name), "demo/" + name, big, seed);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return pushed.value();
   }
 
@@ -64,7 +65,7 @@ struct World {
     opts.upstreams = {"docker.io=" + proxy->Url()};
     opts.extra_args = std::move(extra);
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agents.push_back(std::move(a.value()));
     return *agents.back();
   }
@@ -146,7 +147,7 @@ TEST_CASE("robustness: an agent whose announces all fail falls back to upstream 
   auto tracker = TrackerProcess::StartAt(
       {"ip", "netns", "exec", ns.name()}, ns.inside(),
       {"--chunk-size-kib", "2048", "--piece-size-kib", "256", "--lease-ttl-s", "3"});
-  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  REQUIRE_MESSAGE(tracker.has_value(), Why(tracker));
   auto agent_args = [&](const std::string& id, const std::string& swarm_ip) {
     return std::vector<std::string>{"--tracker",       tracker.value()->Url(),
                                     "--swarm-listen",  swarm_ip + ":0",
@@ -156,13 +157,13 @@ TEST_CASE("robustness: an agent whose announces all fail falls back to upstream 
   // The seed's agent announces from the host side of the veth: it works.
   Agent& good = w.AddAgent(w.dir.Sub("good"), agent_args("good", ns.host()));
   auto first = SkopeoCopyToLayout(good.HostPort() + "/demo/app:1", w.dir.Sub("p-good"));
-  REQUIRE_MESSAGE(first.has_value(), (first.error().ToString() + "\n" + good.LogTail()));
+  REQUIRE_MESSAGE(first.has_value(), (Why(first) + "\n" + good.LogTail()));
   // This one announces from 127.0.0.1, which cannot reach the namespace; its blob API calls can.
   Agent& cut = w.AddAgent(w.dir.Sub("cut"), agent_args("cut", "127.0.0.1"));
   auto started = std::chrono::steady_clock::now();
   auto pulled = SkopeoCopyToLayout(cut.HostPort() + "/demo/app:1", w.dir.Sub("p-cut"));
   auto took = std::chrono::steady_clock::now() - started;
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + cut.LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + cut.LogTail()));
   CHECK(pulled.value().layer_digests == img.layer_digests);
   CHECK(took < seconds(14));  // the default --peer-stall-ms alone is 15 s, per window
   CHECK(cut.Metric("shoal_swarm_fallback_total", {{"reason", "announce_failed"}}) >= 1);
@@ -181,7 +182,7 @@ TEST_CASE("robustness: 1,000 clients hanging up mid-body never end the agent or 
   BuiltImage slow = w.Push("slow", 24ull << 20, 2);
   Agent& agent = w.AddAgent(w.dir.Sub("cache"));
   auto warm = SkopeoCopyToLayout(agent.HostPort() + "/demo/cached:1", w.dir.Sub("warm"));
-  REQUIRE_MESSAGE(warm.has_value(), warm.error().ToString());
+  REQUIRE_MESSAGE(warm.has_value(), Why(warm));
   const pid_t pid = agent.pid();
   REQUIRE(pid > 0);
   const size_t fds_before = OpenFds(pid);
@@ -227,7 +228,7 @@ TEST_CASE("robustness: 1,000 clients hanging up mid-body never end the agent or 
   CHECK(WaitUntil([&] { return FilesIn(w.dir.Sub("cache/tmp")) == 0; }, seconds(20)));
   // And a normal pull still works.
   auto after = SkopeoCopyToLayout(agent.HostPort() + "/demo/slow:1", w.dir.Sub("after"));
-  REQUIRE_MESSAGE(after.has_value(), (after.error().ToString() + "\n" + agent.LogTail()));
+  REQUIRE_MESSAGE(after.has_value(), (Why(after) + "\n" + agent.LogTail()));
   CHECK(after.value().layer_digests == slow.layer_digests);
   CHECK(agent.Running());
 }
@@ -252,7 +253,7 @@ TEST_CASE("robustness: a small disk: eviction makes room, what cannot fit gets a
   // a, then b: b does not fit beside a, so a is evicted before b is written.
   REQUIRE(SkopeoCopyToLayout(agent.HostPort() + "/demo/a:1", w.dir.Sub("pa")).has_value());
   auto pb = SkopeoCopyToLayout(agent.HostPort() + "/demo/b:1", w.dir.Sub("pb"));
-  REQUIRE_MESSAGE(pb.has_value(), (pb.error().ToString() + "\n" + agent.LogTail()));
+  REQUIRE_MESSAGE(pb.has_value(), (Why(pb) + "\n" + agent.LogTail()));
   CHECK(agent.Metric("shoal_cache_evictions_total") >= 1);
 
   // Larger than the whole budget: 507 before any body byte, with the reason, nothing left.
@@ -300,7 +301,7 @@ TEST_CASE("robustness: a small disk: eviction makes room, what cannot fit gets a
   CHECK(full.value().body.find("disk is full") != std::string::npos);
   std::filesystem::remove(disk.path() + "/filler");
   auto pc = SkopeoCopyToLayout(unbounded.HostPort() + "/demo/c:1", w.dir.Sub("pc"));
-  REQUIRE_MESSAGE(pc.has_value(), (pc.error().ToString() + "\n" + unbounded.LogTail()));
+  REQUIRE_MESSAGE(pc.has_value(), (Why(pc) + "\n" + unbounded.LogTail()));
   CHECK(pc.value().layer_digests == c.layer_digests);
   unbounded.Stop();
 
@@ -320,7 +321,7 @@ TEST_CASE("robustness: bytes flipped in a cached blob are never served as comple
   BuiltImage img = w.Push("app", 8ull << 20, 21);
   Agent& agent = w.AddAgent(w.dir.Sub("cache"));
   auto pulled = SkopeoCopyToLayout(agent.HostPort() + "/demo/app:1", w.dir.Sub("p1"));
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().ToString());
+  REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
   const Digest layer = img.layer_digests.front();
   const std::string path =
       w.dir.Sub("cache") + "/blobs/sha256/" + layer.hex().substr(0, 2) + "/" + layer.hex();
@@ -342,7 +343,7 @@ TEST_CASE("robustness: bytes flipped in a cached blob are never served as comple
       WaitUntil([&] { return agent.Metric("shoal_cache_corrupt_blobs_total") == 1; }, seconds(10)));
   // A Range ending before the last byte is held too: the blob is gone, so it is fetched again.
   auto again = SkopeoCopyToLayout(agent.HostPort() + "/demo/app:1", w.dir.Sub("p2"));
-  REQUIRE_MESSAGE(again.has_value(), (again.error().ToString() + "\n" + agent.LogTail()));
+  REQUIRE_MESSAGE(again.has_value(), (Why(again) + "\n" + agent.LogTail()));
   CHECK(again.value().layer_digests == img.layer_digests);
   CHECK(w.proxy->BlobGets(layer) > gets_before);
   CHECK(agent.Metric("shoal_cache_corrupt_blobs_total") == 1);
@@ -419,7 +420,7 @@ TEST_CASE("robustness: a full tracker (503) is waited for, and bypassed only aft
   auto img2 = w.Push("busy2", 3 << 20, 62);
   constexpr int kSlots = 8;
   auto tracker = TrackerProcess::Start({"--max-connections", std::to_string(kSlots)});
-  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  REQUIRE_MESSAGE(tracker.has_value(), Why(tracker));
   // Full before the agents start, so that none of them holds a connection that gets through.
   auto held = std::make_unique<HeldConnections>(tracker.value()->port(), kSlots);
   REQUIRE(held->connected() == kSlots);
@@ -507,14 +508,14 @@ TEST_CASE("robustness: a dead tracker costs the grace once per outage, not once 
   auto started = std::chrono::steady_clock::now();
   auto pulled = SkopeoCopyToLayout(agent.HostPort() + "/demo/multi:1", w.dir.Sub("p1"));
   auto took = std::chrono::steady_clock::now() - started;
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + agent.LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + agent.LogTail()));
   // 5 blobs (4 layers and the config): 15 s if each paid the grace, about 3 s now.
   CHECK(took < milliseconds(8000));
   CHECK(agent.Metric("shoal_swarm_fallback_total") >= 5);
 
   // The tracker comes up on that address; the next cold pull goes through the swarm again.
   auto tracker = TrackerProcess::Start({}, tracker_port);
-  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  REQUIRE_MESSAGE(tracker.has_value(), Why(tracker));
   auto spec2 = spec;
   for (auto& l : spec2.layers) l.seed += 100;
   auto built2 = BuildImage(spec2, w.dir.Sub("layout-multi2"), "1");
@@ -523,7 +524,7 @@ TEST_CASE("robustness: a dead tracker costs the grace once per outage, not once 
   std::this_thread::sleep_for(seconds(6));  // the probe's pause grows to 5 s at most
   const double fallbacks = agent.Metric("shoal_swarm_fallback_total");
   auto pulled2 = SkopeoCopyToLayout(agent.HostPort() + "/demo/multi2:1", w.dir.Sub("p2"));
-  REQUIRE_MESSAGE(pulled2.has_value(), (pulled2.error().ToString() + "\n" + agent.LogTail()));
+  REQUIRE_MESSAGE(pulled2.has_value(), (Why(pulled2) + "\n" + agent.LogTail()));
   CHECK(agent.Metric("shoal_swarm_fallback_total") == fallbacks);
   CHECK(tracker.value()->Metric("shoal_tracker_leases_granted_total") >= 1);
 }

@@ -9,6 +9,7 @@
 #include "tests/support/image.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 
@@ -17,7 +18,7 @@ TEST_CASE("runtime: client credentials are not logged and not forwarded in place
   RegistryOptions ro;
   ro.auth = RegistryOptions::Auth::kHtpasswd;  // alice:s3cret
   auto reg = Registry::Start(ro);
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   ImageSpec spec;
   spec.layers.push_back(LayerSpec{Compression::kGzip, 8, {}, 3001});
   auto built = BuildImage(spec, dir.Sub("layout"), "1");

@@ -17,6 +17,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -41,7 +42,7 @@ struct World {
 
   World() {
     auto up = CountedUpstream::Start();
-    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    REQUIRE_MESSAGE(up.has_value(), Why(up));
     registry = std::move(up.value().registry);
     proxy = std::move(up.value().proxy);
     AgentOptions opts;
@@ -49,7 +50,7 @@ struct World {
     opts.upstreams = {"docker.io=" + proxy->Url(), "gcr.io=" + proxy->Url()};
     opts.extra_args = {"--unmapped", "error"};
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agent = std::move(a.value());
   }
 
@@ -57,9 +58,9 @@ struct World {
   BuiltImage Push(const std::string& name, const std::string& tag, uint64_t seed) {
     std::string layout = dir.Sub("layout-" + std::to_string(seed));
     auto built = BuildImage(SmallImage(seed), layout, tag);
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     auto pushed = PushImage(*registry, layout, tag, name);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return built.value();
   }
 
@@ -87,7 +88,7 @@ std::string GenerateConfig(const World& w, const std::string& runtime,
                            const std::string& registries, const std::string& out_dir) {
   auto out = Shoalctl(
       {"config", runtime, "--agent", w.agent->HostPort(), "--registry", registries, "-o", out_dir});
-  REQUIRE_MESSAGE(out.has_value(), out.error().ToString());
+  REQUIRE_MESSAGE(out.has_value(), Why(out));
   return out.value();
 }
 
@@ -109,7 +110,7 @@ TEST_CASE("runtime: dockerd pulls a docker.io/library image through registry-mir
   World w;
   BuiltImage image = w.Push("library/hello", "1", 1001);
   auto dockerd = Dockerd::Start(DaemonJson(w));
-  REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
+  REQUIRE_MESSAGE(dockerd.has_value(), Why(dockerd));
   Dockerd& d = *dockerd.value();
   // The user is logged in to Docker Hub: the client hands these credentials to dockerd with the
   // pull. They must not reach the agent (it sends no challenge) nor its log.
@@ -119,9 +120,9 @@ TEST_CASE("runtime: dockerd pulls a docker.io/library image through registry-mir
 
   auto pulled = d.Docker({"pull", "hello:1"});
   REQUIRE_MESSAGE(pulled.has_value(),
-                  (pulled.error().ToString() + "\n" + w.agent->LogTail() + "\n" + d.LogTail()));
+                  (Why(pulled) + "\n" + w.agent->LogTail() + "\n" + d.LogTail()));
   auto digest = d.RepoDigest("hello:1");
-  REQUIRE_MESSAGE(digest.has_value(), digest.error().ToString());
+  REQUIRE_MESSAGE(digest.has_value(), Why(digest));
   CHECK(digest.value() == image.manifest_digest.str());
   w.CheckBlobsWentThroughAgent(image.total_blob_bytes);
   w.CheckNo5xx();
@@ -137,15 +138,15 @@ TEST_CASE("runtime: dockerd pulls a gcr.io image through the name prefix HOST:PO
   World w;
   BuiltImage image = w.Push("proj/img", "1", 1101);
   auto dockerd = Dockerd::Start(DaemonJson(w));
-  REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
+  REQUIRE_MESSAGE(dockerd.has_value(), Why(dockerd));
   Dockerd& d = *dockerd.value();
 
   const std::string ref = w.agent->HostPort() + "/gcr.io/proj/img:1";
   auto pulled = d.Docker({"pull", ref});
   REQUIRE_MESSAGE(pulled.has_value(),
-                  (pulled.error().ToString() + "\n" + w.agent->LogTail() + "\n" + d.LogTail()));
+                  (Why(pulled) + "\n" + w.agent->LogTail() + "\n" + d.LogTail()));
   auto digest = d.RepoDigest(ref);
-  REQUIRE_MESSAGE(digest.has_value(), digest.error().ToString());
+  REQUIRE_MESSAGE(digest.has_value(), Why(digest));
   CHECK(digest.value() == image.manifest_digest.str());
   w.CheckBlobsWentThroughAgent(image.total_blob_bytes);
   w.CheckNo5xx();
@@ -155,16 +156,16 @@ TEST_CASE("runtime: containerd (ctr, hosts.toml, ?ns=) pulls a gcr.io image") {
   World w;
   BuiltImage image = w.Push("proj/img", "1", 1201);
   auto containerd = Containerd::Start();
-  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  REQUIRE_MESSAGE(containerd.has_value(), Why(containerd));
   Containerd& c = *containerd.value();
   const std::string hosts_dir = w.dir.Sub("certs.d");
   GenerateConfig(w, "containerd", "gcr.io", hosts_dir);
 
   auto pulled = c.Pull(hosts_dir, "gcr.io/proj/img:1");
   REQUIRE_MESSAGE(pulled.has_value(),
-                  (pulled.error().ToString() + "\n" + w.agent->LogTail() + "\n" + c.LogTail()));
+                  (Why(pulled) + "\n" + w.agent->LogTail() + "\n" + c.LogTail()));
   auto digest = c.ImageDigest("gcr.io/proj/img:1");
-  REQUIRE_MESSAGE(digest.has_value(), digest.error().ToString());
+  REQUIRE_MESSAGE(digest.has_value(), Why(digest));
   CHECK(digest.value() == image.manifest_digest.str());
   w.CheckBlobsWentThroughAgent(image.total_blob_bytes);
   w.CheckNo5xx();
@@ -178,9 +179,9 @@ TEST_CASE("runtime: podman pulls through a registries.conf mirror whose location
   const std::string conf = w.dir.Sub("containers/50-shoal.conf");
   Podman podman;
   auto pulled = podman.Pull(conf, "gcr.io/proj/img:1");
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail()));
   auto digest = podman.ImageDigest(conf, "gcr.io/proj/img:1");
-  REQUIRE_MESSAGE(digest.has_value(), digest.error().ToString());
+  REQUIRE_MESSAGE(digest.has_value(), Why(digest));
   CHECK(digest.value() == image.manifest_digest.str());
   w.CheckBlobsWentThroughAgent(image.total_blob_bytes);
   w.CheckNo5xx();
@@ -190,14 +191,14 @@ TEST_CASE("runtime: skopeo copies a multi-arch OCI index with --all through the 
   World w;
   std::string layout = w.dir.Sub("layout-multi");
   auto built = BuildIndex(DefaultMultiArchSpecs(), layout, "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   const BuiltImage& index = built.value();
   REQUIRE(index.platforms.size() == 2);
   auto pushed = PushImage(*w.registry, layout, "1", "proj/multi");
-  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+  REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
 
   auto pulled = SkopeoCopyToLayout(w.agent->HostPort() + "/gcr.io/proj/multi:1", w.dir.Sub("out"));
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail()));
   CHECK(pulled.value().manifest_digest == index.manifest_digest);
   std::vector<Digest> children;
   for (const auto& p : index.platforms) children.push_back(p.manifest_digest);
@@ -229,7 +230,7 @@ TEST_CASE("runtime: containerd's pull succeeds while upstream fails its first re
   World w;
   BuiltImage image = w.Push("proj/img", "1", 1401);
   auto containerd = Containerd::Start();
-  REQUIRE_MESSAGE(containerd.has_value(), containerd.error().ToString());
+  REQUIRE_MESSAGE(containerd.has_value(), Why(containerd));
   Containerd& c = *containerd.value();
   const std::string hosts_dir = w.dir.Sub("certs.d");
   GenerateConfig(w, "containerd", "gcr.io", hosts_dir);
@@ -239,7 +240,7 @@ TEST_CASE("runtime: containerd's pull succeeds while upstream fails its first re
   w.proxy->FailNext(3, 503);
   auto pulled = c.Pull(hosts_dir, "gcr.io/proj/img:1");
   REQUIRE_MESSAGE(pulled.has_value(),
-                  (pulled.error().ToString() + "\n" + w.agent->LogTail() + "\n" + c.LogTail()));
+                  (Why(pulled) + "\n" + w.agent->LogTail() + "\n" + c.LogTail()));
   auto digest = c.ImageDigest("gcr.io/proj/img:1");
   REQUIRE(digest.has_value());
   CHECK(digest.value() == image.manifest_digest.str());

@@ -11,6 +11,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace fs = std::filesystem;
@@ -24,14 +25,14 @@ struct SaveWorld {
 
   SaveWorld() {
     auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+    REQUIRE_MESSAGE(reg.has_value(), Why(reg));
     registry = std::move(reg.value());
     AgentOptions opts;
     opts.cache_dir = dir.Sub("cache");
     opts.upstreams = {"docker.io=" + registry->Url(), "gcr.io=" + registry->Url()};
     opts.extra_args = {"--unmapped", "error"};
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agent = std::move(a.value());
   }
 
@@ -39,9 +40,9 @@ struct SaveWorld {
                   const std::string& layout_name) {
     std::string layout = dir.Sub(layout_name);
     auto built = BuildImage(spec, layout, tag);
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     auto pushed = PushImage(*registry, layout, tag, name);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return built.value();
   }
 };
@@ -68,7 +69,7 @@ TEST_CASE("save: docker load reads the archive with the right config digests and
   const std::string out = w.dir.Sub("images.tar");
   auto saved = Shoalctl({"save", "gcr.io/proj/app:1", "hello:2", "-o", out, "--agent",
                          w.agent->Url(), "--json"});
-  REQUIRE_MESSAGE(saved.has_value(), (saved.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(saved.has_value(), (Why(saved) + "\n" + w.agent->LogTail()));
   auto report = nlohmann::json::parse(saved.value(), nullptr, false);
   REQUIRE_MESSAGE(!report.is_discarded(), saved.value());
   CHECK(report["ok"] == true);
@@ -77,18 +78,18 @@ TEST_CASE("save: docker load reads the archive with the right config digests and
   REQUIRE(fs::exists(out));
 
   auto dockerd = Dockerd::Start();
-  REQUIRE_MESSAGE(dockerd.has_value(), dockerd.error().ToString());
+  REQUIRE_MESSAGE(dockerd.has_value(), Why(dockerd));
   Dockerd& d = *dockerd.value();
   auto loaded = d.Docker({"load", "-i", out});
-  REQUIRE_MESSAGE(loaded.has_value(), (loaded.error().ToString() + "\n" + d.LogTail()));
+  REQUIRE_MESSAGE(loaded.has_value(), (Why(loaded) + "\n" + d.LogTail()));
   CHECK(loaded.value().find("Loaded image: gcr.io/proj/app:1") != std::string::npos);
   CHECK(loaded.value().find("Loaded image: hello:2") != std::string::npos);
 
   auto id = d.Docker({"image", "inspect", "--format", "{{.Id}}", "gcr.io/proj/app:1"});
-  REQUIRE_MESSAGE(id.has_value(), id.error().ToString());
+  REQUIRE_MESSAGE(id.has_value(), Why(id));
   CHECK(Trim(id.value()) == gcr.config_digest.str());
   auto hub_id = d.Docker({"image", "inspect", "--format", "{{.Id}}", "hello:2"});
-  REQUIRE_MESSAGE(hub_id.has_value(), hub_id.error().ToString());
+  REQUIRE_MESSAGE(hub_id.has_value(), Why(hub_id));
   CHECK(Trim(hub_id.value()) == hub.config_digest.str());
 
   auto tags = d.Docker({"image", "inspect", "--format", "{{json .RepoTags}}", gcr.config_digest.str()});

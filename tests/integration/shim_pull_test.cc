@@ -17,6 +17,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/token_server.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -41,13 +42,13 @@ struct World {
 
   explicit World(std::vector<std::string> agent_args = {"--part-size-mib", "4"}) {
     auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+    REQUIRE_MESSAGE(reg.has_value(), Why(reg));
     registry = std::move(reg.value());
     auto built = BuildImage(TestImage(), dir.Sub("layout"), "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     image = built.value();
     auto pushed = PushImage(*registry, image.layout_dir, "1", "demo/app");
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     auto p = CountingProxy::Start(registry->HostPort());
     REQUIRE(p.has_value());
     proxy = std::move(p.value());
@@ -56,7 +57,7 @@ struct World {
     opts.upstreams = {"docker.io=" + proxy->Url()};
     opts.extra_args = std::move(agent_args);
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agent = std::move(a.value());
   }
 
@@ -76,7 +77,7 @@ struct World {
 TEST_CASE("shim: skopeo pulls through the agent digest for digest, and the second pull is all cache") {
   World w;
   auto first = w.Pull("out1");
-  REQUIRE_MESSAGE(first.has_value(), (first.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(first.has_value(), (Why(first) + "\n" + w.agent->LogTail()));
   w.CheckSameAsUpstream(first.value());
   // Every blob byte crossed from upstream exactly once, though the big layer came in parts.
   CHECK(w.proxy->BlobBytes() == w.image.total_blob_bytes);
@@ -84,7 +85,7 @@ TEST_CASE("shim: skopeo pulls through the agent digest for digest, and the secon
   w.proxy->Reset();
   double cache_before = w.agent->Metric("shoal_shim_blob_bytes_total", {{"source", "cache"}});
   auto second = w.Pull("out2");
-  REQUIRE_MESSAGE(second.has_value(), second.error().ToString());
+  REQUIRE_MESSAGE(second.has_value(), Why(second));
   w.CheckSameAsUpstream(second.value());
   CHECK(w.proxy->BlobBytes() == 0);
   double cache_after = w.agent->Metric("shoal_shim_blob_bytes_total", {{"source", "cache"}});
@@ -101,7 +102,7 @@ TEST_CASE("shim: concurrent pulls of one image share one upstream fetch per blob
   }
   for (auto& t : threads) t.join();
   for (auto& r : results) {
-    REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+    REQUIRE_MESSAGE(r.has_value(), Why(r));
     w.CheckSameAsUpstream(r.value());
   }
   for (const Digest& d : w.image.layer_digests) CHECK(w.proxy->BlobGets(d) == 1);
@@ -140,21 +141,21 @@ TEST_CASE("shim: a blob whose upstream bytes do not match its digest fails and i
 TEST_CASE("shim: the cache survives an agent restart and tags still resolve when upstream is down") {
   World w;
   auto first = w.Pull("out1");
-  REQUIRE_MESSAGE(first.has_value(), first.error().ToString());
+  REQUIRE_MESSAGE(first.has_value(), Why(first));
   REQUIRE(w.agent->Restart().has_value());
   w.proxy->Reset();
   auto second = w.Pull("out2");
-  REQUIRE_MESSAGE(second.has_value(), (second.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(second.has_value(), (Why(second) + "\n" + w.agent->LogTail()));
   w.CheckSameAsUpstream(second.value());
   CHECK(w.proxy->BlobBytes() == 0);
 
   // Upstream gone: the tag resolves to the last known manifest, blobs come from the cache.
   w.registry->Stop();
   auto third = w.Pull("out3");
-  REQUIRE_MESSAGE(third.has_value(), (third.error().ToString() + "\n" + w.agent->LogTail()));
+  REQUIRE_MESSAGE(third.has_value(), (Why(third) + "\n" + w.agent->LogTail()));
   w.CheckSameAsUpstream(third.value());
   auto by_digest = w.Pull("out4", "demo/app@" + w.image.manifest_digest.str());
-  REQUIRE_MESSAGE(by_digest.has_value(), by_digest.error().ToString());
+  REQUIRE_MESSAGE(by_digest.has_value(), Why(by_digest));
 }
 
 TEST_CASE("shim: an htpasswd upstream is pulled with credentials from a docker config.json") {
@@ -162,7 +163,7 @@ TEST_CASE("shim: an htpasswd upstream is pulled with credentials from a docker c
   RegistryOptions ro;
   ro.auth = RegistryOptions::Auth::kHtpasswd;
   auto reg = Registry::Start(ro);
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   auto built = BuildImage(TestImage(11), dir.Sub("layout"), "1");
   REQUIRE(built.has_value());
   REQUIRE(PushImage(*reg.value(), dir.Sub("layout"), "1", "team/private").has_value());
@@ -176,11 +177,11 @@ TEST_CASE("shim: an htpasswd upstream is pulled with credentials from a docker c
   opts.upstreams = {host + "=" + reg.value()->Url()};
   opts.extra_args = {"--credentials", dir.Sub("config.json")};
   auto agent = Agent::Start(opts);
-  REQUIRE_MESSAGE(agent.has_value(), agent.error().ToString());
+  REQUIRE_MESSAGE(agent.has_value(), Why(agent));
   // Name-prefix mode: the registry host is the first component of the name.
   auto pulled = SkopeoCopyToLayout(agent.value()->HostPort() + "/" + host + "/team/private:1",
                                    dir.Sub("out"));
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + agent.value()->LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + agent.value()->LogTail()));
   CHECK(pulled.value().manifest_digest == built.value().manifest_digest);
   CHECK(pulled.value().layer_digests == built.value().layer_digests);
   // The credentials never reach the log.
@@ -190,9 +191,9 @@ TEST_CASE("shim: an htpasswd upstream is pulled with credentials from a docker c
 TEST_CASE("shim: a Bearer-token upstream is pulled through the token flow") {
   TempDir dir("shoal-token");
   auto tokens = TokenServer::Start();
-  REQUIRE_MESSAGE(tokens.has_value(), tokens.error().ToString());
+  REQUIRE_MESSAGE(tokens.has_value(), Why(tokens));
   auto reg = Registry::Start(tokens.value()->ForRegistry());
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   auto built = BuildImage(TestImage(21), dir.Sub("layout"), "1");
   REQUIRE(built.has_value());
   REQUIRE(PushImage(*reg.value(), dir.Sub("layout"), "1", "team/tok").has_value());
@@ -204,11 +205,11 @@ TEST_CASE("shim: a Bearer-token upstream is pulled through the token flow") {
   opts.upstreams = {host + "=" + reg.value()->Url()};
   opts.extra_args = {"--credentials", dir.Sub("config.json")};
   auto agent = Agent::Start(opts);
-  REQUIRE_MESSAGE(agent.has_value(), agent.error().ToString());
+  REQUIRE_MESSAGE(agent.has_value(), Why(agent));
   uint64_t tokens_before = tokens.value()->TokenRequests();
   auto pulled = SkopeoCopyToLayout(agent.value()->HostPort() + "/" + host + "/team/tok:1",
                                    dir.Sub("out"));
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + agent.value()->LogTail()));
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + agent.value()->LogTail()));
   CHECK(pulled.value().manifest_digest == built.value().manifest_digest);
   CHECK(pulled.value().layer_digests == built.value().layer_digests);
   uint64_t used = tokens.value()->TokenRequests() - tokens_before;

@@ -20,6 +20,7 @@
 #include "tests/support/http_client.h"
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -62,7 +63,7 @@ struct SpecWorld {
 
   SpecWorld() {
     auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+    REQUIRE_MESSAGE(reg.has_value(), Why(reg));
     registry = std::move(reg.value());
     auto p = CountingProxy::Start(registry->HostPort());
     REQUIRE(p.has_value());
@@ -71,20 +72,20 @@ struct SpecWorld {
     opts.cache_dir = dir.Sub("cache");
     opts.upstreams = {"docker.io=" + proxy->Url()};
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agent = std::move(a.value());
   }
 
   HttpResponse Shim(const std::string& method, const std::string& path,
                     const Headers& headers = {}) {
     auto r = HttpRequest(method, agent->Url() + path, headers);
-    REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+    REQUIRE_MESSAGE(r.has_value(), Why(r));
     return r.value();
   }
   HttpResponse Ref(const std::string& method, const std::string& path,
                    const Headers& headers = {}) {
     auto r = HttpRequest(method, registry->Url() + path, headers);
-    REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+    REQUIRE_MESSAGE(r.has_value(), Why(r));
     return r.value();
   }
 
@@ -317,7 +318,7 @@ TEST_CASE("spec: every 405 carries Allow, as a pull-only docker-registry mirror 
   RegistryOptions mirror_opts;
   mirror_opts.proxy_remote_url = w.registry->Url();
   auto mirror = Registry::Start(mirror_opts);
-  REQUIRE_MESSAGE(mirror.has_value(), mirror.error().ToString());
+  REQUIRE_MESSAGE(mirror.has_value(), Why(mirror));
   const std::string blob = std::string("/v2/") + kRepo + "/blobs/" + Sha256::Of("x").str();
   const std::string manifest = std::string("/v2/") + kRepo + "/manifests/" + image.digest.str();
   struct Case {

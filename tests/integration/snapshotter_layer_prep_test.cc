@@ -26,6 +26,7 @@
 #include "tests/support/layer_tar.h"
 #include "tests/support/process.h"
 #include "tests/support/small_disk.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -121,11 +122,11 @@ struct Setup {
 
   Setup() {
     auto built = TwoLayers(dir.Sub("layout"));
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     image = built.value();
     chains = Chains(image.diff_ids);
     auto opened = snapshotter::Store::Open(dir.Sub("snap"));
-    REQUIRE_MESSAGE(opened.has_value(), opened.error().ToString());
+    REQUIRE_MESSAGE(opened.has_value(), Why(opened));
     store = std::move(opened.value());
     source = std::make_unique<LayoutSource>(dir.Sub("layout"));
   }
@@ -482,11 +483,11 @@ TEST_CASE(
   layers.push_back(RawLayer{BuildTar({FileEntry("big", std::string(8u << 20, 'b'))})});
   layers.push_back(RawLayer{BuildTar({FileEntry("c", std::string(2560u << 10, 'c'))})});
   auto built = WriteOciImage(dir.Sub("layout"), "1", layers);
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   const BuiltImage& image = built.value();
   const std::vector<std::string> chains = Chains(image.diff_ids);
   auto opened = snapshotter::Store::Open(disk.path());
-  REQUIRE_MESSAGE(opened.has_value(), opened.error().ToString());
+  REQUIRE_MESSAGE(opened.has_value(), Why(opened));
   snapshotter::Store& store = *opened.value();
   LayoutSource source(dir.Sub("layout"));
   snapshotter::LayerPrepOptions opts;

@@ -26,6 +26,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/runtimes.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -162,25 +163,25 @@ struct World {
     opts.extra_args.insert(opts.extra_args.end(), agent_args.begin(), agent_args.end());
     if (with_upstream) {
       auto up = CountedUpstream::Start();
-      REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+      REQUIRE_MESSAGE(up.has_value(), Why(up));
       registry = std::move(up.value().registry);
       proxy = std::move(up.value().proxy);
       opts.upstreams = {"gcr.io=" + proxy->Url()};
       opts.extra_args.insert(opts.extra_args.end(), {"--unmapped", "error"});
     }
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agent = std::move(a.value());
     std::string extra = Containerd::ProxySnapshotterConfig("shoal", Socket());
     if (cri) {
       hosts_dir = dir.Sub("certs.d");
       auto generated = Shoalctl({"config", "containerd", "--agent", agent->HostPort(),
                                  "--registry", "gcr.io", "-o", hosts_dir});
-      REQUIRE_MESSAGE(generated.has_value(), generated.error().ToString());
+      REQUIRE_MESSAGE(generated.has_value(), Why(generated));
       extra += Containerd::CriImageConfig("shoal", hosts_dir);
     }
     auto c = Containerd::Start(extra, cri);
-    REQUIRE_MESSAGE(c.has_value(), c.error().ToString());
+    REQUIRE_MESSAGE(c.has_value(), Why(c));
     containerd = std::move(c.value());
   }
 
@@ -192,7 +193,7 @@ struct World {
   std::string Snap(std::vector<std::string> args, const std::string& snapshotter = "shoal") {
     args.insert(args.begin(), {"snapshots", "--snapshotter", snapshotter});
     auto out = containerd->Ctr(args, std::chrono::seconds(60));
-    REQUIRE_MESSAGE(out.has_value(), (out.error().ToString() + "\nagent:\n" + agent->LogTail() +
+    REQUIRE_MESSAGE(out.has_value(), (Why(out) + "\nagent:\n" + agent->LogTail() +
                                       "\ncontainerd:\n" + containerd->LogTail()));
     return out.value();
   }
@@ -225,7 +226,7 @@ struct World {
   // `ctr <args>`; REQUIREs success and returns the output.
   std::string Ctr(std::vector<std::string> args) {
     auto out = containerd->Ctr(args, std::chrono::seconds(60));
-    REQUIRE_MESSAGE(out.has_value(), (out.error().ToString() + "\nagent:\n" + agent->LogTail() +
+    REQUIRE_MESSAGE(out.has_value(), (Why(out) + "\nagent:\n" + agent->LogTail() +
                                       "\ncontainerd:\n" + containerd->LogTail()));
     return out.value();
   }
@@ -425,22 +426,22 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
   spec.layers.push_back(top);
   const std::string layout = w.dir.Sub("layout");
   auto built = BuildImage(spec, layout, "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   auto pushed = PushImage(*w.registry, layout, "1", "proj/img");
-  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+  REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
   const std::string hosts_dir = w.dir.Sub("certs.d");
   auto generated = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
                              "gcr.io", "-o", hosts_dir});
-  REQUIRE_MESSAGE(generated.has_value(), generated.error().ToString());
+  REQUIRE_MESSAGE(generated.has_value(), Why(generated));
 
   // containerd fetches through the agent's shim and unpacks into the agent's snapshotter.
   auto pulled = w.containerd->Pull(hosts_dir, "gcr.io/proj/img:1", "shoal");
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail() +
                                        "\n" + w.containerd->LogTail()));
   CHECK(w.proxy->BlobBytes() == built.value().total_blob_bytes);
   // The same image unpacked by containerd's native snapshotter: the reference tree.
   auto native = w.containerd->Pull(hosts_dir, "gcr.io/proj/img:1", "native");
-  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  REQUIRE_MESSAGE(native.has_value(), Why(native));
 
   // One committed snapshot per layer, named by chain ID, the top one on the bottom one.
   const std::string bottom = built.value().diff_ids.at(0).str();
@@ -473,7 +474,7 @@ TEST_CASE("snapshotter: an image pulled through the agent unpacks into shoal sna
   w.Snap({"rm", "shoal-view"});
   w.Snap({"rm", "native-view"}, "native");
   auto removed = w.containerd->Ctr({"images", "rm", "--sync", "gcr.io/proj/img:1"});
-  REQUIRE_MESSAGE(removed.has_value(), removed.error().ToString());
+  REQUIRE_MESSAGE(removed.has_value(), Why(removed));
   bool collected = WaitUntil([&] { return Rows(w.Snap({"ls"})).empty(); }, std::chrono::seconds(30),
                              std::chrono::milliseconds(200));
   CHECK(collected);
@@ -496,13 +497,13 @@ TEST_CASE(
   spec.layers.push_back(LayerSpec{Compression::kNone, 5, {}, 1903});
   const std::string layout = w.dir.Sub("layout");
   auto built = BuildImage(spec, layout, "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   REQUIRE(PushImage(*w.registry, layout, "1", "proj/cri").has_value());
   w.proxy->Reset();
 
   // The kubelet's call: CRI PullImage. It answers with the image ID.
   auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/cri:1");
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail() +
                                        "\n" + w.containerd->LogTail()));
   CHECK(pulled.value() == built.value().config_digest.str());
 
@@ -576,13 +577,13 @@ TEST_CASE(
 
   // The same image unpacked by containerd's native snapshotter mounts to the same tree.
   auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/cri:1", "native");
-  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  REQUIRE_MESSAGE(native.has_value(), Why(native));
   CheckSameAsNative(w, chains[2]);
 
   // A second pull of the image: nothing is fetched or extracted again.
   const double shim_before = ShimBlobBytes(*w.agent);
   auto again = CriPullImage(w.containerd->Socket(), "gcr.io/proj/cri:1");
-  REQUIRE_MESSAGE(again.has_value(), again.error().ToString());
+  REQUIRE_MESSAGE(again.has_value(), Why(again));
   CHECK(ShimBlobBytes(*w.agent) == shim_before);
 
   // containerd's garbage collection removes shoal's snapshots once the image is gone (the CRI
@@ -613,14 +614,14 @@ TEST_CASE("snapshotter: a layer shoal cannot prepare in time is left to containe
   spec.layers.push_back(LayerSpec{Compression::kGzip, 6, {}, 2003});
   const std::string layout = w.dir.Sub("layout");
   auto built = BuildImage(spec, layout, "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   REQUIRE(PushImage(*w.registry, layout, "1", "proj/slow").has_value());
   REQUIRE(built.value().layer_sizes.at(1) > (2u << 20));
   w.proxy->Reset();
   w.proxy->SetDelayPerMiB(std::chrono::milliseconds(1000));
 
   auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/slow:1");
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail() +
                                        "\n" + w.containerd->LogTail()));
   w.proxy->SetDelayPerMiB(std::chrono::milliseconds(0));
   const std::vector<std::string> chains = ChainIds(built.value().diff_ids);
@@ -642,7 +643,7 @@ TEST_CASE("snapshotter: a layer shoal cannot prepare in time is left to containe
   REQUIRE(listed.size() == 3);
   CHECK(listed[chains[2]] == std::vector<std::string>{chains[2], chains[1], "Committed"});
   auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/slow:1", "native");
-  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  REQUIRE_MESSAGE(native.has_value(), Why(native));
   CheckSameAsNative(w, chains[2]);
   CHECK(MountsUnder(w.dir.path()).empty());
 }
@@ -659,7 +660,7 @@ TEST_CASE(
   spec.layers.push_back(LayerSpec{Compression::kGzip, 4, {}, 2103});
   const std::string layout = w.dir.Sub("layout");
   auto built = BuildImage(spec, layout, "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   REQUIRE(PushImage(*w.registry, layout, "1", "proj/pre").has_value());
   w.proxy->Reset();
 
@@ -667,7 +668,7 @@ TEST_CASE(
   auto prefetched = Shoalctl(
       {"prefetch", "gcr.io/proj/pre:1", "--agent", w.agent->Url(), "--snapshots", "--json"});
   REQUIRE_MESSAGE(prefetched.has_value(),
-                  (prefetched.error().ToString() + "\n" + w.agent->LogTail()));
+                  (Why(prefetched) + "\n" + w.agent->LogTail()));
   auto result = nlohmann::json::parse(prefetched.value(), nullptr, false);
   REQUIRE_MESSAGE(result.is_object(), prefetched.value());
   CHECK_MESSAGE(result.value("ok", false), prefetched.value());
@@ -687,13 +688,13 @@ TEST_CASE(
   // The restarted agent listens on another port here: containerd reads hosts.toml at each pull.
   auto regenerated = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
                                "gcr.io", "-o", w.hosts_dir});
-  REQUIRE_MESSAGE(regenerated.has_value(), regenerated.error().ToString());
+  REQUIRE_MESSAGE(regenerated.has_value(), Why(regenerated));
   const uint64_t upstream_before = w.proxy->BlobBytes();
   CHECK(upstream_before == built.value().total_blob_bytes);
   w.WaitUntilContainerdReconnects();
 
   auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/pre:1");
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail() +
                                        "\n" + w.containerd->LogTail()));
   CHECK(pulled.value() == built.value().config_digest.str());
   // Every layer came from staging: prepared, none extracted by this agent process, none left to
@@ -706,7 +707,7 @@ TEST_CASE(
   CHECK(w.proxy->BlobBytes() == upstream_before);
   const std::vector<std::string> chains = ChainIds(built.value().diff_ids);
   auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/pre:1", "native");
-  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  REQUIRE_MESSAGE(native.has_value(), Why(native));
   CheckSameAsNative(w, chains[2]);
   CHECK(MountsUnder(w.dir.path()).empty());
 }
@@ -724,11 +725,11 @@ TEST_CASE(
   }
   const std::string layout = w.dir.Sub("layout");
   auto built = BuildImage(spec, layout, "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   REQUIRE(PushImage(*w.registry, layout, "1", "proj/budget").has_value());
 
   auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/budget:1");
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail() +
                                        "\n" + w.containerd->LogTail()));
   CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) == 3);
   auto used = [&] {
@@ -774,7 +775,7 @@ TEST_CASE(
   spec.layers.push_back(big);
   const std::string layout = w.dir.Sub("layout");
   auto built = BuildImage(spec, layout, "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   REQUIRE(PushImage(*w.registry, layout, "1", "proj/cut").has_value());
   REQUIRE(built.value().layer_sizes.at(2) > (3u << 20));
   // The big layer streams in over seconds, and is extracted as it comes.
@@ -817,17 +818,17 @@ TEST_CASE(
   CHECK_FALSE(big_started());
   auto regenerated = Shoalctl({"config", "containerd", "--agent", w.agent->HostPort(), "--registry",
                                "gcr.io", "-o", w.hosts_dir});
-  REQUIRE_MESSAGE(regenerated.has_value(), regenerated.error().ToString());
+  REQUIRE_MESSAGE(regenerated.has_value(), Why(regenerated));
   w.WaitUntilContainerdReconnects();
 
   auto pulled = CriPullImage(w.containerd->Socket(), "gcr.io/proj/cut:1");
-  REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + w.agent->LogTail() +
+  REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + w.agent->LogTail() +
                                        "\n" + w.containerd->LogTail()));
   CHECK(w.agent->Metric("shoal_snapshotter_layers_total", {{"result", "prepared"}}) == 3);
   CHECK(w.agent->Metric("shoal_snapshotter_layers_extracted_total") == 1);  // the cut one again
   const std::vector<std::string> chains = ChainIds(built.value().diff_ids);
   auto native = w.containerd->Pull(w.hosts_dir, "gcr.io/proj/cut:1", "native");
-  REQUIRE_MESSAGE(native.has_value(), native.error().ToString());
+  REQUIRE_MESSAGE(native.has_value(), Why(native));
   CheckSameAsNative(w, chains[2]);
   CHECK(MountsUnder(w.dir.path()).empty());
 }

@@ -22,6 +22,7 @@
 #include "tests/support/registry.h"
 #include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -49,13 +50,13 @@ struct SwarmWorld {
 
   explicit SwarmWorld(std::vector<std::string> tracker_args = {}, uint64_t seed = 11) {
     auto reg = Registry::Start();
-    REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+    REQUIRE_MESSAGE(reg.has_value(), Why(reg));
     registry = std::move(reg.value());
     auto built = BuildImage(SwarmImage(seed), dir.Sub("layout"), "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     image = built.value();
     auto pushed = PushImage(*registry, image.layout_dir, "1", "demo/app");
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     auto p = CountingProxy::Start(registry->HostPort());
     REQUIRE(p.has_value());
     proxy = std::move(p.value());
@@ -63,7 +64,7 @@ struct SwarmWorld {
                                       "--lease-ttl-s",    "3"};
     targs.insert(targs.end(), tracker_args.begin(), tracker_args.end());
     auto t = TrackerProcess::Start(targs);
-    REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+    REQUIRE_MESSAGE(t.has_value(), Why(t));
     tracker = std::move(t.value());
   }
 
@@ -80,7 +81,7 @@ struct SwarmWorld {
                        "--peer-stall-ms",    "3000"};
     opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agents.push_back(std::move(a.value()));
     return *agents.back();
   }
@@ -102,7 +103,7 @@ struct SwarmWorld {
     for (size_t i = 0; i < agents.size(); ++i) {
       if (!agents[i]) continue;
       REQUIRE_MESSAGE(results[i].has_value(),
-                      (results[i].error().ToString() + "\n" + agents[i]->LogTail()));
+                      (Why(results[i]) + "\n" + agents[i]->LogTail()));
       CheckSame(results[i].value());
     }
   }
@@ -348,7 +349,7 @@ TEST_CASE("swarm: an agent killed mid-pull: the others finish and its lease pass
   for (size_t i = 0; i < 3; ++i) {
     if (i == *victim) continue;
     REQUIRE_MESSAGE(results[i].has_value(),
-                    (results[i].error().ToString() + "\n" + w.agents[i]->LogTail()));
+                    (Why(results[i]) + "\n" + w.agents[i]->LogTail()));
     w.CheckSame(results[i].value());
   }
   CHECK(w.tracker->Metric("shoal_tracker_leases_expired_total") >= 1);
@@ -378,7 +379,7 @@ TEST_CASE("swarm: a leaseholder that hears nothing from upstream lets its lease 
   size_t prompt = 0;
   for (size_t i = 0; i < 3; ++i) {
     REQUIRE_MESSAGE(results[i].has_value(),
-                    (results[i].error().ToString() + "\n" + w.agents[i]->LogTail()));
+                    (Why(results[i]) + "\n" + w.agents[i]->LogTail()));
     w.CheckSame(results[i].value());
     MESSAGE("agent " << i << " pulled in " << took[i] << " s");
     if (took[i] < 20) ++prompt;
@@ -545,7 +546,7 @@ TEST_CASE("swarm: a peer serving corrupt data is detected and its bytes never re
   SwarmWorld w;
   w.AddAgent();
   auto first = w.Pull(0, "seed");
-  REQUIRE_MESSAGE(first.has_value(), first.error().ToString());
+  REQUIRE_MESSAGE(first.has_value(), Why(first));
   // Corrupt the seeder's cached copy of the big layer in place (its torrents read this file).
   const Digest& big = w.image.layer_digests[1];
   {
@@ -559,7 +560,7 @@ TEST_CASE("swarm: a peer serving corrupt data is detected and its bytes never re
   w.proxy->Reset();
   w.AddAgent();
   auto second = w.Pull(1, "victim");
-  REQUIRE_MESSAGE(second.has_value(), (second.error().ToString() + "\n" + w.agents[1]->LogTail()));
+  REQUIRE_MESSAGE(second.has_value(), (Why(second) + "\n" + w.agents[1]->LogTail()));
   w.CheckSame(second.value());
   CHECK(w.agents[1]->Metric("shoal_swarm_hash_failures_total") >= 1);
   // The chunks the corrupt peer could not serve came again from upstream.
@@ -574,7 +575,7 @@ TEST_CASE("swarm: two tracker replicas: with one dead, the other coordinates the
   SwarmWorld w({"--max-upstream-fetchers", "4"});
   auto second = TrackerProcess::Start(
       {"--chunk-size-kib", "2048", "--piece-size-kib", "256", "--lease-ttl-s", "3"});
-  REQUIRE_MESSAGE(second.has_value(), second.error().ToString());
+  REQUIRE_MESSAGE(second.has_value(), Why(second));
   std::string both = w.tracker->Url() + "," + second.value()->Url();
   for (int i = 0; i < 3; ++i) w.AddAgent({}, both);
   // The first replica dies: blobs it owned by rendezvous order move to the second.
@@ -654,7 +655,7 @@ TEST_CASE(
     for (int i = 0; i < 2; ++i) {
       auto t = TrackerProcess::Start(
           {"--chunk-size-kib", "2048", "--piece-size-kib", "256", "--lease-ttl-s", "3"});
-      REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+      REQUIRE_MESSAGE(t.has_value(), Why(t));
       more.push_back(std::move(t.value()));
     }
     std::vector<TrackerProcess*> replicas = {w.tracker.get(), more[0].get(), more[1].get()};
@@ -725,7 +726,7 @@ TEST_CASE(
     w.proxy->Reset();
     Agent& late = w.AddAgent({}, all);
     auto pulled = w.Pull(3, "late");
-    REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + late.LogTail()));
+    REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + late.LogTail()));
     w.CheckSame(pulled.value());
     CHECK(late.Metric("shoal_swarm_fallback_total") == 0);
     // Every blob came from the seeders, the dead owner's too: nothing from upstream.
@@ -804,7 +805,7 @@ TEST_CASE("swarm: an agent killed mid-pull and restarted on its cache completes,
     CAPTURE(round);
     const std::string tag = "k" + std::to_string(round);
     auto built = BuildImage(SwarmImage(100 + 10 * round), w.dir.Sub("layout-" + tag), "1");
-    REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+    REQUIRE_MESSAGE(built.has_value(), Why(built));
     REQUIRE(PushImage(*w.registry, built.value().layout_dir, "1", "demo/" + tag).has_value());
     const double upstream_before = w.proxy->BlobBytes();
     std::thread first([&] {
@@ -821,7 +822,7 @@ TEST_CASE("swarm: an agent killed mid-pull and restarted on its cache completes,
     auto pulled =
         SkopeoCopyToLayout(agent.HostPort() + "/demo/" + tag + ":1", w.dir.Sub(tag + "-b"));
     auto took = std::chrono::steady_clock::now() - started;
-    REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + agent.LogTail()));
+    REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + agent.LogTail()));
     CHECK(pulled.value().layer_digests == built.value().layer_digests);
     // At 150 ms per MiB the image crosses in about 4 s; a dead seeder or lease costs seconds.
     CHECK(took < seconds(45));
@@ -924,13 +925,13 @@ TEST_CASE("observability: Debian's Prometheus scrapes the tracker and 3 agents t
   config += "]\n";
   WriteFile(w.dir.Sub("prometheus.yml"), config);
   auto checked = RunCommand({"promtool", "check", "config", w.dir.Sub("prometheus.yml")});
-  REQUIRE_MESSAGE(checked.has_value(), checked.error().ToString());
+  REQUIRE_MESSAGE(checked.has_value(), Why(checked));
   const std::string prom_addr = "127.0.0.1:" + std::to_string(FreePort());
   auto prom = Process::Start({"prometheus", "--config.file=" + w.dir.Sub("prometheus.yml"),
                               "--storage.tsdb.path=" + w.dir.Sub("tsdb"),
                               "--web.listen-address=" + prom_addr, "--log.level=warn"},
                              w.dir.Sub("prometheus.log"));
-  REQUIRE_MESSAGE(prom.has_value(), prom.error().ToString());
+  REQUIRE_MESSAGE(prom.has_value(), Why(prom));
   const std::string prom_url = "http://" + prom_addr;
   REQUIRE_MESSAGE(WaitUntil(
                       [&] {
@@ -972,11 +973,11 @@ TEST_CASE("observability: Debian's Prometheus scrapes the tracker and 3 agents t
   // Every /metrics output passes promtool's exposition-format check.
   for (const std::string& target : agent_targets) {
     auto lint = RunCommand({"sh", "-c", "curl -sf http://" + target + "/metrics | promtool check metrics"});
-    CHECK_MESSAGE(lint.has_value(), target << ": " << lint.error().ToString());
+    CHECK_MESSAGE(lint.has_value(), target << ": " << Why(lint));
   }
   auto lint = RunCommand(
       {"sh", "-c", "curl -sf http://" + tracker_target + "/metrics | promtool check metrics"});
-  CHECK_MESSAGE(lint.has_value(), "tracker: " << lint.error().ToString());
+  CHECK_MESSAGE(lint.has_value(), "tracker: " << Why(lint));
   prom.value()->Stop();
 }
 

@@ -43,6 +43,7 @@
 #include "tests/support/process.h"
 #include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -70,7 +71,7 @@ struct Tracker {
 Tracker StartTracker(const TempDir& /*dir*/) {
   // The shared fixture (tests/support/tracker.h): port file, log, /healthz wait.
   auto started = TrackerProcess::Start();
-  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+  REQUIRE_MESSAGE(started.has_value(), Why(started));
   Tracker t{std::move(started.value()), "", ""};
   t.base = t.process->Url();
   t.key = auth::AnnounceKey(Tokens().agent);
@@ -117,7 +118,7 @@ std::vector<ChunkTorrent> BuildTorrents(const std::string& blob, const ChunkLayo
     REQUIRE(hashes.has_value());
     auto t = swarm::BuildChunkTorrent("blob." + std::to_string(k), layout.chunk_length(k),
                                       layout.piece_size, std::move(hashes.value()), root_cert);
-    REQUIRE_MESSAGE(t.has_value(), t.error().message);
+    REQUIRE_MESSAGE(t.has_value(), Why(t));
     out.push_back(std::move(t.value()));
   }
   return out;
@@ -176,7 +177,7 @@ class Node {
 
   void Start() {
     auto s = Call([&] { return swarm_->Start(); });
-    REQUIRE_MESSAGE(s.has_value(), s.error().message);
+    REQUIRE_MESSAGE(s.has_value(), Why(s));
     CHECK(Call([&] { return swarm_->listen_port(); }) != 0);
   }
 
@@ -184,7 +185,7 @@ class Node {
   void AddChunk(const ChunkTorrent& t, uint32_t k, const std::string& path, uint64_t offset,
                 bool seed, const std::string& tracker_url, bool read_only = false) {
     auto file = swarm::BlobFile::Open(path, !seed && !read_only);
-    REQUIRE_MESSAGE(file.has_value(), file.error().message);
+    REQUIRE_MESSAGE(file.has_value(), Why(file));
     {
       std::lock_guard<std::mutex> lock(mu_);
       ChunkEvents& ev = events_[k];
@@ -213,7 +214,7 @@ class Node {
       events_[k].errors.push_back(e.message);
     };
     auto added = Call([&] { return swarm_->AddChunk(std::move(spec)); });
-    REQUIRE_MESSAGE(added.has_value(), added.error().message);
+    REQUIRE_MESSAGE(added.has_value(), Why(added));
   }
 
   ChunkEvents Events(uint32_t k) {
@@ -844,9 +845,9 @@ TEST_CASE("swarm session: a disk error while downloading reaches on_error") {
 // A CA in dir/<name> (as the chart's cluster peer CA) and an agent's peer TLS minted from it.
 tls::PeerTls PeerTlsFrom(const TempDir& dir, const std::string& ca, const std::string& agent) {
   auto made = tls::NodeCa::LoadOrCreate(dir.Sub(ca), "test peer CA " + ca);
-  REQUIRE_MESSAGE(made.has_value(), made.error().message);
+  REQUIRE_MESSAGE(made.has_value(), Why(made));
   auto minted = tls::MintPeerTls(dir.Sub(ca) + "/ca.crt", dir.Sub(ca) + "/ca.key", agent);
-  REQUIRE_MESSAGE(minted.has_value(), minted.error().message);
+  REQUIRE_MESSAGE(minted.has_value(), Why(minted));
   return minted.value();
 }
 

@@ -15,6 +15,7 @@
 #include "tests/support/process.h"
 #include "tests/support/registry.h"
 #include "tests/support/token_server.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -67,7 +68,7 @@ TEST_CASE("testkit: image builder is deterministic and its layout verifies") {
   TempDir dir;
   auto a = BuildImage(ThreeLayerSpec(), dir.Sub("a"), "1");
   auto b = BuildImage(ThreeLayerSpec(), dir.Sub("b"), "1");
-  REQUIRE_MESSAGE(a.has_value(), a.error().message);
+  REQUIRE_MESSAGE(a.has_value(), Why(a));
   REQUIRE(b.has_value());
   CHECK(a.value().manifest_digest == b.value().manifest_digest);
   CHECK(a.value().layer_digests.size() == 3);
@@ -93,7 +94,7 @@ TEST_CASE("testkit: umoci unpacks generated gzip and uncompressed layers with li
   // umoci (an independent OCI implementation; it has no zstd) unpacks it.
   auto unpack = RunCommand(
       {"umoci", "unpack", "--rootless", "--image", dir.Sub("layout") + ":1", dir.Sub("bundle")});
-  REQUIRE_MESSAGE(unpack.has_value(), unpack.error().message);
+  REQUIRE_MESSAGE(unpack.has_value(), Why(unpack));
   std::string rootfs = dir.Sub("bundle") + "/rootfs";
   CHECK(std::filesystem::is_symlink(rootfs + "/links/symlink-21"));
   CHECK(std::filesystem::hard_link_count(rootfs + "/links/hardlink-22") == 2);
@@ -103,13 +104,13 @@ TEST_CASE("testkit: umoci unpacks generated gzip and uncompressed layers with li
 TEST_CASE("testkit: registry push and skopeo pull preserve every digest") {
   TempDir dir;
   auto reg = Registry::Start();
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().message);
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   auto img = BuildImage(ThreeLayerSpec(), dir.Sub("layout"), "1");
   REQUIRE(img.has_value());
   auto pushed = PushImage(*reg.value(), dir.Sub("layout"), "1", "demo/app");
-  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().message);
+  REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
   auto pulled = SkopeoCopyToLayout(reg.value()->HostPort() + "/demo/app:1", dir.Sub("out"));
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().message);
+  REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
   CHECK(pulled.value().manifest_digest == img.value().manifest_digest);
   CHECK(pulled.value().layer_digests == img.value().layer_digests);
   CHECK(std::filesystem::exists(reg.value()->BlobDataPath(img.value().layer_digests[0])));
@@ -118,7 +119,7 @@ TEST_CASE("testkit: registry push and skopeo pull preserve every digest") {
 TEST_CASE("testkit: skopeo pulls through the counting proxy, which counts every blob byte") {
   TempDir dir;
   auto reg = Registry::Start();
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().message);
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   auto img = BuildImage(ThreeLayerSpec(), dir.Sub("layout"), "1");
   REQUIRE(img.has_value());
   REQUIRE(PushImage(*reg.value(), dir.Sub("layout"), "1", "demo/app").has_value());
@@ -127,7 +128,7 @@ TEST_CASE("testkit: skopeo pulls through the counting proxy, which counts every 
   CountingProxy& p = *proxy.value();
 
   auto pulled = SkopeoCopyToLayout(p.HostPort() + "/demo/app:1", dir.Sub("out"));
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().message);
+  REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
   CHECK(pulled.value().manifest_digest == img.value().manifest_digest);
   CHECK(pulled.value().layer_digests == img.value().layer_digests);
   CHECK(p.BlobBytes() == img.value().total_blob_bytes);
@@ -171,7 +172,7 @@ TEST_CASE("testkit: skopeo pulls through the counting proxy, which counts every 
   CHECK(down.value().status == 502);
   // Back on the same port with the same storage.
   auto restarted = reg.value()->Restart();
-  REQUIRE_MESSAGE(restarted.has_value(), restarted.error().message);
+  REQUIRE_MESSAGE(restarted.has_value(), Why(restarted));
   auto again = HttpGet(url);
   REQUIRE(again.has_value());
   CHECK(again.value().status == 200);
@@ -234,20 +235,20 @@ TEST_CASE("testkit: an htpasswd registry needs the credentials to push and pull"
   RegistryOptions ro;
   ro.auth = RegistryOptions::Auth::kHtpasswd;
   auto reg = Registry::Start(ro);
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().message);
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   ImageSpec spec;
   spec.layers = {LayerSpec{.small_files = 5, .seed = 31}};
   auto img = BuildImage(spec, dir.Sub("layout"), "1");
   REQUIRE(img.has_value());
   auto pushed = PushImage(*reg.value(), dir.Sub("layout"), "1", "team/private");
-  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().message);
+  REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
   std::string ref = reg.value()->HostPort() + "/team/private:1";
   auto anonymous = SkopeoCopyToLayout(ref, dir.Sub("anon"));
   CHECK_FALSE(anonymous.has_value());
   auto wrong = SkopeoCopyToLayout(ref, dir.Sub("wrong"), {"--src-creds", "alice:nope"});
   CHECK_FALSE(wrong.has_value());
   auto pulled = SkopeoCopyToLayout(ref, dir.Sub("out"), {"--src-creds", "alice:s3cret"});
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().message);
+  REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
   CHECK(pulled.value().manifest_digest == img.value().manifest_digest);
   auto v2 = HttpGet(reg.value()->Url() + "/v2/");
   REQUIRE(v2.has_value());
@@ -257,9 +258,9 @@ TEST_CASE("testkit: an htpasswd registry needs the credentials to push and pull"
 TEST_CASE("testkit: a token-protected registry works with real Bearer tokens") {
   TempDir dir;
   auto tokens = TokenServer::Start();
-  REQUIRE_MESSAGE(tokens.has_value(), tokens.error().message);
+  REQUIRE_MESSAGE(tokens.has_value(), Why(tokens));
   auto reg = Registry::Start(tokens.value()->ForRegistry());
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().message);
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   auto v2 = HttpGet(reg.value()->Url() + "/v2/");
   REQUIRE(v2.has_value());
   CHECK(v2.value().status == 401);
@@ -271,7 +272,7 @@ TEST_CASE("testkit: a token-protected registry works with real Bearer tokens") {
   auto img = BuildImage(spec, dir.Sub("layout"), "1");
   REQUIRE(img.has_value());
   auto pushed = PushImage(*reg.value(), dir.Sub("layout"), "1", "team/tok");
-  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().message);
+  REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
   CHECK(tokens.value()->TokenRequests() >= 1);
 
   std::string ref = reg.value()->HostPort() + "/team/tok:1";
@@ -280,7 +281,7 @@ TEST_CASE("testkit: a token-protected registry works with real Bearer tokens") {
   CHECK_FALSE(wrong.has_value());
   CHECK(tokens.value()->Refused() > refused);
   auto pulled = SkopeoCopyToLayout(ref, dir.Sub("out"), {"--src-creds", "alice:s3cret"});
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().message);
+  REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
   CHECK(pulled.value().manifest_digest == img.value().manifest_digest);
   CHECK(pulled.value().layer_digests == img.value().layer_digests);
 
@@ -297,14 +298,14 @@ TEST_CASE("testkit: a token-protected registry works with real Bearer tokens") {
 TEST_CASE("testkit: a multi-arch index round-trips through the registry") {
   TempDir dir;
   auto reg = Registry::Start();
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().message);
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   auto index = BuildIndex(DefaultMultiArchSpecs(), dir.Sub("layout"), "multi");
-  REQUIRE_MESSAGE(index.has_value(), index.error().message);
+  REQUIRE_MESSAGE(index.has_value(), Why(index));
   REQUIRE(index.value().platforms.size() == 2);
   auto pushed = PushImage(*reg.value(), dir.Sub("layout"), "multi", "demo/multi");
-  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().message);
+  REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
   auto pulled = SkopeoCopyToLayout(reg.value()->HostPort() + "/demo/multi:multi", dir.Sub("out"));
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().message);
+  REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
   CHECK(pulled.value().manifest_digest == index.value().manifest_digest);
   REQUIRE(pulled.value().child_manifests.size() == 2);
   CHECK(pulled.value().child_manifests[0] == index.value().platforms[0].manifest_digest);
@@ -323,9 +324,9 @@ TEST_CASE("testkit: a pull-through registry serves an upstream registry's image"
   RegistryOptions ro;
   ro.proxy_remote_url = upstream.value()->Url();
   auto cache = Registry::Start(ro);
-  REQUIRE_MESSAGE(cache.has_value(), cache.error().message);
+  REQUIRE_MESSAGE(cache.has_value(), Why(cache));
   auto pulled = SkopeoCopyToLayout(cache.value()->HostPort() + "/library/app:1", dir.Sub("out"));
-  REQUIRE_MESSAGE(pulled.has_value(), pulled.error().message);
+  REQUIRE_MESSAGE(pulled.has_value(), Why(pulled));
   CHECK(pulled.value().manifest_digest == img.value().manifest_digest);
 }
 

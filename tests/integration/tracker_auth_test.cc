@@ -23,6 +23,7 @@
 #include "tests/support/registry.h"
 #include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -39,14 +40,14 @@ struct World {
 
   World() {
     auto up = CountedUpstream::Start();
-    REQUIRE_MESSAGE(up.has_value(), up.error().ToString());
+    REQUIRE_MESSAGE(up.has_value(), Why(up));
     registry = std::move(up.value().registry);
     proxy = std::move(up.value().proxy);
   }
 
   BuiltImage Push(const std::string& name, uint64_t big, uint64_t seed) {
     auto pushed = PushOneLayerImage(*registry, dir.Sub("layout-" + name), "demo/" + name, big, seed);
-    REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+    REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
     return pushed.value();
   }
 
@@ -59,14 +60,14 @@ struct World {
                        "--agent-id", id,      "--peer-stall-ms", "4000"};
     opts.extra_args.insert(opts.extra_args.end(), extra.begin(), extra.end());
     auto a = Agent::Start(opts);
-    REQUIRE_MESSAGE(a.has_value(), a.error().ToString());
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     agents.push_back(std::move(a.value()));
     return *agents.back();
   }
 
   LayoutImage Pull(Agent& agent, const std::string& name, const std::string& into) {
     auto pulled = SkopeoCopyToLayout(agent.HostPort() + "/demo/" + name + ":1", dir.Sub(into));
-    REQUIRE_MESSAGE(pulled.has_value(), (pulled.error().ToString() + "\n" + agent.LogTail()));
+    REQUIRE_MESSAGE(pulled.has_value(), (Why(pulled) + "\n" + agent.LogTail()));
     return pulled.value();
   }
 };
@@ -106,7 +107,7 @@ TEST_CASE("access: an outsider can announce, publish, resolve, report or read no
   // The tracker listens on the host side of the veth: agents and the outsider both reach it.
   auto tracker = TrackerProcess::StartAt({}, ns.host(),
                                          {"--chunk-size-kib", "1024", "--piece-size-kib", "256"});
-  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  REQUIRE_MESSAGE(tracker.has_value(), Why(tracker));
   TrackerProcess& t = *tracker.value();
   Agent& a1 = w.AddAgent("a1", t.Url(), {}, ns.host());
   LayoutImage first = w.Pull(a1, "app", "p1");
@@ -191,7 +192,7 @@ TEST_CASE("access: a tag can be rebound by nobody but the holder of its fetch le
   BuiltImage evil = w.Push("evil", 2ull << 20, 82);
   auto tracker = TrackerProcess::Start(
       {"--chunk-size-kib", "1024", "--piece-size-kib", "256", "--manifest-ttl-s", "120"});
-  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  REQUIRE_MESSAGE(tracker.has_value(), Why(tracker));
   TrackerProcess& t = *tracker.value();
   Agent& a1 = w.AddAgent("a1", t.Url());
   w.Pull(a1, "app", "p1");
@@ -239,7 +240,7 @@ TEST_CASE("access: tokens rotate without a restart, the old token stops working"
   auto tracker = TrackerProcess::Start({"--chunk-size-kib", "1024", "--piece-size-kib", "256",
                                         "--agent-tokens-file", tracker_file,
                                         "--operator-tokens-file", Tokens().operator_file});
-  REQUIRE_MESSAGE(tracker.has_value(), tracker.error().ToString());
+  REQUIRE_MESSAGE(tracker.has_value(), Why(tracker));
   TrackerProcess& t = *tracker.value();
   Agent& a1 = w.AddAgent("a1", t.Url(), {"--tracker-token-file", agent_file});
   w.Pull(a1, "one", "p1");

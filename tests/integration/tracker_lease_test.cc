@@ -23,6 +23,7 @@
 #include "tests/support/process.h"
 #include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -55,7 +56,7 @@ Tracker StartTracker(const TempDir& /*dir*/, std::vector<std::string> extra = {}
   std::vector<std::string> args = {"--chunk-size-kib", "64", "--piece-size-kib", "16"};
   args.insert(args.end(), extra.begin(), extra.end());
   auto started = TrackerProcess::Start(std::move(args));
-  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+  REQUIRE_MESSAGE(started.has_value(), Why(started));
   Tracker t{std::move(started.value()), ""};
   t.base = t.process->Url();
   return t;
@@ -72,7 +73,7 @@ Reply Send(const std::string& method, const std::string& url, const std::string&
   std::vector<std::pair<std::string, std::string>> headers = AgentAuth();
   if (!body.empty()) headers.emplace_back("Content-Type", "application/json");
   auto res = HttpRequest(method, url, headers, body, timeout);
-  REQUIRE_MESSAGE(res.has_value(), method << " " << url << ": " << res.error().message);
+  REQUIRE_MESSAGE(res.has_value(), method << " " << url << ": " << Why(res));
   INFO(method << " " << url << " -> " << res.value().status << " " << res.value().body);
   CHECK(res.value().Header("content-type") == "application/json");
   json j = json::parse(res.value().body, nullptr, false);
@@ -414,10 +415,10 @@ TEST_CASE("tracker lease: replicas share the cluster cap, and a cap below the re
                              "--max-upstream-fetchers", "2", "--replicas", "3"},
                             std::chrono::seconds(20));
   REQUIRE_FALSE(refused.has_value());
-  CHECK_MESSAGE(refused.error().ToString().find(
+  CHECK_MESSAGE(Why(refused).find(
                     "2 is less than --replicas 3: each replica needs at least one") !=
                     std::string::npos,
-                refused.error().ToString());
+                Why(refused));
 }
 
 // Sends an operator's JSON request; returns status and body.
@@ -425,7 +426,7 @@ Reply OperatorSend(const std::string& method, const std::string& url, const std:
   auto headers = OperatorAuth();
   if (!body.empty()) headers.emplace_back("Content-Type", "application/json");
   auto res = HttpRequest(method, url, headers, body, milliseconds(4000));
-  REQUIRE_MESSAGE(res.has_value(), method << " " << url << ": " << res.error().message);
+  REQUIRE_MESSAGE(res.has_value(), method << " " << url << ": " << Why(res));
   json j = json::parse(res.value().body, nullptr, false);
   return Reply{res.value().status, j.is_discarded() ? json::object() : j};
 }
@@ -475,7 +476,7 @@ json ClusterView(const Tracker& t) {
 std::string RenderPage(const TempDir& dir, const std::string& url, int width, int height,
                        const std::string& png = "") {
   auto dom = testkit::RenderPage(dir.Sub("chromium-profile"), url, width, height, png);
-  REQUIRE_MESSAGE(dom.has_value(), dom.error().ToString());
+  REQUIRE_MESSAGE(dom.has_value(), Why(dom));
   return dom.value();
 }
 
@@ -647,7 +648,7 @@ CtlRun ClusterStatus(const std::vector<std::string>& args, seconds timeout = sec
                     "' status --cluster --operator-token-file '" + Tokens().operator_file + "'";
   for (const auto& a : args) cmd += " '" + a + "'";
   auto r = RunCommand({"sh", "-c", cmd + " 2>&1; echo \"exit=$?\""}, timeout);
-  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   CtlRun run;
   size_t at = r.value().rfind("exit=");
   REQUIRE(at != std::string::npos);

@@ -46,6 +46,7 @@
 #include "tests/support/process.h"
 #include "tests/support/tokens.h"
 #include "tests/support/tracker.h"
+#include "tests/support/why.h"
 
 namespace shoal::testkit {
 namespace {
@@ -66,7 +67,7 @@ struct Tracker {
 Tracker StartTracker(const TempDir& /*dir*/, std::vector<std::string> extra = {}) {
   // The shared fixture (tests/support/tracker.h): port file, log, /healthz wait.
   auto started = TrackerProcess::Start(std::move(extra));
-  REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+  REQUIRE_MESSAGE(started.has_value(), Why(started));
   Tracker t{std::move(started.value()), "", ""};
   t.base = t.process->Url();
   t.key = auth::AnnounceKey(Tokens().agent);
@@ -170,7 +171,7 @@ TEST_CASE("tracker: aria2c seeds and a second aria2c downloads through the track
       Aria2Argv(dir.Sub("seed"), FreePort(), dir.Sub("seed.aria2.log"));
   seed_argv.insert(seed_argv.end(), {"--check-integrity=true", "--seed-ratio=0.0", torrent.path});
   auto seeder = Process::Start(seed_argv, dir.Sub("seed.out"));
-  REQUIRE_MESSAGE(seeder.has_value(), seeder.error().message);
+  REQUIRE_MESSAGE(seeder.has_value(), Why(seeder));
   bool seeding = WaitUntil(
       [&] {
         return !seeder.value()->Running() || Scrape(tracker, torrent.info_hash).complete == 1;
@@ -500,7 +501,7 @@ TEST_CASE("tracker: a connection beyond --max-connections gets 503 with Retry-Af
   // The accept loop counts a connection once its coroutine runs: give it a moment.
   std::this_thread::sleep_for(milliseconds(300));
   auto refused = HttpGet(tracker.base + "/healthz", {}, seconds(5));
-  REQUIRE_MESSAGE(refused.has_value(), refused.error().ToString());
+  REQUIRE_MESSAGE(refused.has_value(), Why(refused));
   CHECK(refused.value().status == 503);
   CHECK(refused.value().Header("retry-after") == "1");
   CHECK(refused.value().body.find("--max-connections") != std::string::npos);

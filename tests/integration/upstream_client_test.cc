@@ -28,6 +28,7 @@
 #include "tests/support/registry.h"
 #include "tests/support/sync_server.h"
 #include "tests/support/token_server.h"
+#include "tests/support/why.h"
 
 namespace shoal::upstream {
 namespace {
@@ -101,10 +102,10 @@ PushedImage Push(const testkit::Registry& reg, const std::string& name) {
                                     .big_files = {5 << 20},
                                     .seed = 42}};
   auto built = testkit::BuildImage(spec, p.dir->Sub("layout"), "1");
-  REQUIRE_MESSAGE(built.has_value(), built.error().ToString());
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   p.image = built.value();
   auto pushed = testkit::PushImage(reg, p.dir->Sub("layout"), "1", name);
-  REQUIRE_MESSAGE(pushed.has_value(), pushed.error().ToString());
+  REQUIRE_MESSAGE(pushed.has_value(), Why(pushed));
   p.layer = p.image.layer_digests.at(0);
   p.layer_bytes = BlobFile(p.dir->Sub("layout"), p.layer);
   REQUIRE(p.layer_bytes.size() == p.image.layer_sizes.at(0));
@@ -150,7 +151,7 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
   testkit::RegistryOptions opts;
   opts.auth = testkit::RegistryOptions::Auth::kHtpasswd;
   auto reg = testkit::Registry::Start(opts);
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   PushedImage img = Push(*reg.value(), "demo/app");
   RegistryEndpoint ep = Endpoint(reg.value()->HostPort());
 
@@ -160,36 +161,36 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
   RegistryClient client(ioc.get_executor(), FastRetries(), creds);
 
   auto m = Run(ioc, client.GetManifest(ep, "demo/app", "1", kAccept));
-  REQUIRE_MESSAGE(m.has_value(), m.error().ToString());
+  REQUIRE_MESSAGE(m.has_value(), Why(m));
   CHECK(m.value().body == img.image.manifest_json);
   CHECK(m.value().digest == img.image.manifest_digest);
   CHECK(m.value().media_type == img.image.media_type);
 
   auto by_digest =
       Run(ioc, client.GetManifest(ep, "demo/app", img.image.manifest_digest.str(), kAccept));
-  REQUIRE_MESSAGE(by_digest.has_value(), by_digest.error().ToString());
+  REQUIRE_MESSAGE(by_digest.has_value(), Why(by_digest));
   CHECK(by_digest.value().body == img.image.manifest_json);
 
   auto head = Run(ioc, client.HeadManifest(ep, "demo/app", "1", kAccept));
-  REQUIRE_MESSAGE(head.has_value(), head.error().ToString());
+  REQUIRE_MESSAGE(head.has_value(), Why(head));
   CHECK(head.value().digest == img.image.manifest_digest);
   CHECK(head.value().body.empty());
 
   auto size = Run(ioc, client.StatBlob(ep, "demo/app", img.layer));
-  REQUIRE_MESSAGE(size.has_value(), size.error().ToString());
+  REQUIRE_MESSAGE(size.has_value(), Why(size));
   CHECK(size.value() == img.layer_bytes.size());
 
   std::string whole;
   auto st = Run(
       ioc, client.FetchBlob(ep, "demo/app", img.layer, 0, img.layer_bytes.size(), Collect(&whole)));
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   CHECK(whole.size() == img.layer_bytes.size());
   CHECK(Sha256::Of(whole) == img.layer);
 
   std::string part;
   const uint64_t offset = 1'000'003, length = 777'777;
   st = Run(ioc, client.FetchBlob(ep, "demo/app", img.layer, offset, length, Collect(&part)));
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   CHECK(part == img.layer_bytes.substr(offset, length));
 
   std::string tail;
@@ -279,9 +280,9 @@ TEST_CASE("upstream client: pulls manifests and blobs from a registry with htpas
 
 TEST_CASE("upstream client: gets, caches and shares bearer tokens from a token server") {
   auto tokens = testkit::TokenServer::Start();
-  REQUIRE_MESSAGE(tokens.has_value(), tokens.error().ToString());
+  REQUIRE_MESSAGE(tokens.has_value(), Why(tokens));
   auto reg = testkit::Registry::Start(tokens.value()->ForRegistry());
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   PushedImage img = Push(*reg.value(), "team/tool");
   RegistryEndpoint ep = Endpoint(reg.value()->HostPort());
   const uint64_t before = tokens.value()->TokenRequests();
@@ -312,7 +313,7 @@ TEST_CASE("upstream client: gets, caches and shares bearer tokens from a token s
   std::string blob;
   auto st = Run(
       ioc, client.FetchBlob(ep, "team/tool", img.layer, 0, img.layer_bytes.size(), Collect(&blob)));
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   CHECK(Sha256::Of(blob) == img.layer);
   CHECK(tokens.value()->TokenRequests() - before == 1);
 
@@ -327,10 +328,10 @@ TEST_CASE("upstream client: gets, caches and shares bearer tokens from a token s
 
 TEST_CASE("upstream client: retries 503 and 429 through a proxy and gives up on other 4xx") {
   auto reg = testkit::Registry::Start();
-  REQUIRE_MESSAGE(reg.has_value(), reg.error().ToString());
+  REQUIRE_MESSAGE(reg.has_value(), Why(reg));
   PushedImage img = Push(*reg.value(), "demo/retry");
   auto proxy = testkit::CountingProxy::Start(reg.value()->HostPort());
-  REQUIRE_MESSAGE(proxy.has_value(), proxy.error().ToString());
+  REQUIRE_MESSAGE(proxy.has_value(), Why(proxy));
   RegistryEndpoint ep = Endpoint(proxy.value()->HostPort());
 
   net::io_context ioc;
@@ -342,7 +343,7 @@ TEST_CASE("upstream client: retries 503 and 429 through a proxy and gives up on 
   std::string blob;
   auto st = Run(ioc, client.FetchBlob(ep, "demo/retry", img.layer, 0, img.layer_bytes.size(),
                                       Collect(&blob)));
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   CHECK(blob == img.layer_bytes);
   CHECK(proxy.value()->BlobGets(img.layer) == 3);
   CHECK(client.stats().retries == 2);
@@ -352,7 +353,7 @@ TEST_CASE("upstream client: retries 503 and 429 through a proxy and gives up on 
   proxy.value()->FailNext(1, 429);
   auto start = std::chrono::steady_clock::now();
   auto m = Run(ioc, client.GetManifest(ep, "demo/retry", "1", kAccept));
-  REQUIRE_MESSAGE(m.has_value(), m.error().ToString());
+  REQUIRE_MESSAGE(m.has_value(), Why(m));
   CHECK(std::chrono::steady_clock::now() - start >= milliseconds(900));
   CHECK(proxy.value()->ManifestGets() == 2);
 
@@ -408,7 +409,7 @@ TEST_CASE("upstream client: resumes a body cut short from the first undelivered 
       if (cut || ec) return;
     }
   });
-  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  REQUIRE_MESSAGE(server.has_value(), Why(server));
   RegistryEndpoint ep = Endpoint(server.value()->HostPort());
 
   net::io_context ioc;
@@ -417,7 +418,7 @@ TEST_CASE("upstream client: resumes a body cut short from the first undelivered 
   const uint64_t offset = 100;
   const uint64_t length = blob.size() - 200;
   auto st = Run(ioc, client.FetchBlob(ep, "demo/cut", digest, offset, length, Collect(&got)));
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   CHECK(got == blob.substr(offset, length));
   std::lock_guard lock(mu);
   REQUIRE(ranges.size() == 2);
@@ -441,7 +442,7 @@ TEST_CASE("upstream client: detects a stalled upstream with the idle timeout") {
     char c;
     socket.read_some(net::buffer(&c, 1), ec);
   });
-  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  REQUIRE_MESSAGE(server.has_value(), Why(server));
   RegistryEndpoint ep = Endpoint(server.value()->HostPort());
 
   net::io_context ioc;
@@ -481,7 +482,7 @@ TEST_CASE("upstream client: hands on body bytes as they arrive, without waiting 
     beast::error_code ec;
     net::write(socket, net::buffer(blob.substr(r->first + 10, r->length() - 10)), ec);
   });
-  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  REQUIRE_MESSAGE(server.has_value(), Why(server));
   RegistryEndpoint ep = Endpoint(server.value()->HostPort());
 
   net::io_context ioc;
@@ -496,7 +497,7 @@ TEST_CASE("upstream client: hands on body bytes as they arrive, without waiting 
     return Ok();
   };
   auto st = Run(ioc, client.FetchBlob(ep, "demo/trickle", Sha256::Of("x"), 0, blob.size(), sink));
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   // The first 10 bytes reached the sink while the server still held the rest back.
   CHECK_FALSE(server_waited_out.load());
   CHECK(got == blob);
@@ -527,7 +528,7 @@ TEST_CASE("upstream client: follows a 307 to another host without forwarding Aut
     res.set(bhttp::field::content_range, http::ContentRange(r, blob.size()));
     return res;
   });
-  REQUIRE_MESSAGE(cdn.has_value(), cdn.error().ToString());
+  REQUIRE_MESSAGE(cdn.has_value(), Why(cdn));
   const std::string cdn_url = "http://" + cdn.value()->HostPort() + "/data/blob?sig=s3cr3t";
 
   auto registry = SyncHttpServer::Start([&](const SyncHttpServer::Request& req) {
@@ -546,7 +547,7 @@ TEST_CASE("upstream client: follows a 307 to another host without forwarding Aut
     res.set(bhttp::field::location, cdn_url);
     return res;
   });
-  REQUIRE_MESSAGE(registry.has_value(), registry.error().ToString());
+  REQUIRE_MESSAGE(registry.has_value(), Why(registry));
   RegistryEndpoint ep = Endpoint(registry.value()->HostPort());
 
   net::io_context ioc;
@@ -555,12 +556,12 @@ TEST_CASE("upstream client: follows a 307 to another host without forwarding Aut
   RegistryClient client(ioc.get_executor(), FastRetries(), creds);
 
   auto size = Run(ioc, client.StatBlob(ep, "demo/redirect", digest));
-  REQUIRE_MESSAGE(size.has_value(), size.error().ToString());
+  REQUIRE_MESSAGE(size.has_value(), Why(size));
   CHECK(size.value() == blob.size());
 
   std::string got;
   auto st = Run(ioc, client.FetchBlob(ep, "demo/redirect", digest, 1000, 200'000, Collect(&got)));
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   CHECK(got == blob.substr(1000, 200'000));
 
   std::lock_guard lock(mu);
@@ -590,13 +591,13 @@ TEST_CASE("upstream client: rejects manifests whose bytes do not match their dig
     if (req.method() == bhttp::verb::head) res.content_length(body.size());
     return res;
   });
-  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  REQUIRE_MESSAGE(server.has_value(), Why(server));
   RegistryEndpoint ep = Endpoint(server.value()->HostPort());
   net::io_context ioc;
   RegistryClient client(ioc.get_executor(), FastRetries(), Credentials());
 
   auto ok = Run(ioc, client.GetManifest(ep, "demo/m", "good", kAccept));
-  REQUIRE_MESSAGE(ok.has_value(), ok.error().ToString());
+  REQUIRE_MESSAGE(ok.has_value(), Why(ok));
   CHECK(ok.value().digest == real);
   CHECK(ok.value().media_type == "application/vnd.oci.image.manifest.v1+json");
 
@@ -609,7 +610,7 @@ TEST_CASE("upstream client: rejects manifests whose bytes do not match their dig
   CHECK(wrong_ref.error().code == ErrorCode::kDigestMismatch);
 
   auto head = Run(ioc, client.HeadManifest(ep, "demo/m", "good", kAccept));
-  REQUIRE_MESSAGE(head.has_value(), head.error().ToString());
+  REQUIRE_MESSAGE(head.has_value(), Why(head));
   CHECK(head.value().digest == real);
 
   auto bad_name = Run(ioc, client.GetManifest(ep, "../etc", "good", kAccept));
@@ -628,7 +629,7 @@ struct TlsBlobServer {
     ctx.use_certificate_chain_file(cert);
     ctx.use_private_key_file(key, net::ssl::context::pem);
     auto started = SyncHttpServer::StartRaw([this](net::ip::tcp::socket& s) { Serve(s); });
-    REQUIRE_MESSAGE(started.has_value(), started.error().ToString());
+    REQUIRE_MESSAGE(started.has_value(), Why(started));
     server = std::move(started).value();
   }
 
@@ -684,7 +685,7 @@ void MakeCert(const testkit::TempDir& dir, const std::string& name, const std::s
                            dir.Sub(name + ".key"), "-out", dir.Sub(name + ".pem"), "-days", "2",
                            "-subj", "/CN=shoal-test", "-addext", "subjectAltName=" + san},
                           std::chrono::seconds(60));
-  REQUIRE_MESSAGE(made.has_value(), made.error().ToString());
+  REQUIRE_MESSAGE(made.has_value(), Why(made));
 }
 
 RegistryEndpoint HttpsEndpoint(const std::string& host, uint16_t port) {
@@ -712,11 +713,11 @@ TEST_CASE("upstream client: speaks TLS with verification, SNI and connection reu
     for (int i = 0; i < 3; ++i) {
       std::string got;
       auto st = Run(ioc, client.FetchBlob(ep, "demo/tls", digest, 4, 5, Collect(&got)));
-      REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+      REQUIRE_MESSAGE(st.has_value(), Why(st));
       CHECK(got == blob.substr(4, 5));
     }
     auto size = Run(ioc, client.StatBlob(ep, "demo/tls", digest));
-    REQUIRE_MESSAGE(size.has_value(), size.error().ToString());
+    REQUIRE_MESSAGE(size.has_value(), Why(size));
     CHECK(size.value() == blob.size());
   }
   {
@@ -769,7 +770,7 @@ TEST_CASE(
     res.content_length(42);
     return res;
   });
-  REQUIRE_MESSAGE(server.has_value(), server.error().ToString());
+  REQUIRE_MESSAGE(server.has_value(), Why(server));
   const std::string host_port = server.value()->HostPort();
   const Digest digest = Sha256::Of("x");
   net::io_context ioc;
@@ -778,7 +779,7 @@ TEST_CASE(
   // The operator's entry (kAny) reaches loopback; its connection goes back to the pool.
   RegistryEndpoint mapped = Endpoint(host_port);
   auto size = Run(ioc, client.StatBlob(mapped, "demo/app", digest));
-  REQUIRE_MESSAGE(size.has_value(), size.error().ToString());
+  REQUIRE_MESSAGE(size.has_value(), Why(size));
   CHECK(size.value() == 42);
   CHECK(requests.load() == 1);
 

@@ -9,6 +9,8 @@
 #include "agent/swarm_setup.h"
 #include "lib/tls/node_ca.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::agent {
 namespace {
 
@@ -18,7 +20,7 @@ http::Url TrackerAt(const std::string& url) { return http::Url::Parse(url).value
 
 TEST_CASE("swarm setup: auto listens on the address this node reaches the tracker from") {
   auto loop = ResolveSwarmListen("auto:6881", TrackerAt("http://127.0.0.1:7000/"));
-  REQUIRE_MESSAGE(loop.has_value(), loop.error().message);
+  REQUIRE_MESSAGE(loop.has_value(), Why(loop));
   CHECK(loop.value() == "127.0.0.1:6881");
   auto other_loop = ResolveSwarmListen("auto:0", TrackerAt("http://127.0.0.9:7000/"));
   REQUIRE(other_loop.has_value());
@@ -55,7 +57,7 @@ TEST_CASE("swarm setup: peers need the cluster's peer CA unless --insecure-peers
   CHECK(half.error().message.find("go together") != std::string::npos);
   config.peer_ca_key = dir + "/ca/ca.key";
   auto with_tls = MakeSwarmOptions(config, tracker, "a1");
-  REQUIRE_MESSAGE(with_tls.has_value(), with_tls.error().message);
+  REQUIRE_MESSAGE(with_tls.has_value(), Why(with_tls));
   REQUIRE(with_tls.value().tls.has_value());
   CHECK_FALSE(with_tls.value().tls->cert_pem.empty());
   config.peer_ca_key = config.peer_ca_cert;  // a certificate is no key

@@ -4,6 +4,8 @@
 
 #include "registry-shim/connect_proxy.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::shim {
 
 TEST_CASE("connect: targets parse to host and port and name their registry") {
@@ -24,7 +26,7 @@ TEST_CASE("connect: targets parse to host and port and name their registry") {
   for (const Case& c : cases) {
     CAPTURE(c.target);
     auto t = ParseConnectTarget(c.target);
-    REQUIRE_MESSAGE(t.has_value(), t.error().ToString());
+    REQUIRE_MESSAGE(t.has_value(), Why(t));
     CHECK(t.value().host == c.host);
     CHECK(t.value().port == c.port);
     CHECK(t.value().Registry() == c.registry);

@@ -9,6 +9,8 @@
 
 #include "lib/extract/decompress.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::extract {
 namespace {
 
@@ -87,11 +89,11 @@ TEST_CASE("extract decompress: plain, gzip and zstd are detected by their magic 
   CHECK(c == Compression::kNone);
   CHECK(plain.value() == data);
   auto gz = DecodeAll(Gzip(data), &c);
-  REQUIRE_MESSAGE(gz.has_value(), gz.error().ToString());
+  REQUIRE_MESSAGE(gz.has_value(), Why(gz));
   CHECK(c == Compression::kGzip);
   CHECK(gz.value() == data);
   auto zs = DecodeAll(Zstd(data), &c);
-  REQUIRE_MESSAGE(zs.has_value(), zs.error().ToString());
+  REQUIRE_MESSAGE(zs.has_value(), Why(zs));
   CHECK(c == Compression::kZstd);
   CHECK(zs.value() == data);
 }
@@ -99,10 +101,10 @@ TEST_CASE("extract decompress: plain, gzip and zstd are detected by their magic 
 TEST_CASE("extract decompress: multi-member gzip and multi-frame zstd decode to the concatenation") {
   const std::string a = Payload(100000, 2), b = Payload(1, 3), c = Payload(2 << 20, 4);
   auto gz = DecodeAll(Gzip(a) + Gzip(b) + Gzip(c));
-  REQUIRE_MESSAGE(gz.has_value(), gz.error().ToString());
+  REQUIRE_MESSAGE(gz.has_value(), Why(gz));
   CHECK(gz.value() == a + b + c);
   auto zs = DecodeAll(Zstd(a) + Zstd(b) + Zstd(c));
-  REQUIRE_MESSAGE(zs.has_value(), zs.error().ToString());
+  REQUIRE_MESSAGE(zs.has_value(), Why(zs));
   CHECK(zs.value() == a + b + c);
 }
 

@@ -2,13 +2,15 @@
 
 #include "lib/http/range.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::http {
 TEST_SUITE_BEGIN("http");
 
 namespace {
 ByteRange Ok(std::string_view h, uint64_t size) {
   auto r = ParseRange(h, size);
-  REQUIRE_MESSAGE(r.has_value(), r.error().ToString());
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   return r.value();
 }
 ErrorCode Code(std::string_view h, uint64_t size) {

@@ -5,6 +5,8 @@
 #include "lib/oci/manifest.h"
 #include "lib/oci/media_types.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::oci {
 namespace {
 
@@ -292,7 +294,7 @@ TEST_CASE("oci manifest: rejects descriptors with a bad digest, size or mediaTyp
   auto sha512 = ParseManifest(WithLayer(Layer(R"("mediaType":"m","size":1,"digest":"sha512:)" +
                                               std::string(128, 'a') + "\"")),
                               "");
-  REQUIRE_MESSAGE(sha512.has_value(), sha512.error().message);
+  REQUIRE_MESSAGE(sha512.has_value(), Why(sha512));
   CHECK(sha512.value().layers[0].digest.str() == "sha512:" + std::string(128, 'a'));
 
   // The config descriptor is checked the same way.

@@ -11,6 +11,8 @@
 #include "snapshotter/filter.h"
 #include "snapshotter/store.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::snapshotter {
 namespace fs = std::filesystem;
 
@@ -27,7 +29,7 @@ struct TempRoot {
 
 std::unique_ptr<Store> OpenStore(const std::string& root) {
   auto store = Store::Open(root);
-  REQUIRE_MESSAGE(store.has_value(), store.error().ToString());
+  REQUIRE_MESSAGE(store.has_value(), Why(store));
   return std::move(store.value());
 }
 
@@ -54,11 +56,11 @@ void Write(const std::string& path, const std::string& content) {
 std::string Layer(Store& s, const std::string& name, const std::string& parent,
                   const std::string& file) {
   auto mounts = s.Prepare("extract-" + name, parent, {});
-  REQUIRE_MESSAGE(mounts.has_value(), mounts.error().ToString());
+  REQUIRE_MESSAGE(mounts.has_value(), Why(mounts));
   std::string dir = UpperDir(mounts.value());
   Write(dir + "/" + file, std::string(10000, 'x'));
   auto st = s.Commit(name, "extract-" + name, {{"containerd.io/snapshot.ref", name}});
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   return dir;
 }
 
@@ -342,7 +344,7 @@ TEST_CASE("snapshotter: cleanup removes directories that no snapshot refers to")
   CHECK(fs::path(UpperDir(next.value())).parent_path().filename() == "78");
 
   auto removed = s->Cleanup();
-  REQUIRE_MESSAGE(removed.has_value(), removed.error().ToString());
+  REQUIRE_MESSAGE(removed.has_value(), Why(removed));
   CHECK(removed.value() == 2);
   CHECK_FALSE(fs::exists(root.path + "/snapshots/new-abc123"));
   CHECK_FALSE(fs::exists(root.path + "/snapshots/77"));
@@ -376,7 +378,7 @@ TEST_CASE("snapshotter: list filters use containerd's syntax") {
 
   auto match = [](const std::string& text, const Info& info) {
     auto f = Filter::Parse(text);
-    REQUIRE_MESSAGE(f.has_value(), f.error().ToString());
+    REQUIRE_MESSAGE(f.has_value(), Why(f));
     return f.value().Matches(info);
   };
   CHECK(match("kind==committed", committed));

@@ -13,6 +13,8 @@
 #include "lib/core/sha256.h"
 #include "lib/store/blob_store.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::store {
 namespace fs = std::filesystem;
 
@@ -264,7 +266,7 @@ TEST_CASE("store budget: Create makes room for the incoming blob and counts it w
   std::string data(50, 'c');
   Digest incoming = Sha256::Of(data);
   auto w = store->Create(incoming, data.size());
-  REQUIRE_MESSAGE(w.has_value(), w.error().ToString());
+  REQUIRE_MESSAGE(w.has_value(), Why(w));
   CHECK_FALSE(store->Stat(old).has_value());
   CHECK(store->Stat(pinned).has_value());
   CHECK(store->Stats().evictions == 1);
@@ -323,7 +325,7 @@ TEST_CASE(
   // An incoming blob makes room beside the layers too: 40 + 30 + 40 > 100 evicts b.
   std::string data(40, 'c');
   auto w = store->Create(Sha256::Of(data), data.size());
-  REQUIRE_MESSAGE(w.has_value(), w.error().ToString());
+  REQUIRE_MESSAGE(w.has_value(), Why(w));
   CHECK_FALSE(store->Stat(b).has_value());
   REQUIRE(w.value()->PWrite(data.data(), data.size(), 0).has_value());
   REQUIRE(w.value()->Commit().has_value());

@@ -22,6 +22,8 @@
 #include "lib/swarm/file_range.h"
 #include "lib/swarm/session.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::swarm {
 namespace {
 
@@ -77,7 +79,7 @@ TEST_CASE("swarm: start, add and remove chunks, stop") {
   CHECK_FALSE(swarm.Start().has_value());  // already started
 
   auto added = swarm.AddChunk(fx.Spec(true));
-  REQUIRE_MESSAGE(added.has_value(), added.error().message);
+  REQUIRE_MESSAGE(added.has_value(), Why(added));
   CHECK(added.value().info_hash == fx.torrent.info_hash);
   CHECK(swarm.HasChunk(fx.torrent.info_hash));
   auto again = swarm.AddChunk(fx.Spec(true));

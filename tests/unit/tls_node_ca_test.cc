@@ -16,6 +16,8 @@
 #include "lib/tls/node_ca.h"
 #include "lib/tls/peer_tls.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::tls {
 namespace fs = std::filesystem;
 
@@ -58,7 +60,7 @@ TEST_CASE("tls: the node CA is created once with a 0600 key and the same CA is l
   std::string first_pem;
   {
     auto ca = NodeCa::LoadOrCreate(dir);
-    REQUIRE_MESSAGE(ca.has_value(), ca.error().ToString());
+    REQUIRE_MESSAGE(ca.has_value(), Why(ca));
     first_pem = ca.value()->cert_pem();
     CHECK(first_pem.find("BEGIN CERTIFICATE") != std::string::npos);
     CHECK(first_pem.find("PRIVATE KEY") == std::string::npos);
@@ -70,11 +72,11 @@ TEST_CASE("tls: the node CA is created once with a 0600 key and the same CA is l
   CHECK((key_st.st_mode & 0777) == 0600);
   CHECK((dir_st.st_mode & 0777) == 0700);
   auto again = NodeCa::LoadOrCreate(dir);
-  REQUIRE_MESSAGE(again.has_value(), again.error().ToString());
+  REQUIRE_MESSAGE(again.has_value(), Why(again));
   CHECK(again.value()->cert_pem() == first_pem);
   // The same files given explicitly (--proxy-ca-cert/--proxy-ca-key).
   auto given = NodeCa::Load(dir + "/ca.crt", dir + "/ca.key");
-  REQUIRE_MESSAGE(given.has_value(), given.error().ToString());
+  REQUIRE_MESSAGE(given.has_value(), Why(given));
   CHECK(given.value()->cert_pem() == first_pem);
   fs::remove_all(root);
 }
@@ -82,11 +84,11 @@ TEST_CASE("tls: the node CA is created once with a 0600 key and the same CA is l
 TEST_CASE("tls: a leaf verifies against the node CA for its host only, and is cached per host") {
   const std::string root = MakeTempDir();
   auto ca = NodeCa::LoadOrCreate(root + "/proxy-ca");
-  REQUIRE_MESSAGE(ca.has_value(), ca.error().ToString());
+  REQUIRE_MESSAGE(ca.has_value(), Why(ca));
   NodeCa& node_ca = *ca.value();
 
   auto leaf = node_ca.LeafCertPem("gcr.io");
-  REQUIRE_MESSAGE(leaf.has_value(), leaf.error().ToString());
+  REQUIRE_MESSAGE(leaf.has_value(), Why(leaf));
   CHECK(VerifiesAgainst(leaf.value(), node_ca.cert_pem()));
   auto cert = ParsePem(leaf.value());
   REQUIRE(cert);
@@ -147,9 +149,9 @@ TEST_CASE("tls: a CA dir with a key but no certificate, or a key of another CA, 
 TEST_CASE("tls: an agent's peer certificate comes from the cluster CA and names any torrent") {
   const std::string root = MakeTempDir();
   auto ca = NodeCa::LoadOrCreate(root + "/peer-ca", "shoal cluster peer CA");
-  REQUIRE_MESSAGE(ca.has_value(), ca.error().ToString());
+  REQUIRE_MESSAGE(ca.has_value(), Why(ca));
   auto minted = MintPeerTls(root + "/peer-ca/ca.crt", root + "/peer-ca/ca.key", "node-7");
-  REQUIRE_MESSAGE(minted.has_value(), minted.error().ToString());
+  REQUIRE_MESSAGE(minted.has_value(), Why(minted));
   const PeerTls& t = minted.value();
   CHECK(t.ca_pem == ca.value()->cert_pem());
   // Peers are both TLS client and server to each other.

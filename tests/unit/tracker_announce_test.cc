@@ -5,6 +5,8 @@
 #include "lib/http/url.h"
 #include "tracker/swarms/announce.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::tracker {
 namespace {
 
@@ -36,7 +38,7 @@ TEST_CASE("tracker announce: parses a libtorrent announce with raw binary info_h
   std::string hash(
       "\x12\x34\x56\x78\x9a\xbc\xde\xf1\x23\x45\x67\x89\xab\xcd\xef\x00\x25\x26\x2b\x3d", 20);
   auto r = ParseAnnounceQuery(LibtorrentQuery(hash, "&event=started"));
-  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   const AnnounceRequest& a = r.value();
   CHECK(a.info_hash.bytes() == hash);
   CHECK(a.peer_id.bytes() == "-LT2080-abcdefghijkl");
@@ -56,7 +58,7 @@ TEST_CASE("tracker announce: unescaped safe bytes and mixed case escapes decode 
   std::string q =
       "info_hash=abcdefghij%4B%4c%4D%4e%4F%50qrst&peer_id=" + Bytes20('p') + "&port=1&left=0";
   auto r = ParseAnnounceQuery(q);
-  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   CHECK(r.value().info_hash.bytes() == "abcdefghijKLMNOPqrst");
   CHECK(r.value().left == 0);
   CHECK(r.value().uploaded == 0);  // optional, defaults to 0
@@ -163,7 +165,7 @@ TEST_CASE("tracker scrape: parses repeated info_hash values and drops duplicates
       b = "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\xff";
   auto r = ParseScrapeQuery("info_hash=" + a + "&info_hash=" + http::QueryEscape(b) +
                             "&info_hash=" + a + "&foo=bar");
-  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   REQUIRE(r.value().size() == 2);
   CHECK(r.value()[0].bytes() == a);
   CHECK(r.value()[1].bytes() == b);

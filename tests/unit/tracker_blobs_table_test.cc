@@ -11,6 +11,8 @@
 #include "lib/swarm/chunk_torrent.h"
 #include "tracker/blobs/blob_table.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::tracker {
 namespace {
 
@@ -57,20 +59,20 @@ std::string Metainfo(uint64_t length, uint32_t seed, uint32_t piece = kPiece) {
   auto hashes = hasher.Finish();
   REQUIRE(hashes.has_value());
   auto torrent = swarm::BuildChunkTorrent("chunk", length, piece, std::move(hashes.value()));
-  REQUIRE_MESSAGE(torrent.has_value(), torrent.error().message);
+  REQUIRE_MESSAGE(torrent.has_value(), Why(torrent));
   return torrent.value().metainfo;
 }
 
 LeaseAnswer MustLease(BlobTable& t, const Digest& d, uint32_t k, const std::string& agent,
                       TimePoint now, const BlobSource& source = Source()) {
   auto a = t.Lease(d, k, agent, source, now);
-  REQUIRE_MESSAGE(a.has_value(), a.error().message);
+  REQUIRE_MESSAGE(a.has_value(), Why(a));
   return a.value();
 }
 
 ChunkState StateOf(BlobTable& t, const Digest& d, uint32_t k, TimePoint now) {
   auto view = t.Find(d, now);
-  REQUIRE_MESSAGE(view.has_value(), view.error().message);
+  REQUIRE_MESSAGE(view.has_value(), Why(view));
   return view.value().chunks.at(k).state;
 }
 
@@ -307,7 +309,7 @@ TEST_CASE("tracker blobs: publishing validates the metainfo against the chunk's 
   // Nothing was created by the failed attempts.
   CHECK(t.Find(D('a'), kT0).error().code == BlobErrc::kNotFound);
   auto ok = t.Publish(D('a'), 3, "n1", "", Source(), Metainfo(3392, 1), kT0);
-  REQUIRE_MESSAGE(ok.has_value(), ok.error().message);
+  REQUIRE_MESSAGE(ok.has_value(), Why(ok));
   CHECK(StateOf(t, D('a'), 3, kT0) == ChunkState::kReady);
 }
 
@@ -320,7 +322,7 @@ TEST_CASE("tracker blobs: publishing under a lease makes the chunk ready and end
   CHECK(MustLease(t, D('a'), 1, "n2", kT0).reason == WaitReason::kLeased);
   std::string metainfo = Metainfo(kChunk, 7);
   auto p = t.Publish(D('a'), 1, "n1", a.lease_id, Source(), metainfo, kT0 + seconds(3));
-  REQUIRE_MESSAGE(p.has_value(), p.error().message);
+  REQUIRE_MESSAGE(p.has_value(), Why(p));
   CHECK(p.value().newly_ready);
   CHECK(p.value().released_lease);
   CHECK_FALSE(p.value().kept_existing);
@@ -533,7 +535,7 @@ TEST_CASE("tracker blobs: work hands out the lowest free chunk, within the blob 
   const Digest d = D('w');
   auto work = [&](const std::string& agent) {
     auto a = t.Work(d, agent, Source(), kT0);
-    REQUIRE_MESSAGE(a.has_value(), a.error().message);
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     return a.value();
   };
   LeaseAnswer a = work("a");
@@ -584,7 +586,7 @@ TEST_CASE(
   const Digest d = D('h');
   auto work = [&](const std::string& agent, TimePoint now) {
     auto a = t.Work(d, agent, Source(), now);
-    REQUIRE_MESSAGE(a.has_value(), a.error().message);
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     return a.value();
   };
   LeaseAnswer a = work("a", kT0);
@@ -734,13 +736,13 @@ TEST_CASE(
   const Digest d = D('f');
   auto work = [&](const std::string& agent, TimePoint now) {
     auto a = t.Work(d, agent, Source(), now);
-    REQUIRE_MESSAGE(a.has_value(), a.error().message);
+    REQUIRE_MESSAGE(a.has_value(), Why(a));
     return a.value();
   };
   auto publish = [&](const LeaseAnswer& a, const std::string& agent, TimePoint now) {
     auto p =
         t.Publish(d, a.chunk, agent, a.lease_id, Source(), Metainfo(a.length, a.chunk + 1), now);
-    REQUIRE_MESSAGE(p.has_value(), p.error().message);
+    REQUIRE_MESSAGE(p.has_value(), Why(p));
     REQUIRE(p.value().released_lease);
   };
   LeaseAnswer a = work("a", kT0);

@@ -17,6 +17,8 @@
 #include "lib/swarm/chunk_torrent.h"
 #include "tracker/cluster/cluster_view.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::tracker {
 namespace {
 
@@ -69,7 +71,7 @@ std::string Metainfo(uint64_t length, uint32_t seed) {
   swarm::PieceHasher hasher(length, kPiece);
   REQUIRE(hasher.Update(data.data(), data.size()).has_value());
   auto torrent = swarm::BuildChunkTorrent("chunk", length, kPiece, hasher.Finish().value());
-  REQUIRE_MESSAGE(torrent.has_value(), torrent.error().message);
+  REQUIRE_MESSAGE(torrent.has_value(), Why(torrent));
   return torrent.value().metainfo;
 }
 
@@ -123,7 +125,7 @@ struct World {
       REQUIRE(lease.value().kind == LeaseAnswer::Kind::kGranted);
       auto published = blobs.Publish(b.digest, k, "agent0", lease.value().lease_id, source,
                                      Metainfo(layout.value().chunk_length(k), next_seed++), now);
-      REQUIRE_MESSAGE(published.has_value(), published.error().message);
+      REQUIRE_MESSAGE(published.has_value(), Why(published));
       const swarm::Sha1& h = published.value().published->info_hash;
       chunks[b.digest].push_back(*InfoHash::FromBytes(
           std::string_view(reinterpret_cast<const char*>(h.data()), h.size())));

@@ -10,6 +10,8 @@
 
 #include "tracker/swarms/swarm_table.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::tracker {
 namespace {
 
@@ -42,7 +44,7 @@ AnnounceRequest Request(const InfoHash& ih, uint64_t left,
 }
 
 AnnounceReply Must(Result<AnnounceReply> r) {
-  REQUIRE_MESSAGE(r.has_value(), r.error().message);
+  REQUIRE_MESSAGE(r.has_value(), Why(r));
   return std::move(r.value());
 }
 

@@ -8,6 +8,8 @@
 
 #include "lib/upstream/credentials.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::upstream {
 TEST_SUITE_BEGIN("upstream");
 
@@ -45,7 +47,7 @@ TEST_CASE("credentials: loads auth and username/password entries from a docker c
     "credsStore": "desktop"
   })");
   auto creds = Credentials::LoadDockerConfig(cfg.path());
-  REQUIRE_MESSAGE(creds.has_value(), creds.error().ToString());
+  REQUIRE_MESSAGE(creds.has_value(), Why(creds));
   CHECK(creds.value().size() == 3);
   auto hub = creds.value().For("docker.io");
   REQUIRE(hub.has_value());

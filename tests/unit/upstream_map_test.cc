@@ -8,6 +8,8 @@
 #include "lib/core/base64.h"
 #include "lib/upstream/upstream_map.h"
 
+#include "tests/support/why.h"
+
 namespace shoal::upstream {
 TEST_SUITE_BEGIN("upstream");
 
@@ -128,7 +130,7 @@ TEST_CASE("upstream map: a map file gives endpoints, credentials and the unmappe
   Credentials creds;
   creds.Add("ghcr.io", BasicAuth{"old", "replaced"});
   auto st = map.LoadFile(file.path(), creds);
-  REQUIRE_MESSAGE(st.has_value(), st.error().ToString());
+  REQUIRE_MESSAGE(st.has_value(), Why(st));
   CHECK(map.Resolve("gcr.io").value().base.str() == "http://127.0.0.1:5001/");
   CHECK(map.Resolve("ghcr.io").value().base.host == "ghcr.io");
   CHECK(map.unmapped() == UpstreamMap::Unmapped::kError);
