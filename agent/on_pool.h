@@ -16,8 +16,9 @@ namespace shoal::agent {
 
 // co_await OnPool(pool, f): f() runs on `pool`; the coroutine resumes on its own executor with
 // f's result. f must not touch network-thread state. Capture by reference (the caller's frame
-// outlives the call): a lambda holding an http::Url by value aborted the agent with "free():
-// invalid pointer" when resumed (g++ 12, session 34; not traced further).
+// outlives the call): a lambda holding an http::Url by value, passed as a temporary inside the
+// co_await, aborted the agent with "free(): invalid pointer" (session 34). GCC 12 can destroy a
+// co_await expression's temporaries twice, as tracker/router.cc notes.
 template <class F>
 auto OnPool(boost::asio::thread_pool& pool, F f)
     -> boost::asio::awaitable<std::invoke_result_t<F&>> {

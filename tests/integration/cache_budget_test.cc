@@ -144,13 +144,20 @@ TEST_CASE("cache budget: LRU eviction spares pinned and in-use blobs, and pins s
   for (const auto& d : pin_json[0]["pinned"]) pinned_digests.insert(d.get<std::string>());
   CHECK(pinned_digests == Digests(a));
 
+  // A pull ends once the last byte is verified; the cache commit (fsync, rename) follows on a
+  // pool thread, under load a moment later (CI, session 34: right after B's pull not all of
+  // B's entries were listed, and after C's B was not evicted within 10 s; a late commit of B's
+  // makes it newer than C's, the likely cause, not traced). So wait for the commits before the
+  // next pull, which keeps the use order A, B, C.
   Pull(agent, "gcr.io/proj/a:1");
+  REQUIRE(WaitUntil([&] { return HasAll(Entries(agent), Digests(a)); }, std::chrono::seconds(10)));
   Pull(agent, "gcr.io/proj/b:1");
-  CHECK(HasAll(Entries(agent), Digests(b)));
+  REQUIRE(WaitUntil([&] { return HasAll(Entries(agent), Digests(b)); }, std::chrono::seconds(10)));
   Pull(agent, "gcr.io/proj/c:1");
   // C pushed the cache over budget: B, the least recently used unpinned image, went.
   REQUIRE(WaitUntil([&] { return HasNone(Entries(agent), Digests(b)); },
                     std::chrono::seconds(10)));
+  CHECK(WaitUntil([&] { return HasAll(Entries(agent), Digests(c)); }, std::chrono::seconds(10)));
   auto entries = Entries(agent);
   CHECK(HasAll(entries, Digests(a)));
   CHECK(HasAll(entries, Digests(c)));
