@@ -6,6 +6,7 @@
 #include <openssl/sha.h>
 
 #include "lib/swarm/chunk_torrent.h"
+#include "tests/support/why.h"
 
 using namespace shoal;
 using namespace shoal::swarm;
@@ -114,7 +115,7 @@ TEST_CASE("chunk torrent: build, parse back, reject mismatched layouts") {
   PieceHasher h(data.size(), piece);
   REQUIRE(h.Update(data.data(), data.size()).has_value());
   auto built = BuildChunkTorrent("abc.0", data.size(), piece, h.Finish().value());
-  REQUIRE_MESSAGE(built.has_value(), (built.has_value() ? "" : built.error().message));
+  REQUIRE_MESSAGE(built.has_value(), Why(built));
   CHECK(built.value().name == "abc.0");
   CHECK(built.value().piece_hashes.size() == 3);
 
